@@ -1,0 +1,41 @@
+"""The `attnspec` command: `run`, `report`, `backends`.
+
+Each subcommand lives in its own module under attnspec/commands and is imported only
+when chosen.  A user error (unknown backend, missing results, asv missing) exits 2
+with one line on stderr and no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class UserError(Exception):
+    """A problem with what the user asked for: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnspec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    from .commands import backends_cmd, report_cmd, run_cmd
+
+    for module in (run_cmd, report_cmd, backends_cmd):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"attnspec {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"attnspec {args.command}: interrupted; the previous report is left as it was", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
