@@ -64,7 +64,8 @@ def validate(query, key, value, mask=None, is_causal=False, scale=None) -> Probl
     if E != Ek:
         raise ValueError(f"query and key must share the last dimension E; got query {qs} (E={E}) and key {ks} (E={Ek})")
     if Lk != Lkv:
-        raise ValueError(f"key and value must have the same length Lk; got key {ks} (Lk={Lk}) and value {vs} (Lk={Lkv})")
+        raise ValueError(f"key and value must have the same length Lk; "
+                         f"got key {ks} (Lk={Lk}) and value {vs} (Lk={Lkv})")
     for dim_name, size in (("Lq (query.shape[-2])", Lq), ("Lk (key.shape[-2])", Lk),
                            ("E (query.shape[-1])", E), ("Ev (value.shape[-1])", Ev)):
         if size == 0:
@@ -72,7 +73,8 @@ def validate(query, key, value, mask=None, is_causal=False, scale=None) -> Probl
     try:
         batch_shape = np.broadcast_shapes(qs[:-2], ks[:-2], vs[:-2])
     except ValueError:
-        raise ValueError(f"leading (batch, head) dimensions of query {qs}, key {ks} and value {vs} do not broadcast") from None
+        raise ValueError(f"leading (batch, head) dimensions of query {qs}, key {ks} "
+                         f"and value {vs} do not broadcast") from None
     if mask is not None:
         mshape = tuple(getattr(mask, "shape", ()))
         if _dtype_name(mask) != "bool":

@@ -1,0 +1,243 @@
+"""What every correct attention must satisfy, as pure functions over arrays.
+
+Each check returns a `Verdict`: truthy when the property holds; otherwise ``where``
+is the index of the worst offender, ``(batch..., row, col)``, and ``amount`` how far
+off it is.  ``amount`` is reported even when the property holds (the worst measured
+deviation), so callers can see the margin.  Rows with no visible key are never judged:
+the spec leaves them to implementations (seed 000's three properties, and seed 003's
+"la máscara causal pone a cero las contribuciones futuras", are about real rows).
+
+The statistical functions reproduce the seeds' claims: Var(q.k) = d*sigma^4 for iid
+inputs (seeds 002, 004) and softmax saturation without the 1/sqrt(d) (seed 004).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .problem import causal_mask
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    holds: bool
+    where: tuple | None  # index of the worst offender, None when there is none
+    amount: float        # worst measured deviation, <= the tolerance when it holds (0: nothing judged)
+    message: str
+
+    def __bool__(self) -> bool:
+        return bool(self.holds)
+
+
+def _idx(flat: int, shape: tuple) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(int(flat), shape))
+
+
+def _verdict(name: str, deviation: np.ndarray, judged: np.ndarray, atol: float, what: str) -> Verdict:
+    """Worst deviation over judged entries; NaN counts as an infinite deviation."""
+    dev = np.where(judged, deviation, -np.inf)  # (...,)
+    dev = np.where(judged & np.isnan(deviation), np.inf, dev)
+    if dev.size == 0 or not judged.any():
+        return Verdict(name, True, None, 0.0, f"{name}: nothing to judge (no visible rows)")
+    flat = int(np.argmax(dev))
+    worst = float(dev.flat[flat])
+    where = _idx(flat, dev.shape)
+    holds = worst <= atol
+    msg = (f"{name}: holds (worst {what} {worst:.3g} at {where}, tolerance {atol:.3g})" if holds
+           else f"{name}: violated at {where}: {what} {worst:.6g} exceeds tolerance {atol:.3g}")
+    return Verdict(name, holds, where, worst, msg)
+
+
+def _vis(weights: np.ndarray, visible) -> np.ndarray:
+    if visible is None:
+        return np.ones(np.shape(weights), dtype=bool)  # (..., Lq, Lk)
+    return np.broadcast_to(np.asarray(visible, dtype=bool), np.shape(weights))  # (..., Lq, Lk)
+
+
+def weights_nonnegative(weights, visible=None) -> Verdict:
+    """Every weight of a judged row is >= 0 (exactly: exp never yields a negative)."""
+    w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
+    vis = _vis(w, visible)
+    judged = np.broadcast_to(vis.any(axis=-1, keepdims=True), w.shape)  # (..., Lq, Lk)
+    return _verdict("weights_nonnegative", -w, judged, 0.0, "negative weight of size")
+
+
+def rows_sum_to_one(weights, visible=None, atol: float = 1e-12) -> Verdict:
+    """Each judged row sums to 1 within atol (the whole row: mass on masked keys counts)."""
+    w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
+    vis = _vis(w, visible)
+    dev = np.abs(w.sum(axis=-1) - 1.0)  # (..., Lq)
+    return _verdict("rows_sum_to_one", dev, vis.any(axis=-1), atol, "|row sum - 1| =")
+
+
+def order_preserved(scores, weights, visible=None, atol: float = 0.0) -> Verdict:
+    """Among visible keys of a row, a strictly higher score never gets a lower weight.
+
+    The deviation of key j is max over visible keys i with s_i < s_j of (w_i - w_j);
+    ``where`` names key j (the higher-scored one).  O(Lk log Lk) per row via sorting.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    s, w = np.broadcast_arrays(s, w)  # (..., Lq, Lk)
+    vis = _vis(w, visible)
+    order = np.argsort(np.where(vis, s, -np.inf), axis=-1, kind="stable")  # (..., Lq, Lk)
+    s_sorted = np.take_along_axis(np.where(vis, s, -np.inf), order, axis=-1)  # (..., Lq, Lk)
+    w_low = np.take_along_axis(np.where(vis, w, -np.inf), order, axis=-1)  # as the lower-scored key
+    w_high = np.take_along_axis(np.where(vis, w, np.inf), order, axis=-1)  # as the higher-scored key
+    Lk = s.shape[-1]
+    pos = np.broadcast_to(np.arange(Lk), s.shape)  # (..., Lq, Lk)
+    new_group = np.ones(s.shape, dtype=bool)  # (..., Lq, Lk) first entry of each run of equal scores
+    new_group[..., 1:] = s_sorted[..., 1:] != s_sorted[..., :-1]
+    group_start = np.maximum.accumulate(np.where(new_group, pos, 0), axis=-1)  # (..., Lq, Lk)
+    run_max = np.maximum.accumulate(w_low, axis=-1)  # (..., Lq, Lk) max weight up to here
+    prev = np.concatenate([np.full(s.shape[:-1] + (1,), -np.inf), run_max[..., :-1]], axis=-1)
+    lower_max = np.take_along_axis(prev, group_start, axis=-1)  # (..., Lq, Lk) over strictly lower scores
+    with np.errstate(invalid="ignore"):
+        dev_sorted = lower_max - w_high  # (..., Lq, Lk)
+    dev_sorted = np.where(np.isnan(dev_sorted) & np.isfinite(s_sorted), np.inf, dev_sorted)
+    dev = np.empty_like(dev_sorted)
+    np.put_along_axis(dev, order, dev_sorted, axis=-1)  # back to key order
+    judged = vis & np.broadcast_to(vis.any(axis=-1, keepdims=True), vis.shape)
+    return _verdict("order_preserved", dev, judged, atol, "a lower score has more weight by")
+
+
+def convex_combination(output, value, visible=None, atol: float = 0.0) -> Verdict:
+    """Each output entry lies within [min, max] of its column over the visible V rows."""
+    out = np.asarray(output, dtype=np.float64)  # (..., Lq, Ev)
+    v = np.asarray(value, dtype=np.float64)  # (..., Lk, Ev)
+    Lq, Lk = out.shape[-2], v.shape[-2]
+    vis = np.ones((Lq, Lk), dtype=bool) if visible is None else np.asarray(visible, dtype=bool)
+    batch = np.broadcast_shapes(out.shape[:-2], v.shape[:-2], vis.shape[:-2])
+    out = np.broadcast_to(out, batch + out.shape[-2:])  # (B..., Lq, Ev)
+    v = np.broadcast_to(v, batch + v.shape[-2:])  # (B..., Lk, Ev)
+    vis = np.broadcast_to(vis, batch + (Lq, Lk))  # (B..., Lq, Lk)
+    lo = np.empty(out.shape)  # (B..., Lq, Ev)
+    hi = np.empty(out.shape)  # (B..., Lq, Ev)
+    step = max(1, 2_000_000 // max(1, Lk * v.shape[-1] * max(1, math.prod(batch))))  # bound memory
+    for r in range(0, Lq, step):
+        m = vis[..., r:r + step, :, None]  # (B..., rows, Lk, 1)
+        vv = v[..., None, :, :]  # (B..., 1, Lk, Ev)
+        lo[..., r:r + step, :] = np.where(m, vv, np.inf).min(axis=-2)  # (B..., rows, Ev)
+        hi[..., r:r + step, :] = np.where(m, vv, -np.inf).max(axis=-2)  # (B..., rows, Ev)
+    with np.errstate(invalid="ignore"):
+        dev = np.maximum(lo - out, out - hi)  # (B..., Lq, Ev)
+    judged = np.broadcast_to(vis.any(axis=-1)[..., None], out.shape)  # (B..., Lq, Ev)
+    return _verdict("convex_combination", dev, judged, atol, "outside the visible V range by")
+
+
+def zero_future_mass(weights, alignment: str = "top_left") -> Verdict:
+    """Weights on keys the causal mask hides are exactly zero (not merely small)."""
+    w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
+    seen = causal_mask(w.shape[-2], w.shape[-1], alignment)  # (Lq, Lk)
+    judged = np.broadcast_to(~seen & seen.any(axis=-1, keepdims=True), w.shape)  # (..., Lq, Lk)
+    return _verdict(f"zero_future_mass[{alignment}]", np.abs(w), judged, 0.0, "weight on a future key")
+
+
+def gradient_scaling(grads, grads_scaled, factor: float, atol: float, rtol: float = 0.0) -> Verdict:
+    """Gradients at (q/c, k/c, scale*c^2) equal (c*dQ, c*dK, dV) of those at (q, k, scale).
+
+    The scores are unchanged, so dS is unchanged; dQ = dS K scale picks up c^2/c = c.
+    An entry fails when |got - expected| > atol + rtol*|expected|; ``where`` starts with
+    the gradient's name, ("dq", batch..., row, col), and ``amount`` is that entry's error.
+    """
+    c = float(factor)
+    worst = (-np.inf, None, 0.0)  # (excess over tolerance, where, |error|)
+    for name, g, gs, mult in zip(("dq", "dk", "dv"), grads, grads_scaled, (c, c, 1.0)):
+        expected = mult * np.asarray(g, dtype=np.float64)
+        got = np.asarray(gs, dtype=np.float64)
+        if expected.shape != got.shape:
+            raise ValueError(f"grads_scaled[{name}] has shape {got.shape} but grads[{name}] has {expected.shape}")
+        if got.size == 0:
+            continue
+        err = np.abs(got - expected)  # like the gradient
+        err = np.where(np.isnan(err), np.inf, err)
+        excess = err - (atol + rtol * np.abs(expected))
+        flat = int(np.argmax(excess))
+        if excess.flat[flat] > worst[0]:
+            worst = (float(excess.flat[flat]), (name,) + _idx(flat, err.shape), float(err.flat[flat]))
+    excess, where, err = worst
+    holds = bool(excess <= 0)
+    msg = (f"gradient_scaling(c={c:g}): holds (worst |error| {err:.3g} at {where})" if holds else
+           f"gradient_scaling(c={c:g}): {where[0]} at {where[1:]} is off from its expected value "
+           f"by {err:.6g} (atol {atol:.3g}, rtol {rtol:.3g}); dQ and dK must scale by c, dV not at all")
+    return Verdict("gradient_scaling", holds, where, err, msg)
+
+
+# ---- the seeds' statistical claims -------------------------------------------------
+
+@dataclass(frozen=True)
+class VarianceCheck:
+    d: int
+    sigma: float
+    n: int
+    empirical: float       # sample variance of n draws of q.k
+    mean: float            # sample mean of the same draws (E[q.k] = 0)
+    predicted: float       # d * sigma^4
+    standard_error: float  # of the sample variance under the model
+
+    @property
+    def z(self) -> float:
+        return (self.empirical - self.predicted) / self.standard_error
+
+
+def dot_product_variance(d: int, sigma: float = 1.0, n: int = 100_000, seed: int = 0) -> VarianceCheck:
+    """Empirical Var(q.k) for q, k iid N(0, sigma^2) in d dims, against d*sigma^4.
+
+    Each product q_i k_i has variance sigma^4 and kurtosis 9, so the sum of d of them has
+    kurtosis 3 + 6/d and the sample variance a standard error of
+    d*sigma^4*sqrt((2 + 6/d)/n).
+    """
+    if d < 1 or n < 2 or not sigma > 0:
+        raise ValueError(f"need d >= 1, n >= 2, sigma > 0; got d={d}, n={n}, sigma={sigma}")
+    rng = np.random.default_rng(seed)
+    q = rng.normal(0.0, sigma, size=(n, d))  # (n, d)
+    k = rng.normal(0.0, sigma, size=(n, d))  # (n, d)
+    dots = np.einsum("nd,nd->n", q, k)  # (n,)
+    predicted = d * sigma**4
+    return VarianceCheck(d, sigma, n, float(dots.var()), float(dots.mean()), predicted,
+                         predicted * math.sqrt((2.0 + 6.0 / d) / n))
+
+
+@dataclass(frozen=True)
+class Saturation:
+    weights: np.ndarray        # (..., L)
+    entropy_bits: np.ndarray   # (...,)
+    max_weight: np.ndarray     # (...,)
+
+
+def softmax_saturation(scores) -> Saturation:
+    """Softmax of the last axis, its entropy in bits and its largest weight (seed 004)."""
+    s = np.asarray(scores, dtype=np.float64)  # (..., L)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))  # (..., L)
+    w = e / e.sum(axis=-1, keepdims=True)  # (..., L)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(w > 0, -w * np.log2(w), 0.0)  # (..., L) 0 log 0 = 0
+    return Saturation(w, terms.sum(axis=-1), w.max(axis=-1))
+
+
+@dataclass(frozen=True)
+class SaturationStudy:
+    d: int
+    n_keys: int
+    trials: int
+    unscaled_entropy_bits: float   # mean over trials
+    unscaled_max_weight: float
+    scaled_entropy_bits: float
+    scaled_max_weight: float
+    max_entropy_bits: float        # log2(n_keys): the uniform distribution
+
+
+def saturation_study(d: int, seed: int = 0, n_keys: int = 4, trials: int = 2000) -> SaturationStudy:
+    """Seed 004's comparison, averaged over trials: q, k ~ N(0, 1) in d dims, scores q.k
+    with and without the 1/sqrt(d)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((trials, 1, d))  # (T, 1, d)
+    k = rng.standard_normal((trials, n_keys, d))  # (T, n, d)
+    s = (q @ np.swapaxes(k, -1, -2))[:, 0, :]  # (T, n)
+    raw, scaled = softmax_saturation(s), softmax_saturation(s / math.sqrt(d))
+    return SaturationStudy(d, n_keys, trials, float(raw.entropy_bits.mean()), float(raw.max_weight.mean()),
+                           float(scaled.entropy_bits.mean()), float(scaled.max_weight.mean()),
+                           math.log2(n_keys))

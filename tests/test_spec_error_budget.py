@@ -1,0 +1,222 @@
+"""The error budget accepts correct kernels and rejects real bugs, both measured."""
+import numpy as np
+import pytest
+
+from specs import error_budget as eb
+from specs import reference as ref
+from specs.problem import validate, visible
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def tiled_forward(q, k, v, mask=None, is_causal=False, scale=None, dtype="float16", block=8,
+                  forget_rescale=False):
+    """An online-softmax (flash-style) kernel emulated in dtype: inputs and P rounded to
+    dtype, scores and accumulators in the accumulator type, one key tile at a time."""
+    p = validate(q, k, v, mask, is_causal, scale)
+    vis = visible(p)  # (..., Lq, Lk)
+    acc_t = np.float64 if dtype == "float64" else np.float32
+    qr, kr, vr = (eb.round_to(x, dtype).astype(acc_t) for x in (q, k, v))
+    m = np.full(vis.shape[:-1] + (1,), -np.inf, acc_t)  # (..., Lq, 1) running max
+    l = np.zeros_like(m)  # (..., Lq, 1) running sum of exponentials
+    acc = np.zeros(vis.shape[:-1] + (vr.shape[-1],), acc_t)  # (..., Lq, Ev)
+    for j in range(0, p.Lk, block):
+        s = (qr @ np.swapaxes(kr[..., j:j + block, :], -1, -2)) * acc_t(p.scale)  # (..., Lq, b)
+        s = np.where(vis[..., j:j + block], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., Lq, 1)
+        safe = np.where(np.isfinite(m_new), m_new, 0.0)
+        pt = eb.round_to(np.exp(s - safe), dtype).astype(acc_t)  # (..., Lq, b) P in dtype, as flash keeps it
+        alpha = np.exp(np.where(np.isfinite(m), m, safe) - safe).astype(acc_t)  # (..., Lq, 1)
+        if forget_rescale:  # the classic online-softmax bug
+            alpha = np.ones_like(alpha)
+        l = l * alpha + pt.sum(axis=-1, keepdims=True)
+        acc = acc * alpha + pt @ vr[..., j:j + block, :]  # (..., Lq, Ev)
+        m = m_new
+    return eb.round_to(acc / np.where(l == 0, 1.0, l), dtype)  # (..., Lq, Ev)
+
+
+def _problem(seed, Lq=24, Lk=40, E=16, Ev=8, sigma=1.0):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(0, sigma, (2, 3, Lq, E))  # (B, H, Lq, E)
+    k = rng.normal(0, sigma, (2, 3, Lk, E))  # (B, H, Lk, E)
+    v = rng.normal(0, 1, (2, 3, Lk, Ev))  # (B, H, Lk, Ev)
+    return q, k, v
+
+
+def test_budget_table_is_the_documented_one():
+    """The module docstring's table and BUDGETS say the same thing."""
+    rows = {}
+    for line in eb.__doc__.splitlines():
+        parts = line.split()
+        if parts and parts[0] in DTYPES and len(parts) >= 10:
+            rows[parts[0]] = parts
+    assert set(rows) == set(DTYPES)
+    for name, parts in rows.items():
+        b = eb.BUDGETS[name]
+        assert b.unit_roundoff == 2.0 ** float(parts[1].replace("2^", ""))
+        assert b.accumulate_roundoff == 2.0 ** float(parts[4].replace("2^", ""))
+        assert (b.factor, b.floor_ulps) == (float(parts[7]), float(parts[8]))
+
+
+def test_bfloat16_rounding_is_round_to_nearest_even():
+    one = np.float32(1.0)
+    ulp = 2.0**-7  # bfloat16 spacing at 1
+    assert eb.round_bfloat16(one + np.float32(ulp / 2)) == one  # tie -> even (1.0)
+    assert eb.round_bfloat16(np.float32(1 + 3 * ulp / 2)) == np.float32(1 + 2 * ulp)  # tie -> even
+    assert eb.round_bfloat16(np.float32(1 + ulp * 0.51)) == np.float32(1 + ulp)
+    assert np.isinf(eb.round_bfloat16(np.float32(3.4e38)))  # beyond bf16's max: overflows
+    assert np.isnan(eb.round_bfloat16(np.float32("nan")))
+    x = np.random.default_rng(0).normal(size=1000).astype(np.float32)
+    r = eb.round_bfloat16(x)
+    assert np.all(r.view(np.uint32) & 0xFFFF == 0)
+    assert np.all(np.abs(r - x) <= 2.0**-8 * np.abs(x))  # within u of bfloat16
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_error_is_of_the_order_of_the_unit_roundoff(dtype):
+    q, k, v = _problem(1)
+    err = np.abs(eb.plain_forward(q, k, v, dtype=dtype).astype(np.float64) - ref.attention(q, k, v)).max()
+    u = eb.BUDGETS[dtype].unit_roundoff
+    assert err <= 20 * u  # |V| ~ 1: a handful of roundings, never more
+    if dtype != "float64":
+        assert err >= u / 100  # and it really was rounded to dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_correct_tiled_kernel_passes(dtype, is_causal):
+    for seed in range(3):
+        q, k, v = _problem(seed, sigma=[0.5, 1.0, 2.0][seed])
+        out = tiled_forward(q, k, v, is_causal=is_causal, dtype=dtype)
+        verdict = eb.check_forward(out, q, k, v, is_causal=is_causal, dtype=dtype)
+        assert verdict, verdict.message
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_computation_itself_passes(dtype):
+    q, k, v = _problem(3)
+    g = np.random.default_rng(3).normal(size=(2, 3, 24, 8))  # (B, H, Lq, Ev)
+    assert eb.check_forward(eb.plain_forward(q, k, v, dtype=dtype), q, k, v, dtype=dtype)
+    for verdict in eb.check_backward(eb.plain_backward(q, k, v, g, dtype=dtype), q, k, v, g, dtype=dtype):
+        assert verdict, verdict.message
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bugs_are_rejected(dtype):
+    q, k, v = _problem(4, Lq=12, Lk=12)
+    E = q.shape[-1]
+    bugs = {
+        "forgot the online rescale": tiled_forward(q, k, v, dtype=dtype, block=4, forget_rescale=True),
+        "scale 1/E instead of 1/sqrt(E)": tiled_forward(q, k, v, scale=1.0 / E, dtype=dtype),
+        "scale doubled": tiled_forward(q, k, v, scale=2.0 / np.sqrt(E), dtype=dtype),
+    }
+    for what, out in bugs.items():
+        verdict = eb.check_forward(out, q, k, v, dtype=dtype)
+        assert not verdict, f"{what} accepted in {dtype}: {verdict.message}"
+        assert verdict.amount > 0 and verdict.where is not None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_mask_off_by_one_is_rejected(dtype):
+    q, k, v = _problem(5, Lq=12, Lk=12)
+    shifted = np.tril(np.ones((12, 12), dtype=bool), k=1)  # sees one future key
+    out = tiled_forward(q, k, v, mask=shifted, dtype=dtype)
+    verdict = eb.check_forward(out, q, k, v, is_causal=True, dtype=dtype)
+    assert not verdict, verdict.message
+    assert verdict.where[-2] < 11  # the last row has no future key to leak: never the worst
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_perturbation_beyond_the_budget_fails_and_within_passes(dtype):
+    q, k, v = _problem(6)
+    r = ref.attention(q, k, v)
+    plain = eb.plain_forward(q, k, v, dtype=dtype)
+    n = eb.reduction_length(q.shape, k.shape, v.shape)
+    mag = eb.forward_magnitude(q, k, v)
+    allowed = eb.allowed_error(r, plain, dtype, n, mag)
+    bumped = r.copy()
+    bumped[1, 2, 3, 4] += 1.01 * allowed
+    verdict = eb.check_close(bumped, r, plain, dtype, "output", n, mag)
+    assert not verdict and verdict.where == (1, 2, 3, 4)
+    assert verdict.amount == pytest.approx(1.01 * allowed)
+    bumped[1, 2, 3, 4] = r[1, 2, 3, 4] + 0.99 * allowed
+    assert eb.check_close(bumped, r, plain, dtype, "output", n, mag)
+
+
+def test_nan_fails_and_names_its_place():
+    q, k, v = _problem(7)
+    r = ref.attention(q, k, v)
+    bad = r.copy()
+    bad[0, 1, 2, 3] = np.nan
+    verdict = eb.check_close(bad, r, eb.plain_forward(q, k, v, dtype="float32"), "float32")
+    assert not verdict and verdict.where == (0, 1, 2, 3) and verdict.amount == np.inf
+
+
+def test_backward_bug_is_rejected():
+    q, k, v = _problem(8, Lq=10, Lk=10)
+    g = np.random.default_rng(8).normal(size=(2, 3, 10, 8))  # (B, H, Lq, Ev)
+    dq, dk, dv = ref.backward(q, k, v, g)
+    unscaled = (dq / (1 / np.sqrt(16)), dk, dv)  # "forgot the scale in dQ" (seed 003)
+    verdicts = eb.check_backward(unscaled, q, k, v, g, dtype="float16")
+    assert [bool(x) for x in verdicts] == [False, True, True]
+
+
+def test_bad_arguments_name_themselves():
+    r = np.zeros((2, 3))
+    with pytest.raises(ValueError, match="dtype"):
+        eb.allowed_error(r, r, "int8")
+    with pytest.raises(ValueError, match=r"plain has shape \(3,\)"):
+        eb.allowed_error(r, np.zeros(3), "float32")
+    with pytest.raises(ValueError, match=r"actual output has shape \(2, 2\)"):
+        eb.check_close(np.zeros((2, 2)), r, r, "float32")
+    with pytest.raises(ValueError, match="reduction_length"):
+        eb.allowed_error(r, r, "float32", reduction_length=0)
+    with pytest.raises(ValueError, match="overflows"):
+        eb.allowed_error(r, np.full((2, 3), np.inf), "float16")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_sdpa_on_cpu_is_within_budget(dtype):
+    """A real fused kernel (PyTorch's CPU flash/math SDPA) forward and backward."""
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    F = torch.nn.functional
+    native = getattr(torch, dtype)
+    for seed, is_causal in ((0, False), (1, True)):
+        q, k, v = _problem(seed, Lq=33, Lk=70, E=16, Ev=8)
+        g = np.random.default_rng(seed).normal(size=(2, 3, 33, 8))  # (B, H, Lq, Ev)
+        tq, tk, tv = (torch.tensor(x).to(native).requires_grad_() for x in (q, k, v))
+        out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=is_causal)  # (B, H, Lq, Ev)
+        out.backward(torch.tensor(g).to(native))
+        as_np = lambda t: t.detach().to(torch.float64).numpy()  # noqa: E731
+        verdict = eb.check_forward(as_np(out), q, k, v, is_causal=is_causal, dtype=dtype)
+        assert verdict, verdict.message
+        grads = [as_np(t.grad) for t in (tq, tk, tv)]
+        for verdict in eb.check_backward(grads, q, k, v, g, is_causal=is_causal, dtype=dtype):
+            assert verdict, verdict.message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cancelling_gradients_are_judged_by_their_terms(dtype):
+    """Equal rows of V make dS = A (dA - rowsum(dA A)) cancel to ~0; a correct kernel that sums
+    in another order (here: keys reversed) leaves rounding dust the size of the terms."""
+    q, k, v = _problem(9, Lq=16, Lk=48)
+    v = np.broadcast_to(v[..., :1, :], v.shape).copy()  # (B, H, Lk, Ev) every row the same
+    g = np.random.default_rng(9).normal(size=(2, 3, 16, 8))  # (B, H, Lq, Ev)
+    flip = slice(None, None, -1)
+    dq, dk, dv = eb.plain_backward(q, k[..., flip, :], v[..., flip, :], g, dtype=dtype)
+    reordered = (dq, dk[..., flip, :], dv[..., flip, :])
+    for verdict in eb.check_backward(reordered, q, k, v, g, dtype=dtype):
+        assert verdict, verdict.message
+
+
+def test_forward_allowed_restricts_to_judged_rows():
+    q, k, v = _problem(10, Lq=6, Lk=6)
+    mask = np.ones((6, 6), dtype=bool)
+    mask[2] = False  # row 2 sees nothing: not judged
+    rows = np.broadcast_to(mask.any(axis=-1), (2, 3, 6))  # (B, H, Lq)
+    allowed, r, p = eb.forward_allowed(q, k, v, mask, dtype="float16", rows=rows)
+    assert r.shape == p.shape == (2 * 3 * 5, 8) and allowed > 0
+    out = eb.plain_forward(q, k, v, mask, dtype="float16").astype(np.float64)
+    out[:, :, 2] = np.nan  # whatever a backend does with an empty row
+    assert eb.check_forward(out, q, k, v, mask, dtype="float16", rows=rows)
+    assert not eb.check_forward(out, q, k, v, mask, dtype="float16")
