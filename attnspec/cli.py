@@ -38,4 +38,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m attnspec.cli`: use the importable module so that UserError is one class.
+    from attnspec.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,4 @@
+"""Backends: what the suite judges and the benchmarks time (see base.py, registry.py).
+
+Importing this package loads no framework; each backend imports its own in `load`.
+"""

@@ -41,6 +41,7 @@ class Capabilities:
     gradients: bool = False
     masks: bool = True
     causal: bool = True
+    equal_head_dims: bool = False  # needs Ev == E (value's last dim equal to query's): flash kernels
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class Semantics:
     fully_masked: str | None = None      # one of FULLY_MASKED_CHOICES
     causal_alignment: str | None = None  # one of CAUSAL_ALIGNMENTS
     notes: tuple = field(default_factory=tuple)  # free text: e.g. "softmax runs in float32"
+    # The narrowest float type a step runs in when it caps accuracy below the input's
+    # (jax.nn.dot_product_attention's softmax is float32 even for float64 input): judge
+    # results of wider dtypes against this dtype's budget.  None = the input dtype.
+    effective_precision: str | None = None
 
 
 class Backend:
@@ -105,17 +110,25 @@ class Backend:
         if is_causal and not caps.causal:
             raise Unsupported(f"{self.name} has no causal mode")
 
+    def _check_shapes(self, q, v) -> None:
+        if self.capabilities.equal_head_dims and np.shape(v)[-1] != np.shape(q)[-1]:
+            raise Unsupported(f"{self.name} needs value's last dimension equal to query's (Ev == E); "
+                              f"got E={np.shape(q)[-1]}, Ev={np.shape(v)[-1]}")
+
     def _natives(self, dtype, *arrays):
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
 
     def _check(self, what: str, y, shape: tuple, dtype: str) -> np.ndarray:
+        if y is None:
+            raise BackendFailure(self.name, f"{what} is None, expected an array of shape {tuple(shape)}")
         try:
             got_dtype = self.native_dtype(y)
             out = self.from_native(y)
         except Exception as e:  # noqa: BLE001 - any failure to convert is the backend's
             raise BackendFailure(self.name, f"{what} could not be converted to NumPy: {type(e).__name__}: {e}") from e
         if tuple(out.shape) != tuple(shape):
-            raise BackendFailure(self.name, f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)}")
+            raise BackendFailure(self.name, f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)} "
+                                            f"(returned a {type(y).__name__})")
         if got_dtype != dtype:
             raise BackendFailure(self.name, f"{what} has dtype {got_dtype}, expected {dtype}")
         return out
@@ -131,6 +144,7 @@ class Backend:
     def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64") -> np.ndarray:
         """Output (..., Lq, Ev) as NumPy in `dtype` (bfloat16 -> float32).  Inputs: float64 NumPy."""
         self.check_supported(dtype, "forward", mask, is_causal)
+        self._check_shapes(q, v)
         qn, kn, vn = self._natives(dtype, q, k, v)
         mn = None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None)
         y = self._call("forward", self.native_forward, qn, kn, vn, mn, bool(is_causal), scale)
@@ -139,6 +153,7 @@ class Backend:
     def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64"):
         """(dQ, dK, dV) as NumPy, each shaped like its input."""
         self.check_supported(dtype, "forward_backward", mask, is_causal)
+        self._check_shapes(q, v)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
         mn = None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None)
         grads = self._call("backward", self.native_backward, qn, kn, vn, gn, mn, bool(is_causal), scale)
@@ -149,6 +164,7 @@ class Backend:
     def prepare(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", op="forward"):
         """Convert once; return a no-argument callable that runs the native call and syncs."""
         self.check_supported(dtype, op, mask, is_causal)
+        self._check_shapes(q, v)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, np.ones(_out_shape(q, k, v)))
         mn = None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None)
         if op == "forward":
@@ -168,7 +184,9 @@ class Backend:
         c, s = self.capabilities, self.semantics
         return {"name": self.name, "available": ok, "reason": why, "device": c.device,
                 "dtypes": list(c.dtypes), "gradients": c.gradients, "masks": c.masks, "causal": c.causal,
-                "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment, "notes": list(s.notes)}
+                "equal_head_dims": c.equal_head_dims,
+                "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
+                "effective_precision": s.effective_precision, "notes": list(s.notes)}
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"

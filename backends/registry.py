@@ -1,6 +1,7 @@
-"""Finding backends by name: built-ins, ``package.module:attr`` and entry points.
+"""Finding backends by name: built-ins, entry points and ``package.module:attr``.
 
-Built-ins are listed as "module:Class" strings so that listing them imports nothing.
+Built-ins are listed as "module:Class" strings so that listing them imports nothing;
+resolving one imports only its own module (whose framework loads later, in ``load``).
 """
 from __future__ import annotations
 
@@ -15,9 +16,23 @@ from .base import Backend, Capabilities, Semantics
 ENV_VAR = "ATTNSPEC_BACKENDS"
 ENTRY_POINT_GROUP = "attnspec.backends"
 
+_T, _J = "backends.torch_backends:", "backends.jax_backends:"
 BUILTINS = {
     "numpy-naive": "backends.numpy_backends:NumpyNaive",
+    "numpy-tiled": "backends.numpy_backends:NumpyTiled",
+    "torch-math": _T + "TorchMath",
+    "torch-sdpa-cpu": _T + "TorchSdpaCpu",
+    "torch-sdpa-cpu-math": _T + "TorchSdpaCpuMath",
+    "torch-sdpa-cpu-flash": _T + "TorchSdpaCpuFlash",
+    "torch-sdpa-cuda-flash": _T + "TorchSdpaCudaFlash",
+    "torch-sdpa-cuda-efficient": _T + "TorchSdpaCudaEfficient",
+    "torch-sdpa-cuda-cudnn": _T + "TorchSdpaCudaCudnn",
+    "torch-sdpa-cuda-math": _T + "TorchSdpaCudaMath",
+    "jax-naive": _J + "JaxNaive",
+    "jax-dpa": _J + "JaxDpa",
+    "jax-dpa-cudnn": _J + "JaxDpaCudnn",
 }
+_PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)"
 
 
 class BackendSelectionError(ValueError):
@@ -35,42 +50,109 @@ class FunctionBackend(Backend):
         self.name = name
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
-        return self.fn(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return self.fn(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)  # (..., Lq, Ev)
 
     def native_dtype(self, y):
         return str(np.asarray(y).dtype)
 
 
 def builtin_names() -> list[str]:
-    return sorted(BUILTINS)
+    return list(BUILTINS)
+
+
+def entry_points() -> dict:
+    """name -> EntryPoint for every installed plug-in in the `attnspec.backends` group."""
+    from importlib.metadata import entry_points as installed
+
+    return {ep.name: ep for ep in installed(group=ENTRY_POINT_GROUP)}
+
+
+def _known() -> str:
+    plugins = sorted(entry_points())
+    return (f"built-ins: {', '.join(builtin_names())}; entry points: {', '.join(plugins) or 'none installed'}; "
+            "or give package.module:attr")
 
 
 def _load_attr(spec: str, name: str):
     module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise BackendSelectionError(f"backend {name!r}: expected package.module:attr, got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - report any import failure by name
         raise BackendSelectionError(f"backend {name!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
     try:
-        return getattr(module, attr)
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
     except AttributeError:
-        raise BackendSelectionError(f"backend {name!r}: module {module_name!r} has no attribute {attr!r}") from None
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise BackendSelectionError(f"backend {name!r}: module {module_name!r} has no attribute {attr!r} "
+                                    f"(it has: {', '.join(public[:20]) or 'nothing public'})") from None
+
+
+def _check_plain_call(fn, name: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: nothing to inspect, trust it
+    try:
+        sig.bind(None, None, None, attn_mask=None, is_causal=False, scale=None)
+    except TypeError as e:
+        raise BackendSelectionError(f"backend {name!r}: function {getattr(fn, '__name__', fn)!r}{sig} cannot be "
+                                    f"called as {_PLAIN_CALL} ({e})") from None
 
 
 def _as_backend(obj, name: str) -> Backend:
-    if inspect.isclass(obj) and issubclass(obj, Backend):
-        return obj()
+    if inspect.isclass(obj):
+        if not issubclass(obj, Backend):
+            raise BackendSelectionError(f"backend {name!r}: class {obj.__name__} is not a subclass of "
+                                        "backends.base.Backend (give a Backend, or a plain function)")
+        try:
+            return obj()
+        except Exception as e:  # noqa: BLE001 - the plug-in's constructor is its own
+            raise BackendSelectionError(f"backend {name!r}: {obj.__name__}() raised {type(e).__name__}: {e}") from e
     if isinstance(obj, Backend):
         return obj
     if callable(obj):
+        _check_plain_call(obj, name)
         return FunctionBackend(obj, name)
-    raise BackendSelectionError(f"backend {name!r}: {type(obj).__name__} is neither a Backend nor a function")
+    raise BackendSelectionError(f"backend {name!r}: {type(obj).__name__} object is neither a Backend nor a "
+                                f"function {_PLAIN_CALL}")
 
 
 def resolve(name: str) -> Backend:
+    """A Backend for a built-in name, an entry-point name or ``package.module:attr``."""
+    if not isinstance(name, str) or not name.strip():
+        raise BackendSelectionError(f"backend name must be a non-empty string; got {name!r}; {_known()}")
+    name = name.strip()
     if name in BUILTINS:
         return _as_backend(_load_attr(BUILTINS[name], name), name)
+    plugins = entry_points() if ":" not in name else {}
+    if name in plugins:
+        try:
+            obj = plugins[name].load()
+        except Exception as e:  # noqa: BLE001 - a broken plug-in is reported, not raised raw
+            raise BackendSelectionError(f"backend {name!r}: entry point {plugins[name].value!r} failed to load: "
+                                        f"{type(e).__name__}: {e}") from e
+        return _as_backend(obj, name)
     if ":" in name:
         return _as_backend(_load_attr(name, name), name)
-    raise BackendSelectionError(f"unknown backend {name!r}; built-ins: {', '.join(builtin_names())}; "
-                                "or give package.module:attr")
+    raise BackendSelectionError(f"unknown backend {name!r}; {_known()}")
+
+
+def select(names=None) -> list[Backend]:
+    """Backends for `names` (None: every built-in), in order, without duplicates."""
+    if names is None:
+        names = builtin_names()
+    if isinstance(names, str):
+        names = [names]
+    return [resolve(n) for n in dict.fromkeys(names)]
+
+
+def names_from_env(environ=None) -> list[str] | None:
+    """The names in ATTNSPEC_BACKENDS (comma-separated), or None when unset or empty."""
+    raw = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    return names or None

@@ -1,0 +1,6 @@
+"""`python -m attnspec` = the `attnspec` command."""
+import sys
+
+from attnspec.cli import main
+
+sys.exit(main())

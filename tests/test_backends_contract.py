@@ -1,0 +1,160 @@
+"""The plug-in contract: built-in names, `package.module:attr`, entry points, the env var,
+the errors for what cannot be a backend, and `attnspec backends`.
+
+Fixture plug-ins live in tests/plugins/fake_plugin.py.  Entry points are tested for real:
+a `*.dist-info` directory written to a tmp dir on sys.path, which importlib.metadata reads.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from attnspec.cli import main  # noqa: E402
+from backends import registry  # noqa: E402
+from backends.base import Backend, Unsupported  # noqa: E402
+from backends.registry import BackendSelectionError, FunctionBackend, resolve, select  # noqa: E402
+from specs import error_budget  # noqa: E402
+from tests.plugins import fake_plugin  # noqa: E402
+from tests.plugins.cases import random_cases  # noqa: E402
+
+PLUGIN = "tests.plugins.fake_plugin"
+
+
+@pytest.fixture
+def installed_plugin(tmp_path, monkeypatch):
+    """A distribution registering two backends under the `attnspec.backends` group."""
+    dist = tmp_path / "fake_attnspec_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-attnspec-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[attnspec.backends]\n"
+        f"fake-plain = {PLUGIN}:sdpa\n"
+        f"fake-class = {PLUGIN}:PluginBackend\n"
+        "fake-broken = tests.plugins.broken_import:anything\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_builtin_names_resolve_to_backends_named_alike():
+    names = registry.builtin_names()
+    assert names[:2] == ["numpy-naive", "numpy-tiled"] and len(names) == len(set(names))
+    for name in ["numpy-naive", "numpy-tiled", "torch-math", "jax-dpa"]:
+        backend = resolve(name)
+        assert isinstance(backend, Backend) and backend.name == name
+
+
+def test_plain_function_is_forward_only_and_declares_nothing():
+    backend = resolve(f"{PLUGIN}:sdpa")
+    assert isinstance(backend, FunctionBackend) and backend.name == f"{PLUGIN}:sdpa"
+    assert backend.semantics.fully_masked is None and backend.semantics.causal_alignment is None
+    case = random_cases()[2]  # mask AND causal, explicit scale
+    fake_plugin.SEEN_DTYPES.clear()
+    for dtype in ("float64", "float32"):
+        out = backend.forward(*case.args(), dtype=dtype)
+        assert error_budget.check_forward(out, *case.args(), dtype=dtype)
+    assert fake_plugin.SEEN_DTYPES == ["float64", "float32"]  # it receives both, converted by the adapter
+    with pytest.raises(Unsupported, match="no gradients"):
+        backend.backward(*case.args()[:3], case.grad_out, dtype="float64")
+    with pytest.raises(Unsupported, match="float16"):
+        backend.forward(*case.args(), dtype="float16")
+
+
+def test_backend_class_object_and_other_parameter_names():
+    assert resolve(f"{PLUGIN}:PluginBackend").name == "plugin-backend"
+    assert resolve(f"{PLUGIN}:plugin_backend") is fake_plugin.plugin_backend
+    case = random_cases()[1]
+    out = resolve(f"{PLUGIN}:sdpa_positional").forward(*case.args())
+    assert error_budget.check_forward(out, *case.args(), dtype="float64")
+
+
+@pytest.mark.parametrize("name,says", [
+    ("no-such-backend", "unknown backend 'no-such-backend'.*numpy-naive.*package.module:attr"),
+    ("tests.plugins.nope:fn", "cannot import module 'tests.plugins.nope'"),
+    ("tests.plugins.broken_import:fn", "cannot import module.*attnspec_dependency_that_is_not_installed"),
+    (f"{PLUGIN}:missing", "has no attribute 'missing'.*sdpa"),
+    (f"{PLUGIN}:not_callable", "int object is neither a Backend nor a function"),
+    (f"{PLUGIN}:NotABackend", "class NotABackend is not a subclass of backends.base.Backend"),
+    (f"{PLUGIN}:NeedsArgs", r"NeedsArgs\(\) raised TypeError"),
+    (f"{PLUGIN}:wrong_signature", r"cannot be called as fn\(query, key, value, attn_mask=None"),
+    (":sdpa", "expected package.module:attr"),
+    ("", "non-empty string"),
+])
+def test_bad_names_say_what_was_asked_and_what_exists(name, says):
+    with pytest.raises(BackendSelectionError, match=says):
+        resolve(name)
+
+
+def test_entry_points_resolve_and_a_broken_one_is_reported(installed_plugin):
+    assert {"fake-plain", "fake-class", "fake-broken"} <= set(registry.entry_points())
+    plain = resolve("fake-plain")
+    assert isinstance(plain, FunctionBackend) and plain.name == "fake-plain"
+    assert resolve("fake-class").name == "plugin-backend"
+    with pytest.raises(BackendSelectionError, match="entry point 'tests.plugins.broken_import:anything' failed"):
+        resolve("fake-broken")
+    with pytest.raises(BackendSelectionError, match="entry points: fake-broken, fake-class, fake-plain"):
+        resolve("fake-nothing")
+
+
+def test_select_and_names_from_env(monkeypatch):
+    assert [b.name for b in select()] == registry.builtin_names()
+    assert [b.name for b in select(["numpy-tiled", "numpy-naive", "numpy-tiled"])] == ["numpy-tiled", "numpy-naive"]
+    assert [b.name for b in select("numpy-naive")] == ["numpy-naive"]
+    with pytest.raises(BackendSelectionError, match="unknown backend 'nope'"):
+        select(["numpy-naive", "nope"])
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
+    assert registry.names_from_env() is None
+    monkeypatch.setenv(registry.ENV_VAR, f" numpy-naive, {PLUGIN}:sdpa ,,")
+    assert registry.names_from_env() == ["numpy-naive", f"{PLUGIN}:sdpa"]
+    assert registry.names_from_env({registry.ENV_VAR: " , "}) is None
+
+
+def test_cli_table_lists_every_builtin_with_availability_and_declarations(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header == ["name", "available", "device", "dtypes", "gradients", "masks", "causal",
+                      "fully_masked", "causal_alignment"]
+    for name in registry.builtin_names():
+        assert any(line.startswith(name + " ") for line in out.splitlines()), name
+    line = next(li for li in out.splitlines() if li.startswith("jax-dpa "))
+    assert "mean_of_values" in line and "top_left" in line
+    assert "jax-dpa: effective precision float32" in out
+
+
+def test_cli_json_with_plugins_and_entry_points(capsys, installed_plugin):
+    assert main(["backends", "--json", "--backend", f"{PLUGIN}:sdpa", "--backend", "numpy-naive"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    plain = rows[f"{PLUGIN}:sdpa"]
+    assert plain["available"] and not plain["gradients"] and plain["fully_masked"] is None
+    assert rows["fake-class"]["fully_masked"] == "zeros"
+    assert not rows["fake-broken"]["available"] and "failed to load" in rows["fake-broken"]["reason"]
+    assert rows["numpy-tiled"]["dtypes"] == ["float16", "float32", "float64"]
+    assert list(rows).count("numpy-naive") == 1
+
+
+@pytest.mark.parametrize("name", ["nope", f"{PLUGIN}:not_callable", "tests.plugins.broken_import:x"])
+def test_cli_bad_backend_exits_2_with_one_line(capsys, name):
+    assert main(["backends", "--backend", name]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnspec backends: ") and name.split(":")[0] in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_function_backend_sees_numpy_arrays():
+    seen = []
+
+    def spy(query, key, value, attn_mask=None, is_causal=False, scale=None):
+        seen.append((type(query), type(attn_mask), is_causal, scale))
+        return np.zeros(query.shape[:-1] + value.shape[-1:], dtype=query.dtype)
+
+    case = random_cases()[1]
+    FunctionBackend(spy, "spy").forward(*case.args(), dtype="float32")
+    assert seen == [(np.ndarray, np.ndarray, False, None)]

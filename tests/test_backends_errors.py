@@ -1,0 +1,159 @@
+"""Bad behaviour fails alone and by name; declined combinations skip with their reason;
+pinned PyTorch kernels never fall back to another kernel.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from backends.base import BackendFailure, BackendUnavailable, Unsupported  # noqa: E402
+from backends.numpy_backends import NumpyTiled  # noqa: E402
+from backends.registry import resolve, select  # noqa: E402
+from specs import error_budget  # noqa: E402
+from tests.plugins.cases import random_cases  # noqa: E402
+
+PLUGIN = "tests.plugins.fake_plugin"
+CASE = random_cases()[0]  # (2, 3, 5, 8) queries, causal, broadcast batch
+
+
+@pytest.mark.parametrize("attr,says", [
+    ("raises", r"forward raised RuntimeError: kernel exploded"),
+    ("wrong_shape", r"forward output has shape \(2, 3, 4, 8\), expected \(2, 3, 5, 8\) \(returned a ndarray\)"),
+    ("wrong_dtype", r"forward output has dtype float16, expected float64"),
+    ("returns_none", r"forward output is None, expected an array of shape \(2, 3, 5, 8\)"),
+])
+def test_misbehaving_function_fails_naming_itself_and_what_it_returned(attr, says):
+    name = f"{PLUGIN}:{attr}"
+    with pytest.raises(BackendFailure, match=f"backend '{name}': {says}") as info:
+        resolve(name).forward(*CASE.args())
+    assert info.value.backend == name
+
+
+@pytest.mark.parametrize("attr,says", [
+    ("BadBackward", r"backward returned tuple, expected \(dq, dk, dv\)"),
+    ("WrongGradShape", r"dk has shape \(3, 7, 8\), expected \(1, 3, 7, 8\)"),
+])
+def test_misbehaving_backward_fails_by_name(attr, says):
+    backend = resolve(f"{PLUGIN}:{attr}")
+    with pytest.raises(BackendFailure, match=f"backend '{backend.name}': {says}"):
+        backend.backward(*CASE.args()[:3], CASE.grad_out, *CASE.args()[3:])
+
+
+def test_only_the_bad_backend_fails():
+    backends = select([f"{PLUGIN}:raises", "numpy-naive", f"{PLUGIN}:wrong_shape", f"{PLUGIN}:sdpa"])
+    verdicts = {}
+    for backend in backends:
+        try:
+            out = backend.forward(*CASE.args())
+            verdicts[backend.name] = bool(error_budget.check_forward(out, *CASE.args(), dtype="float64"))
+        except BackendFailure as e:
+            verdicts[backend.name] = e.backend
+    assert verdicts == {f"{PLUGIN}:raises": f"{PLUGIN}:raises", "numpy-naive": True,
+                        f"{PLUGIN}:wrong_shape": f"{PLUGIN}:wrong_shape", f"{PLUGIN}:sdpa": True}
+
+
+def test_undeclared_combinations_are_unsupported_with_reason():
+    with pytest.raises(Unsupported, match="numpy-naive does not support dtype bfloat16 .*float16, float32, float64"):
+        resolve("numpy-naive").forward(*CASE.args(), dtype="bfloat16")
+    for name in ("torch-sdpa-cuda-flash", "torch-sdpa-cuda-math"):
+        with pytest.raises(BackendUnavailable, match="no CUDA device") if not _cuda() else pytest.raises(Unsupported):
+            resolve(name).forward(*CASE.args(), dtype="float64")
+    flash = resolve("torch-sdpa-cuda-flash")
+    assert not flash.capabilities.masks and set(flash.capabilities.dtypes) == {"float16", "bfloat16"}
+
+
+def test_numpy_tiled_block_must_be_a_positive_int():
+    for bad in (0, -3, 2.5, True, "128"):
+        with pytest.raises(ValueError, match="block must be a positive int"):
+            NumpyTiled(block=bad)
+
+
+def _cuda():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _torch_available():
+    ok, why = resolve("torch-sdpa-cpu-flash").availability()
+    if not ok:
+        pytest.skip(why)
+
+
+def test_pinned_flash_refuses_with_pytorchs_reason_instead_of_falling_back():
+    _torch_available()
+    from backends.base import Capabilities
+    from backends.torch_backends import TorchSdpaCpuFlash
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 5, 8)), rng.standard_normal((1, 2, 5, 6))
+    with pytest.raises(Unsupported, match=r"torch-sdpa-cpu-flash needs value's last dimension equal to query's "
+                                          r"\(Ev == E\); got E=8, Ev=6"):
+        resolve("torch-sdpa-cpu-flash").forward(q, k, v)  # declared: refused before PyTorch is called
+
+    class Undeclared(TorchSdpaCpuFlash):  # the same kernel, had the declaration been forgotten
+        capabilities = Capabilities(dtypes=("float64",), device="cpu", gradients=True)
+
+    with pytest.raises(Unsupported, match="torch-sdpa-cpu-flash: PyTorch's FLASH_ATTENTION kernel refuses this call: "
+                                          "Flash attention requires q,k,v to have the same last dimension"):
+        Undeclared().forward(q, k, v)  # PyTorch's refusal, never another kernel's answer
+    # the default dispatch may choose another kernel: that is what it declares
+    out = resolve("torch-sdpa-cpu").forward(q, k, v)
+    assert error_budget.check_forward(out, q, k, v, dtype="float64")
+
+
+@pytest.mark.parametrize("name,grad_fn", [("torch-sdpa-cpu-flash", "ScaledDotProductFlashAttentionForCpuBackward0"),
+                                          ("torch-sdpa-cpu-math", "UnsafeViewBackward0")])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_pinned_kernel_is_the_kernel_that_runs(name, grad_fn, dtype):
+    """The autograd node of the output names the kernel that produced it."""
+    _torch_available()
+    backend = resolve(name)
+    backend.load()
+    q, k, v, mask, causal, scale = random_cases()[2].args()  # mask AND causal: folded into one mask
+    qn, kn, vn = (backend.to_native(x, dtype).requires_grad_(True) for x in (q, k, v))
+    y = backend._attend(qn, kn, vn, backend.to_native(mask, None), causal, scale)  # (1, 2, 12, 8)
+    names, node = [], y.grad_fn
+    while node is not None and len(names) < 4:  # reshape/view nodes may sit on top
+        names.append(node.name())
+        node = node.next_functions[0][0] if node.next_functions else None
+    if dtype == "bfloat16" and name.endswith("math"):
+        grad_fn = "ToCopyBackward0"  # the CPU math kernel computes 16-bit formats in float32
+    assert grad_fn in names, f"{name} {dtype}: autograd chain {names}"
+    if name.endswith("math"):
+        assert not any("Flash" in n for n in names)
+
+
+def test_jax_dpa_declines_value_width_other_than_query_width():
+    backend = resolve("jax-dpa")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 3))
+    with pytest.raises(Unsupported, match=r"jax-dpa needs value's last dimension equal to query's \(Ev == E\); got E=8, Ev=3"):
+        backend.forward(q, k, v, dtype="float32")
+    with pytest.raises(Unsupported, match="jax-dpa does not support dtype float16"):
+        backend.forward(q, k, v[..., :8], dtype="float16")
+
+
+def test_jax_float64_leaves_x64_mode_off():
+    backend = resolve("jax-naive")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    import jax
+
+    before = jax.config.jax_enable_x64
+    out = backend.forward(*CASE.args(), dtype="float64")
+    assert out.dtype == np.float64 and jax.config.jax_enable_x64 == before
+    assert error_budget.check_forward(out, *CASE.args(), dtype="float64")
