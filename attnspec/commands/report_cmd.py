@@ -1,13 +1,44 @@
-"""attnspec report (to be completed)."""
+"""attnspec report: rebuild the report from stored results, running nothing.
+
+RESULTS may be suite JSON files (`pytest properties --attnspec-json`), asv results folders
+(one subfolder per machine) and earlier report folders (their raw/ copy); all are merged,
+which is how a CPU box's and a GPU box's results end up on one page.
+"""
 from __future__ import annotations
+
+import os
+
+from ..cli import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def add_parser(sub):
-    p = sub.add_parser("report", help="report (not yet implemented)")
+    p = sub.add_parser("report", help="rebuild the report from stored results (runs nothing)",
+                       description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("results", nargs="*", metavar="RESULTS",
+                   help="suite JSON files, asv results folders or report folders (default: the --out folder's "
+                        "own stored results)")
+    p.add_argument("--out", default=os.path.join(ROOT, "reports", "out"), help="report folder (default: reports/out)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    print("attnspec report: not implemented yet")
-    return 1
+    from reports import build, inputs
+
+    paths = args.results
+    if not paths:
+        if not os.path.isdir(os.path.join(args.out, inputs.RAW)):
+            raise UserError(f"no stored results in {os.path.join(args.out, inputs.RAW)}: run `attnspec run` first, "
+                            "or name RESULTS (suite JSON files, asv results folders, report folders)")
+        paths = [args.out]
+    try:
+        summary = build.build(inputs.collect(paths), args.out)
+    except inputs.ReportInputError as e:
+        raise UserError(str(e)) from None
+    machines = ", ".join(summary["machines"]) or "no benchmarks"
+    print(f"attnspec report: wrote {os.path.join(summary['out'], 'index.html')} "
+          f"({summary['backends']} backends, {summary['conformance_rows']} conformance rows, "
+          f"{summary['benchmark_rows']} benchmark rows from {machines})")
+    return 0

@@ -1,13 +1,180 @@
-"""attnspec run (to be completed)."""
+"""attnspec run: the conformance suite per backend (each in its own process), asv, the report.
+
+A backend that kills its interpreter is recorded as `crashed`, one that hangs past the
+per-backend limit as `timed_out`; the other backends go on.  This process never imports a
+framework: which backends are available is asked of a child process too.
+"""
 from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from ..cli import UserError
+from reports import runner as _procs
+from reports.runner import ROOT
+
+# Benchmark grid per mode: the environment variables benchmarks/_common.py reads, and asv
+# --bench regexes (matched against "name(param, ...)").  asv starts a fresh interpreter per
+# parameter combination (1.5-3 s here, more with a framework to import), so the number of
+# combinations sets the time.  Default: E = 64, five T values (three >= 256 for the slope
+# fits), time for both ops, memory for the forward only (it shows O(T^2) against O(T) alone).
+_MEMORY_FORWARD = r"MemoryAttention\.track_extra_bytes\(.*'forward'[,)]"
+MODES = {
+    "quick": ({"ATTNSPEC_BENCH_E": "64", "ATTNSPEC_BENCH_T": "64,256,1024", "ATTNSPEC_BENCH_OPS": "forward"}, []),
+    "default": ({"ATTNSPEC_BENCH_E": "64", "ATTNSPEC_BENCH_T": "16,64,256,1024,2048"},
+                ["TimeAttention", _MEMORY_FORWARD, "bench_machine"]),
+    "full": ({}, []),
+}
+# Seconds per backend: the suite takes 20-140 s per backend here with the machine shared,
+# so the limit only stops a hang; suites run side by side, so it rarely adds to the wall time.
+SUITE_TIMEOUT = {"quick": 300, "default": 600, "full": 1200}
+_PROBE = ("import json, sys\nfrom backends import registry\nout = []\nfor name in sys.argv[1:]:\n"
+          "    try:\n        backend = registry.resolve(name)\n        (ok, why), shown = backend.availability(), backend.name\n"
+          "    except registry.BackendSelectionError as e:\n        ok, why, shown = None, str(e), name\n"
+          "    out.append([name, ok, why, shown])\nprint('ATTNSPEC-PROBE ' + json.dumps(out))\n")
 
 
 def add_parser(sub):
-    p = sub.add_parser("run", help="run (not yet implemented)")
-    p.set_defaults(func=run)
+    p = sub.add_parser("run", help="run the conformance suite and the benchmarks, then write the report",
+                       description="Run the conformance suite once per backend (each in its own process), the "
+                       "asv benchmark sweep, and write the HTML and CSV report.  Exit status: 0 all "
+                       "selected backends conform, 1 some do not (or crashed/timed out), 2 bad input.")
+    p.add_argument("--backend", action="append", metavar="NAME", help="a built-in name or package.module:attr "
+                   "(repeatable; default: ATTNSPEC_BACKENDS, else every built-in whose framework is installed)")
+    p.add_argument("--out", default=os.path.join(ROOT, "reports", "out"), help="report folder (default: reports/out)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_const", dest="mode", const="quick",
+                      help="a small benchmark grid (forward, T in {64, 256, 1024}), one sample each: a smoke test")
+    size.add_argument("--full", action="store_const", dest="mode", const="full",
+                      help="the whole benchmark sweep: every E in {16, 64, 128}")
+    p.add_argument("--no-bench", action="store_true", help="skip the benchmarks (conformance only)")
+    p.add_argument("--jobs", type=int, metavar="N", help="suites run side by side (default: one per core); "
+                   "the benchmarks always run alone")
+    p.add_argument("--suite-timeout", type=float, metavar="SECONDS",
+                   help="limit for one backend's suite (default 600; 300 with --quick, 1200 with --full)")
+    p.set_defaults(func=run, mode="default")
     return p
 
 
+def _require_tools(args) -> None:
+    for module in ("pandas", "matplotlib"):
+        if not _procs.importable(module):
+            raise UserError(f"{module} is not installed; the report needs it: pip install -e \".[report]\"")
+    if not os.path.isdir(os.path.join(ROOT, "properties")):
+        raise UserError(f"the conformance suite is not at {ROOT}/properties: attnspec run works in a source checkout")
+    if not args.no_bench and shutil.which("asv") is None:
+        raise UserError("asv is not installed (pip install -e \".[bench]\"); or pass --no-bench to skip the benchmarks")
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.suite_timeout is not None and not args.suite_timeout > 0:
+        raise UserError(f"--suite-timeout must be a positive number of seconds, got {args.suite_timeout}")
+
+
+def probe(names: list[str]) -> list[tuple]:
+    """[(name, available, reason, the backend's own name)] from a child; available None = unknown name."""
+    res = _procs.run_captured([sys.executable, "-c", _PROBE, *names], timeout=180)
+    for line in res.output.splitlines():
+        if line.startswith("ATTNSPEC-PROBE "):
+            return [tuple(x) for x in json.loads(line[len("ATTNSPEC-PROBE "):])]
+    # The probe itself died (a plug-in that crashes on import): let each suite run find out.
+    print(f"attnspec run: could not check availability ({res.describe()}); running every backend", file=sys.stderr)
+    return [(n, True, "", n) for n in names]
+
+
+def select_backends(args) -> tuple[list[tuple], list[dict]]:
+    """[(name as given, the backend's own name)] to run, and skipped rows (with the reason)."""
+    from backends import registry  # imports no framework
+
+    explicit = args.backend or registry.names_from_env()
+    names = list(dict.fromkeys(explicit or registry.builtin_names()))
+    chosen, skipped = [], []
+    for name, ok, why, shown in probe(names):
+        if ok is None:
+            raise UserError(why)
+        if ok:
+            chosen.append((name, shown))
+        else:
+            skipped.append({"backend": shown, "property": "(all)", "dtype": "", "status": "skipped",
+                            "examples": 0, "seconds": 0.0, "counterexample": "", "message": why})
+    how = "as asked" if explicit else "every built-in whose framework is installed"
+    print(f"attnspec run: backends ({how}): {', '.join(n for n, _ in chosen) or 'none'}")
+    for row in skipped:
+        print(f"  skipped {row['backend']}: {row['message']}")
+    if not chosen:
+        raise UserError("none of the selected backends is available here: " + "; ".join(
+            f"{r['backend']}: {r['message']}" for r in skipped))
+    return chosen, skipped
+
+
+def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> dict:
+    """Conformance and semantics rows from one child pytest per backend, `jobs` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i, name, shown):
+        path = os.path.join(workdir, f"suite-{i}.json")
+        _procs.say(f"[suite {i}/{len(chosen)}] {name}: started")
+        progress = _procs.SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
+        data = _procs.run_suite(name, path, limit, shown=shown, progress=progress)
+        _procs.say(f"[suite {i}/{len(chosen)}] done: {progress.text()}")
+        return data
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        parts = list(pool.map(lambda a: one(*a), [(i, n, s) for i, (n, s) in enumerate(chosen, 1)]))
+    except BaseException:  # Ctrl-C reaches only this thread; the children run in their own sessions
+        pool.shutdown(wait=False, cancel_futures=True)
+        _procs.kill_all()
+        raise
+    pool.shutdown()
+    return {key: [row for part in parts for row in part[key]] for key in ("conformance", "semantics")}
+
+
+def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> str:
+    """asv over the available backends at `commit`; returns asv's results folder."""
+    _procs.ensure_asv_machine()
+    grid, regexes = MODES[mode]
+    env = _procs.child_env(ATTNSPEC_BACKENDS=",".join(n for n, _ in chosen), **grid)
+    cmd = ["asv", "run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commit]
+    cmd += [x for regex in regexes for x in ("--bench", regex)] + (["--quick"] if mode == "quick" else [])
+    what = " ".join(f"{k}={v}" for k, v in grid.items()) or "the full grid"
+    print(f"[bench] asv run at commit {commit[:8]} ({what}{'; memory: forward only' if regexes else ''})", flush=True)
+    start = time.monotonic()
+    rc = _procs.stream(cmd, env=env, prefix="  ")
+    state = "done" if rc == 0 else f"asv exited with status {rc}; the report keeps what it recorded"
+    print(f"[bench] {state} in {time.monotonic() - start:.0f} s", flush=True)
+    return _procs.asv_results_dir()
+
+
 def run(args) -> int:
-    print("attnspec run: not implemented yet")
-    return 1
+    from reports import build, inputs
+
+    try:
+        return _run(args, build, inputs)
+    except inputs.ReportInputError as e:
+        raise UserError(str(e)) from None
+
+
+def _run(args, build, inputs) -> int:
+    _require_tools(args)
+    commit = None if args.no_bench else _procs.git_head()  # before the long part: fail fast
+    start = time.monotonic()
+    chosen, skipped = select_backends(args)
+    limit = args.suite_timeout or SUITE_TIMEOUT[args.mode]
+    workdir = tempfile.mkdtemp(prefix="attnspec-run-")
+    try:
+        suite = run_suites(chosen, limit, workdir, args.jobs or min(len(chosen), os.cpu_count() or 1))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    collected = inputs.Inputs(conformance=skipped + suite["conformance"], semantics=suite["semantics"])
+    if not args.no_bench:
+        results_dir = run_benchmarks(chosen, args.mode, commit)
+        if os.path.isdir(results_dir):
+            collected.asv_dirs.append(results_dir)
+    summary = build.build(collected, args.out, asv_commit=commit)
+    print(f"attnspec run: report written to {os.path.join(summary['out'], 'index.html')} "
+          f"({summary['backends']} backends, {summary['problems']} problem(s); {time.monotonic() - start:.0f} s)")
+    return 1 if summary["problems"] else 0

@@ -1,0 +1,169 @@
+"""Reading stored results: suite JSON files, asv results folders and earlier report folders.
+
+Everything here is plain json/os: a corrupt or missing input becomes one `ReportInputError`
+line naming the path and what was wrong, never a traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+
+CONFORMANCE_COLUMNS = ("backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message")
+SEMANTICS_COLUMNS = ("backend", "question", "observed", "declared", "agrees")
+STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out")
+# When two runs (say a CPU and a GPU box) judged the same check, the more telling result wins:
+# a failure anywhere is shown; a skip is superseded by any real result.
+_STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "passed": 4, "skipped": 5}
+RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it
+SUITE_FILE = "suite.json"
+
+
+class ReportInputError(ValueError):
+    """A stored result that is missing, unreadable or not in the expected format."""
+
+
+@dataclass
+class Inputs:
+    conformance: list = field(default_factory=list)  # dicts with CONFORMANCE_COLUMNS
+    semantics: list = field(default_factory=list)    # dicts with SEMANTICS_COLUMNS
+    asv_dirs: list = field(default_factory=list)     # asv results folders (one subfolder per machine)
+
+    def add_suite(self, data: dict) -> None:
+        self.conformance += data["conformance"]
+        self.semantics += data["semantics"]
+
+
+def _check_rows(rows, columns, path, key):
+    if not isinstance(rows, list):
+        raise ReportInputError(f"{path}: {key!r} must be a list, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ReportInputError(f"{path}: {key}[{i}] must be an object, got {type(row).__name__}")
+        missing = [c for c in columns if c not in row]
+        if missing:
+            raise ReportInputError(f"{path}: {key}[{i}] lacks {', '.join(missing)}")
+        if key == "conformance" and row["status"] not in STATUSES:
+            raise ReportInputError(f"{path}: {key}[{i}] has status {row['status']!r}; expected one of {', '.join(STATUSES)}")
+    return [{c: row[c] for c in columns} for row in rows]
+
+
+def read_suite_json(path: str) -> dict:
+    """The suite's JSON ({"conformance": [...], "semantics": [...]}), validated."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ReportInputError(f"results file not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ReportInputError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise ReportInputError(f"{path}: cannot read ({e.strerror})") from None
+    if not isinstance(data, dict) or "conformance" not in data:
+        raise ReportInputError(f"{path}: not a suite results file (expected an object with 'conformance' and 'semantics')")
+    return {"conformance": _check_rows(data["conformance"], CONFORMANCE_COLUMNS, path, "conformance"),
+            "semantics": _check_rows(data.get("semantics", []), SEMANTICS_COLUMNS, path, "semantics")}
+
+
+def is_asv_results_dir(path: str) -> bool:
+    """asv keeps one subfolder per machine, each with a machine.json."""
+    try:
+        return any(os.path.isfile(os.path.join(path, d, "machine.json")) for d in os.listdir(path))
+    except OSError:
+        return False
+
+
+def collect(paths) -> Inputs:
+    """Suite JSON files, asv results folders and report folders (their raw/), merged."""
+    inputs = Inputs()
+    for path in paths:
+        if os.path.isdir(path):
+            raw = os.path.join(path, RAW)
+            if os.path.isdir(raw):
+                path = raw  # an earlier report folder: rebuild from what it kept
+            suite = os.path.join(path, SUITE_FILE)
+            if os.path.isfile(suite):
+                inputs.add_suite(read_suite_json(suite))
+            asv_dirs = [path] if is_asv_results_dir(path) else _kept_asv_dirs(path)
+            if not asv_dirs and not os.path.isfile(suite):
+                raise ReportInputError(f"{path}: neither an asv results folder (one subfolder per machine with "
+                                       "machine.json), nor a report folder, nor a suite JSON file")
+            inputs.asv_dirs += asv_dirs
+        elif os.path.isfile(path) or path.endswith(".json"):
+            inputs.add_suite(read_suite_json(path))
+        else:
+            raise ReportInputError(f"results not found: {path}")
+    return inputs
+
+
+def _kept_asv_dirs(raw: str) -> list:
+    root = os.path.join(raw, "asv")
+    if not os.path.isdir(root):
+        return []
+    return [os.path.join(root, d) for d in sorted(os.listdir(root)) if is_asv_results_dir(os.path.join(root, d))]
+
+
+def merge_conformance(rows) -> list:
+    """One row per (backend, property, dtype): the most telling status across runs."""
+    best = {}
+    for row in rows:
+        key = (row["backend"], row["property"], row["dtype"])
+        if key not in best or _STATUS_RANK[row["status"]] < _STATUS_RANK[best[key]["status"]]:
+            best[key] = row
+    return list(best.values())
+
+
+def merge_semantics(rows) -> list:
+    """One row per (backend, question); a disagreement seen anywhere is kept."""
+    best = {}
+    for row in rows:
+        key = (row["backend"], row["question"])
+        if key not in best or (row["agrees"] is False and best[key]["agrees"] is not False):
+            best[key] = row
+    return list(best.values())
+
+
+def _results_files(machine_dir: str):
+    for name in os.listdir(machine_dir):
+        if name.endswith(".json") and name != "machine.json":
+            yield os.path.join(machine_dir, name)
+
+
+def _commit_of(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            commit = json.load(f).get("commit_hash")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ReportInputError(f"{path}: not a readable asv results file ({e})") from None
+    if not isinstance(commit, str):
+        raise ReportInputError(f"{path}: asv results file without a commit_hash")
+    return commit
+
+
+def copy_asv_results(src: str, dst: str, commit: str | None = None) -> int:
+    """Copy one commit's results per machine (the given one, else the newest file's) into dst.
+
+    Returns how many results files were copied; asv keeps every commit it ever measured,
+    and a report compares backends at one commit per machine.
+    """
+    copied = 0
+    for machine in sorted(os.listdir(src)):
+        mdir = os.path.join(src, machine)
+        if not os.path.isfile(os.path.join(mdir, "machine.json")):
+            continue
+        files = sorted(_results_files(mdir), key=os.path.getmtime)
+        if not files:
+            continue
+        wanted = commit if commit is not None else _commit_of(files[-1])
+        chosen = [f for f in files if _commit_of(f) == wanted]
+        if not chosen:
+            continue
+        os.makedirs(os.path.join(dst, machine), exist_ok=True)
+        shutil.copy2(os.path.join(mdir, "machine.json"), os.path.join(dst, machine, "machine.json"))
+        for f in chosen:
+            shutil.copy2(f, os.path.join(dst, machine, os.path.basename(f)))
+            copied += 1
+    if copied and os.path.isfile(os.path.join(src, "benchmarks.json")):
+        shutil.copy2(os.path.join(src, "benchmarks.json"), os.path.join(dst, "benchmarks.json"))
+    return copied

@@ -1,0 +1,143 @@
+"""`attnspec run` and `attnspec report`: exit-2 paths, and crashing or hanging backends recorded."""
+from __future__ import annotations
+
+import csv
+import os
+import sys
+
+import pytest
+
+from attnspec import cli
+from attnspec.commands import run_cmd
+from reports import runner
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "data", "report_sample")
+HAS_REPORT_DEPS = all(runner.importable(m) for m in ("pandas", "matplotlib"))
+
+
+def run_cli(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc, err, *phrases):
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for phrase in phrases:
+        assert phrase in lines[0]
+
+
+def test_run_with_an_unknown_backend_exits_2(capsys, tmp_path):
+    rc, _, err = run_cli(capsys, "run", "--backend", "no-such-backend", "--no-bench", "--out", str(tmp_path / "o"))
+    assert_one_line_error(rc, err, "unknown backend 'no-such-backend'")
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_without_asv_exits_2_before_running_anything(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(run_cmd.shutil, "which", lambda name: None)
+    monkeypatch.setattr(run_cmd, "select_backends", lambda args: pytest.fail("ran before checking for asv"))
+    rc, _, err = run_cli(capsys, "run", "--out", str(tmp_path / "o"))
+    assert_one_line_error(rc, err, "asv is not installed", "--no-bench")
+
+
+def test_run_rejects_a_nonpositive_suite_timeout(capsys, tmp_path):
+    rc, _, err = run_cli(capsys, "run", "--no-bench", "--suite-timeout", "0", "--out", str(tmp_path / "o"))
+    assert_one_line_error(rc, err, "--suite-timeout", "got 0")
+
+
+def test_quick_and_full_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--quick", "--full"])
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize("content, phrase", [
+    (None, "results not found"),
+    ("{not json", "not valid JSON"),
+    ('{"conformance": 3, "semantics": []}', "'conformance' must be a list"),
+])
+def test_report_with_missing_or_corrupt_results_exits_2(capsys, tmp_path, content, phrase):
+    path = tmp_path / "suite.json"
+    if content is not None:
+        path.write_text(content)
+    rc, _, err = run_cli(capsys, "report", "--out", str(tmp_path / "o"), str(path if content else tmp_path / "nope"))
+    assert_one_line_error(rc, err, phrase)
+    assert not (tmp_path / "o").exists()
+
+
+def test_report_without_stored_results_exits_2(capsys, tmp_path):
+    rc, _, err = run_cli(capsys, "report", "--out", str(tmp_path / "empty"))
+    assert_one_line_error(rc, err, "no stored results", "attnspec run")
+
+
+def test_report_of_a_folder_that_holds_no_results_exits_2(capsys, tmp_path):
+    (tmp_path / "junk").mkdir()
+    rc, _, err = run_cli(capsys, "report", "--out", str(tmp_path / "o"), str(tmp_path / "junk"))
+    assert_one_line_error(rc, err, "neither an asv results folder")
+
+
+@pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas and matplotlib are needed to write a report")
+def test_report_rebuilds_from_the_sample(capsys, tmp_path):
+    out = tmp_path / "o"
+    rc, text, _ = run_cli(capsys, "report", "--out", str(out), os.path.join(SAMPLE, "suite_cpu.json"),
+                          os.path.join(SAMPLE, "asv_results"))
+    assert rc == 0 and "index.html" in text
+    rc, _, _ = run_cli(capsys, "report", "--out", str(out))  # again, from its own stored copy
+    assert rc == 0 and (out / "raw" / "suite.json").exists()
+
+
+def test_a_child_that_dies_or_hangs_is_recorded_and_the_rest_goes_on(tmp_path):
+    crash = runner.run_suite("a", str(tmp_path / "a.json"), 30,
+                             command=lambda b, p: [sys.executable, "-c", "import os; print('t.py::a PASSED'); "
+                                                   "print('t.py::b', end=''); os._exit(3)"])
+    (row,) = crash["conformance"]
+    assert row["status"] == "crashed" and "exit status 3" in row["message"] and "t.py::b" in row["message"]
+    hang = runner.run_suite("b", str(tmp_path / "b.json"), 1.5,
+                            command=lambda b, p: [sys.executable, "-c", "import time; time.sleep(60)"])
+    (row,) = hang["conformance"]
+    assert row["status"] == "timed_out" and "1.5 s" in row["message"] and row["seconds"] < 30
+
+
+@pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas and matplotlib are needed to write a report")
+def test_run_records_a_crashing_and_a_hanging_backend(capsys, monkeypatch, tmp_path):
+    """Through the real suite: fake plug-ins that os._exit() or sleep; the report still gets written."""
+    monkeypatch.chdir(SAMPLE)  # plug-ins in the user's working folder are importable by the children
+    out = tmp_path / "out"
+    rc, text, _ = run_cli(capsys, "run", "--backend", "fake_backends:Crashing", "--backend", "fake_backends:Hanging",
+                          "--no-bench", "--suite-timeout", "25", "--out", str(out))
+    assert rc == 1, text
+    with open(out / "conformance.csv", newline="", encoding="utf-8") as f:
+        rows = {r["backend"]: r for r in csv.DictReader(f) if r["property"] == "(suite)"}
+    assert rows["fake-crashing"]["status"] == "crashed", rows
+    assert rows["fake-hanging"]["status"] == "timed_out", rows
+    assert "[suite 2/2] fake_backends:Hanging" in text
+
+
+def test_the_commands_load_no_framework_until_a_report_is_built():
+    import subprocess
+
+    code = ("import sys, attnspec.cli, attnspec.commands.run_cmd, attnspec.commands.report_cmd, reports.build, "
+            "reports.runner; heavy = {'pandas', 'matplotlib', 'torch', 'jax'} & set(sys.modules); "
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=runner.ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_default_benchmark_selection_keeps_memory_for_the_forward_only():
+    """asv matches --bench against "name(param, ...)"; checked on the sample's benchmark list."""
+    import itertools
+    import json
+    import re
+
+    with open(os.path.join(SAMPLE, "asv_results", "benchmarks.json")) as f:
+        listed = {k: v for k, v in json.load(f).items() if isinstance(v, dict)}
+    _, regexes = run_cmd.MODES["default"]
+    chosen = {name: [ps for ps in itertools.product(*b["params"])
+                     if any(re.search(r, f"{name}({', '.join(ps)})") for r in regexes)] for name, b in listed.items()}
+    memory = [ps for name, pss in chosen.items() if "MemoryAttention" in name for ps in pss]
+    assert memory and all("'forward'" in ps for ps in memory)
+    time_ops = {p for name, pss in chosen.items() if "TimeAttention" in name for ps in pss for p in ps if "forward" in p}
+    assert time_ops == {"'forward'", "'forward_backward'"}
+    assert any("PeakMatmul" in name and pss for name, pss in chosen.items())  # the roofline is measured

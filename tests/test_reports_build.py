@@ -1,0 +1,201 @@
+"""The report folder: CSV schemas, the page, escaping, atomic replacement, merging machines."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+
+from reports import build, inputs  # noqa: E402
+from reports.writer import recover  # noqa: E402
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "data", "report_sample")
+SUITE = os.path.join(SAMPLE, "suite_cpu.json")
+ASV = os.path.join(SAMPLE, "asv_results")
+
+SCHEMAS = {
+    "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message"],
+    "semantics.csv": ["backend", "question", "observed", "declared", "agrees"],
+    "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
+                       "commit"],
+    "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
+    "worked_examples.csv": ["source", "quantity", "printed", "computed", "agrees"],
+}
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def header(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return next(csv.reader(f))
+
+
+def make_report(out, paths=(SUITE, ASV), **kw):
+    return build.build(inputs.collect(list(paths)), str(out), **kw)
+
+
+def second_machine(tmp_path, name="gpu-box", factor=0.1):
+    """A copy of the sample asv results under another machine's name, `factor` times the values."""
+    root = tmp_path / f"asv-{name}"
+    shutil.copytree(ASV, root)
+    (src,) = [d for d in os.listdir(root) if os.path.isdir(root / d)]
+    os.rename(root / src, root / name)
+    machine = json.loads((root / name / "machine.json").read_text())
+    (root / name / "machine.json").write_text(json.dumps(dict(machine, machine=name)))
+    for f in (root / name).glob("*.json"):
+        if f.name == "machine.json":
+            continue
+        data = json.loads(f.read_text())
+        data["params"]["machine"] = name
+        for entry in data["results"].values():
+            entry[0] = [None if x is None else x * factor for x in entry[0]]
+        f.write_text(json.dumps(data))
+    return root
+
+
+def test_csv_files_have_the_documented_columns(tmp_path):
+    out = tmp_path / "out"
+    summary = make_report(out)
+    for name, columns in SCHEMAS.items():
+        assert header(out / name) == columns, name
+    conf = read_csv(out / "conformance.csv")
+    assert {r["status"] for r in conf} <= set(inputs.STATUSES)
+    assert len(conf) == summary["conformance_rows"] == 80
+    bench = read_csv(out / "benchmarks.csv")
+    assert {"time", "memory"} <= {r["metric"] for r in bench}
+    scaling = read_csv(out / "scaling.csv")
+    naive_time = [r for r in scaling if r["backend"] == "numpy-naive" and r["metric"] == "time" and r["op"] == "forward"]
+    assert len(naive_time) == 1 and 1.0 < float(naive_time[0]["exponent"]) < 3.0
+
+
+def test_page_is_self_contained_with_every_section(tmp_path):
+    out = tmp_path / "out"
+    make_report(out)
+    page = (out / "index.html").read_text(encoding="utf-8")
+    for section in ('id="verdict"', 'id="conformance"', 'id="semantics"', 'id="performance"', 'id="worked"'):
+        assert section in page
+    assert "<svg" in page and "slope" in page
+    assert "<script" not in page.lower() and "<link" not in page.lower()
+    for fetch in ('src="http', 'href="http', "url(http", "@import", "https://"):  # nothing from the network
+        assert fetch not in page
+    # the failure in the sample shows its counterexample, escaped but whole
+    assert "q = np.full((1, 1, 2, 4), 11.0)" in page
+
+
+def test_strings_from_backends_are_escaped(tmp_path):
+    evil = "<script>alert('x')</script>"
+    data = json.loads(open(SUITE).read())
+    data["conformance"][0].update(backend=evil, status="failed", message=f"bad {evil}", counterexample=evil)
+    data["semantics"][0].update(backend=evil, observed=evil, declared="<b>zeros</b>", agrees=False)
+    suite = tmp_path / "evil.json"
+    suite.write_text(json.dumps(data))
+    asv = tmp_path / "asv"
+    shutil.copytree(ASV, asv)
+    for f in asv.glob("*/*.json"):  # a benchmarked backend with a hostile name: legends, tables
+        f.write_text(f.read_text().replace("'numpy-tiled'", "'<script>$x$</script>'"))
+    out = tmp_path / "out"
+    make_report(out, [str(suite), str(asv)])
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "<script" not in page.lower()
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "<b>zeros</b>" not in page and "&lt;b&gt;zeros&lt;/b&gt;" in page
+    assert "&lt;script&gt;" in page.split('id="performance"')[1]  # the SVG legend, as text
+    assert evil in {r["backend"] for r in read_csv(out / "conformance.csv")}  # CSVs keep the raw text
+
+
+def test_a_failed_build_leaves_the_previous_report_whole(tmp_path):
+    out = tmp_path / "out"
+    make_report(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def fail(staged):
+        assert os.path.exists(os.path.join(staged, "index.html"))  # everything written, then the failure
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        make_report(out, [SUITE], _before_swap=fail)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"conformance": [ {"backend": ')
+    with pytest.raises(inputs.ReportInputError):
+        make_report(out, [SUITE, str(corrupt)])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert sorted(os.listdir(tmp_path)) == ["corrupt.json", "out"]  # no staging folder left behind
+
+
+def test_an_interrupted_swap_is_undone_by_the_next_write(tmp_path):
+    out = tmp_path / "out"
+    make_report(out, [SUITE])
+    os.rename(out, tmp_path / ".out.old-abc123")  # killed between the two renames
+    recover(str(out))
+    assert (out / "index.html").exists() and not (tmp_path / ".out.old-abc123").exists()
+
+
+def test_merging_two_machines_and_two_suite_runs(tmp_path):
+    gpu_suite = tmp_path / "suite_gpu.json"
+    gpu_suite.write_text(json.dumps({"conformance": [
+        dict(backend="torch-sdpa-cuda-flash", property="rows_sum_to_one", dtype="float16", status="passed",
+             examples=10, seconds=0.5, counterexample=None, message=None)], "semantics": []}))
+    cpu_suite = json.loads(open(SUITE).read())
+    cpu_suite["conformance"].append(dict(backend="torch-sdpa-cuda-flash", property="rows_sum_to_one", dtype="float16",
+                                         status="skipped", examples=0, seconds=0, counterexample=None,
+                                         message="no CUDA device"))
+    (tmp_path / "suite_cpu.json").write_text(json.dumps(cpu_suite))
+    gpu = second_machine(tmp_path)
+    out = tmp_path / "out"
+    summary = make_report(out, [str(tmp_path / "suite_cpu.json"), ASV, str(gpu_suite), str(gpu)])
+    assert summary["machines"] == ["gpu-box", "vm"]
+    bench = read_csv(out / "benchmarks.csv")
+    assert {r["machine"] for r in bench} == {"gpu-box", "vm"}
+    scaling = read_csv(out / "scaling.csv")
+    assert header(out / "scaling.csv") == SCHEMAS["scaling.csv"] + ["machine"]  # one fit per machine
+    assert {r["machine"] for r in scaling} == {"gpu-box", "vm"}
+    conf = read_csv(out / "conformance.csv")
+    cuda = [r for r in conf if r["backend"] == "torch-sdpa-cuda-flash"]
+    assert [r["status"] for r in cuda] == ["passed"]  # a real result supersedes the CPU box's skip
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "gpu-box" in page and "numpy-naive @ gpu-box" in page
+
+
+def test_report_folders_rebuild_and_merge(tmp_path):
+    cpu, gpu, merged = tmp_path / "cpu", tmp_path / "gpu", tmp_path / "merged"
+    make_report(cpu)
+    make_report(gpu, [str(second_machine(tmp_path))])
+    make_report(merged, [str(cpu), str(gpu)])
+    assert {r["machine"] for r in read_csv(merged / "benchmarks.csv")} == {"gpu-box", "vm"}
+    assert len(read_csv(merged / "conformance.csv")) == 80
+    before = read_csv(cpu / "benchmarks.csv")
+    make_report(cpu, [str(cpu)])  # a rebuild from its own raw/ copy reads the same results
+    assert read_csv(cpu / "benchmarks.csv") == before
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{not json", "not valid JSON"),
+    ('{"something": []}', "not a suite results file"),
+    ('{"conformance": [{"backend": "x"}], "semantics": []}', "lacks property"),
+    ('{"conformance": [{"backend": "x", "property": "p", "dtype": "float32", "status": "great", "examples": 1, '
+     '"seconds": 0, "counterexample": null, "message": null}], "semantics": []}', "has status 'great'"),
+])
+def test_corrupt_suite_files_are_named_with_what_is_wrong(tmp_path, content, expected):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+    with pytest.raises(inputs.ReportInputError, match=expected) as info:
+        inputs.collect([str(path)])
+    assert str(path) in str(info.value)
+
+
+def test_a_corrupt_asv_results_file_is_an_input_error(tmp_path):
+    asv = tmp_path / "asv"
+    shutil.copytree(ASV, asv)
+    (result,) = [f for f in asv.glob("*/*.json") if f.name != "machine.json"]
+    result.write_text("{truncated")
+    with pytest.raises(inputs.ReportInputError, match="asv results"):
+        make_report(tmp_path / "out", [str(asv)])
