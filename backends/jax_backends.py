@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .base import Backend, BackendUnavailable, Capabilities, Semantics
+from .base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 
@@ -111,7 +111,24 @@ class JaxDpa(JaxBackend):
         notes=("softmax runs in float32 even for float64 input (jax _dot_product_attention_core): "
                "float64 results are float32-accurate",
                "masks with a large finite negative, so an all-masked row averages the values",
-               "no float16 on CPU (XLA:CPU lacks the float16 dot it asks for)"))
+               "no float16 on CPU (XLA:CPU lacks the float16 dot it asks for)",
+               "bfloat16 with Lq = Lk = 1 on CPU: XLA:CPU fails to compile it "
+               "(ALG_DOT_BF16_BF16_F32 not supported by the ElementalIrEmitter): declared unsupported"))
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        self._refuse_degenerate_bf16(q, k)
+        return super().native_forward(q, k, v, mask, is_causal, scale)
+
+    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
+        self._refuse_degenerate_bf16(q, k)
+        return super().native_backward(q, k, v, grad_out, mask, is_causal, scale)
+
+    def _refuse_degenerate_bf16(self, q, k):
+        # jax 0.10.2, XLA:CPU: a 1x1 bfloat16 score matrix lowers to an elemental dot that
+        # cannot accumulate in float32 and the compile fails; other shapes run.
+        if self.platform == "cpu" and str(q.dtype) == "bfloat16" and q.shape[-2] == k.shape[-2] == 1:
+            raise Unsupported(f"{self.name}: XLA:CPU cannot compile a bfloat16 call with Lq = Lk = 1 "
+                              "(ALG_DOT_BF16_BF16_F32 not supported by the ElementalIrEmitter)")
 
     def _attend(self, q, k, v, mask, is_causal, scale):
         jnp = self.jnp
