@@ -1,0 +1,220 @@
+"""asv results (format v2) as one tidy table, and the exponents of time and memory against T.
+
+A results folder holds one subfolder per machine (machine.json beside one JSON file per commit
+and environment) and benchmarks.json (parameter names). In a results file every benchmark is a
+row of `result_columns`: `result` lists one value per parameter combination in
+itertools.product order, `params` holds each axis's values as `repr` strings, a skipped or
+failed combination is None or NaN, confidence bounds may be +-inf.
+
+Rows the benchmarks measure: time [s], memory [bytes], peak_gflops, threads, fidelity_ratio,
+timer_time [s]. Rows derived here: gflops (specs.cost FLOPs / time, so rate and time share their
+samples), memory_multiple (extra bytes / B*H*T^2*itemsize), fidelity_ratio_sweep (the sweep's
+time of the fidelity combination / torch Timer's). pandas is imported by the functions only.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+import os
+import warnings
+
+COLUMNS = ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit"]
+# asv's 99% interval for time rows (NaN when unknown: inf); the clock of time rows ("process" =
+# CPU time, "wall"; None for results recorded before the clock parameter)
+EXTRA_COLUMNS = ["ci_low", "ci_high", "clock"]
+
+# benchmark name -> (metric, unit, fixed columns); anything else keeps its method name as metric
+KNOWN = {
+    "bench_attention.TimeAttention.time_attention": ("time", "s", {}),
+    "bench_attention.MemoryAttention.track_extra_bytes": ("memory", "bytes", {}),
+    "bench_machine.PeakMatmul.track_peak_gflops": ("peak_gflops", "GFLOP/s", {"op": "matmul", "dtype": "float32"}),
+    "bench_machine.Threads.track_threads": ("threads", "threads", {}),
+    "bench_machine.Fidelity.track_fidelity_ratio": ("fidelity_ratio", "ratio", {"op": "forward", "dtype": "float32"}),
+    "bench_machine.Fidelity.track_timer_seconds": ("timer_time", "s", {"op": "forward", "dtype": "float32"}),
+}
+# parameter names when benchmarks.json is missing or describes another version of the benchmark
+# (every layout these benchmarks have had; the one whose length matches the results is used)
+ATTENTION_PARAMS = ["backend", "batch", "heads", "T", "E", "op", "dtype"]
+FIDELITY_PARAMS = ["backend", "T", "E"]
+DEFAULT_PARAM_NAMES = {
+    "bench_attention.TimeAttention.time_attention": [ATTENTION_PARAMS + ["clock"], ATTENTION_PARAMS],
+    "bench_attention.MemoryAttention.track_extra_bytes": [ATTENTION_PARAMS],
+    "bench_machine.PeakMatmul.track_peak_gflops": [["library", "openblas_coretype", "threads"]],
+    "bench_machine.Threads.track_threads": [["library"]],
+    "bench_machine.Fidelity.track_fidelity_ratio": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
+    "bench_machine.Fidelity.track_timer_seconds": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
+}
+FIDELITY_BATCH, FIDELITY_HEADS = 1, 8  # benchmarks/_common.py BATCH, HEADS at the time of writing
+_INT_COLUMNS = ("batch", "heads", "T", "E")
+
+
+def _param_value(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # an object asv could only repr (e.g. <class ...>): keep the text
+
+
+def _is_missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _finite_or_nan(x) -> float:
+    return float(x) if not _is_missing(x) and math.isfinite(x) else math.nan
+
+
+def _param_names(name: str, params: list, declared: dict) -> list:
+    for names in [declared.get(name, {}).get("param_names")] + DEFAULT_PARAM_NAMES.get(name, []):
+        if names is not None and len(names) == len(params):
+            return list(names)
+    return [f"param{i}" for i in range(len(params))]
+
+
+def _rows_of_file(path: str, machine: str, declared: dict) -> list:
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("version") != 2 or "result_columns" not in data:
+        raise ValueError(f"{path}: not an asv results file of format version 2")
+    columns = data["result_columns"]
+    commit = data.get("commit_hash")
+    machine = data.get("params", {}).get("machine", machine)
+    rows = []
+    for name, entry in data.get("results", {}).items():
+        record = dict(zip(columns, entry))  # trailing columns may be absent
+        params = record.get("params") or []
+        values = record.get("result")
+        if values is None:  # the whole benchmark failed (e.g. its module did not import)
+            continue
+        values = values if isinstance(values, list) else [values]
+        ci_a = record.get("stats_ci_99_a") or [None] * len(values)
+        ci_b = record.get("stats_ci_99_b") or [None] * len(values)
+        names = _param_names(name, params, declared)
+        combos = list(itertools.product(*params)) if params else [()]
+        if len(combos) != len(values):
+            raise ValueError(f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations")
+        metric, unit, fixed = KNOWN.get(name, (name.rsplit(".", 1)[-1], declared.get(name, {}).get("unit"), {}))
+        for combo, value, lo, hi in zip(combos, values, ci_a, ci_b):
+            if _is_missing(value):  # skipped (NotImplementedError in setup) or failed
+                continue
+            row = {c: None for c in COLUMNS + EXTRA_COLUMNS} | fixed
+            for key, text in zip(names, combo):
+                row["backend" if key == "library" else key] = _param_value(text)
+            row.update(metric=metric, value=float(value), unit=unit, machine=machine, commit=commit,
+                       ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi))
+            if metric in ("fidelity_ratio", "timer_time"):
+                row.update(batch=row["batch"] or FIDELITY_BATCH, heads=row["heads"] or FIDELITY_HEADS)
+            rows.append(row)
+    return rows
+
+
+def load_results(results_dir: str):
+    """Every machine's results under `results_dir` as a DataFrame (COLUMNS, then ci_low, ci_high)."""
+    import pandas as pd
+
+    if not os.path.isdir(results_dir):
+        raise ValueError(f"results_dir {results_dir!r} is not a folder")
+    declared = {}
+    bench_file = os.path.join(results_dir, "benchmarks.json")
+    if os.path.isfile(bench_file):
+        with open(bench_file) as f:
+            declared = {k: v for k, v in json.load(f).items() if isinstance(v, dict)}
+    rows, machines = [], 0
+    for machine in sorted(os.listdir(results_dir)):
+        folder = os.path.join(results_dir, machine)
+        if not os.path.isfile(os.path.join(folder, "machine.json")):
+            continue
+        machines += 1
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".json") and name != "machine.json":
+                rows += _rows_of_file(os.path.join(folder, name), machine, declared)
+    if not machines:
+        raise ValueError(f"results_dir {results_dir!r} has no machine folder (a subfolder with machine.json)")
+    df = pd.DataFrame(rows, columns=COLUMNS + EXTRA_COLUMNS)
+    for col in _INT_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+    df = pd.concat([df, _derived(df)], ignore_index=True)
+    return df.sort_values(["machine", "commit", "metric", "backend", "op", "E", "T"], kind="stable",
+                          na_position="last").reset_index(drop=True)
+
+
+def _derived(df):
+    """gflops, memory_multiple and fidelity_ratio_sweep, from measured rows and specs.cost."""
+    import numpy as np
+    import pandas as pd
+
+    try:
+        from specs import cost
+    except ImportError as e:  # the cost model is part of the spec; without it, no derived rows
+        warnings.warn(f"specs.cost unavailable ({e}): no gflops or memory_multiple rows", stacklevel=3)
+        return pd.DataFrame(columns=df.columns)
+    out = []
+    sized = df[["batch", "heads", "T", "E"]].notna().all(axis=1)  # an unknown layout has no sizes
+    for r in df[(df["metric"] == "time") & sized].itertuples(index=False):
+        b, h, t, e = int(r.batch), int(r.heads), int(r.T), int(r.E)
+        flops = cost.forward_flops(b, h, t, t, e)
+        if r.op == "forward_backward":
+            flops += cost.backward_flops(b, h, t, t, e)
+        out.append(r._asdict() | dict(metric="gflops", value=flops / r.value / 1e9, unit="GFLOP/s",
+                                      ci_low=np.nan, ci_high=np.nan))
+    for r in df[(df["metric"] == "memory") & sized].itertuples(index=False):
+        itemsize = np.dtype(r.dtype).itemsize
+        score_bytes = cost.score_matrix_bytes(int(r.batch), int(r.heads), int(r.T), int(r.T), itemsize)
+        out.append(r._asdict() | dict(metric="memory_multiple", value=r.value / score_bytes, unit="x B*H*T^2*itemsize"))
+    keys = ["backend", "batch", "heads", "T", "E", "op", "dtype", "machine", "commit", "clock"]
+    timer = df[df["metric"] == "timer_time"]
+    if not timer.empty:
+        sweep = df[df["metric"] == "time"].merge(timer[keys + ["value"]], on=keys, suffixes=("", "_timer"))
+        for r in sweep.itertuples(index=False):
+            out.append({c: getattr(r, c) for c in keys} | dict(metric="fidelity_ratio_sweep",
+                                                                 value=r.value / r.value_timer, unit="ratio"))
+    return pd.DataFrame(out, columns=df.columns)
+
+
+def fit_scaling(df, metric: str, t_min: int = 256):
+    """Exponent p of value ~ T^p per (backend, op), least squares on log-log for T >= t_min.
+
+    Rows of several E, dtypes, machines or commits share the exponent but each such group gets
+    its own intercept (a within-group fit), so pooling them does not bias the slope. r2 is the
+    share of the within-group variance of log(value) the line explains. Columns: backend, op,
+    metric, exponent, r2, n (points), t_lo, t_hi (the T range fitted).
+    """
+    import numpy as np
+    import pandas as pd
+
+    missing = [c for c in ("backend", "op", "T", "metric", "value") if c not in df.columns]
+    if missing:
+        raise ValueError(f"df lacks column(s) {missing}: expected load_results() output")
+    if not isinstance(t_min, (int, float)) or t_min <= 0:
+        raise ValueError(f"t_min must be a positive number, got {t_min!r}")
+    if metric not in set(df["metric"]):
+        raise ValueError(f"metric {metric!r} not in the results (have {sorted(set(df['metric']))})")
+    keep = (df["metric"] == metric) & (df["T"] >= t_min) & (df["value"] > 0)  # T is NA on machine rows
+    rows = df[keep.fillna(False).astype(bool)].copy()
+    group_cols = [c for c in ("E", "dtype", "batch", "heads", "machine", "commit", "clock") if c in rows.columns]
+    out = []
+    for (backend, op), sub in df[df["metric"] == metric].groupby(["backend", "op"], sort=True):
+        fit = rows[(rows["backend"] == backend) & (rows["op"] == op)]
+        x = np.log(fit["T"].astype(float).to_numpy())  # (n,)
+        y = np.log(fit["value"].astype(float).to_numpy())  # (n,)
+        if group_cols and len(fit):
+            groups = fit[group_cols].apply(lambda col: col.map(str)).agg("|".join, axis=1).to_numpy()  # (n,)
+            for g in np.unique(groups):  # remove each group's mean: its own intercept
+                x[groups == g] -= x[groups == g].mean()
+                y[groups == g] -= y[groups == g].mean()
+        else:
+            x, y = x - x.mean(), y - y.mean()
+        sxx = float(x @ x)
+        if len(fit) < 2 or sxx == 0:  # fewer than two T values in every group: no slope
+            exponent = r2 = math.nan
+        else:
+            exponent = float(x @ y) / sxx
+            resid = y - exponent * x  # (n,)
+            syy = float(y @ y)
+            r2 = 1.0 - float(resid @ resid) / syy if syy > 0 else 1.0
+        t_lo = int(fit["T"].min()) if len(fit) else None
+        t_hi = int(fit["T"].max()) if len(fit) else None
+        out.append(dict(backend=backend, op=op, metric=metric, exponent=exponent, r2=r2, n=len(fit),
+                        t_lo=t_lo, t_hi=t_hi))
+    return pd.DataFrame(out, columns=["backend", "op", "metric", "exponent", "r2", "n", "t_lo", "t_hi"])
