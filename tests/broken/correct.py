@@ -1,0 +1,118 @@
+"""Correct but different: other algorithms, orders and declared choices the suite must accept."""
+from __future__ import annotations
+
+import numpy as np
+
+from backends.base import Capabilities, Semantics
+
+from ._kernels import (F64_F32, NumpyBackend, resolve_scale, sum_to, tiled_attention, visible)
+
+
+def _einsum_weights(q, k, mask, is_causal, scale):
+    s = np.einsum("...qe,...ke->...qk", q, k) * resolve_scale(q, scale)  # (..., Lq, Lk)
+    vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
+    s = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
+    row_max = np.max(s, axis=-1, keepdims=True)  # (..., Lq, 1)
+    e = np.exp(s - np.where(np.isfinite(row_max), row_max, 0))  # (..., Lq, Lk)
+    total = np.einsum("...qk->...q", e)[..., None]  # (..., Lq, 1)
+    return e / np.where(total == 0, 1, total)  # (..., Lq, Lk)
+
+
+class EinsumAttention(NumpyBackend):
+    """Every contraction an einsum, forward and backward (dS = A ⊙ (dA − rowsum(dA ⊙ A)))."""
+
+    name = "ok-einsum"
+    capabilities = Capabilities(dtypes=F64_F32, device="cpu", gradients=True)
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        return np.einsum("...qk,...kv->...qv", _einsum_weights(q, k, mask, is_causal, scale), v)  # (..., Lq, Ev)
+
+    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
+        sc = resolve_scale(q, scale)
+        a = _einsum_weights(q, k, mask, is_causal, scale)  # (..., Lq, Lk)
+        dv = np.einsum("...qk,...qv->...kv", a, grad_out)  # (..., Lk, Ev)
+        da = np.einsum("...qv,...kv->...qk", grad_out, v)  # (..., Lq, Lk)
+        ds = a * (da - np.einsum("...qk,...qk->...q", da, a)[..., None])  # (..., Lq, Lk)
+        dq = np.einsum("...qk,...ke->...qe", ds, k) * sc  # (..., Lq, E)
+        dk = np.einsum("...qk,...qe->...ke", ds, q) * sc  # (..., Lk, E)
+        return sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape)
+
+
+def einsum_attention(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """The same as a plain function with PyTorch's signature: a plug-in that declares nothing."""
+    return np.einsum("...qk,...kv->...qv", _einsum_weights(query, key, attn_mask, is_causal, scale), value)
+
+
+class TiledOnline(NumpyBackend):
+    """Flash-style: online softmax over blocks of 7 keys (odd, so tails are the rule); the backward
+    recomputes P = exp(S − lse) and uses D = rowsum(dO ⊙ O), never the stored weights."""
+
+    name = "ok-tiled-online-7"
+    capabilities = Capabilities(dtypes=F64_F32, device="cpu", gradients=True)
+    block = 7
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
+        return tiled_attention(q, k, v, vis, resolve_scale(q, scale), self.block)
+
+    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
+        sc = resolve_scale(q, scale)
+        vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
+        s = np.where(vis, (q @ np.swapaxes(k, -1, -2)) * sc, -np.inf)  # (..., Lq, Lk)
+        row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
+        row_max = np.where(np.isfinite(row_max), row_max, 0)
+        lse = row_max + np.log(np.maximum(np.exp(s - row_max).sum(axis=-1, keepdims=True), np.finfo(q.dtype).tiny))  # (..., Lq, 1)
+        p = np.exp(s - lse)  # (..., Lq, Lk) exp(-inf) = 0 on masked keys and empty rows
+        out = p @ v  # (..., Lq, Ev)
+        d = (grad_out * out).sum(axis=-1, keepdims=True)  # (..., Lq, 1) = rowsum(dA ⊙ A)
+        dv = np.swapaxes(p, -1, -2) @ grad_out  # (..., Lk, Ev)
+        ds = p * (grad_out @ np.swapaxes(v, -1, -2) - d)  # (..., Lq, Lk)
+        dq = (ds @ k) * sc  # (..., Lq, E)
+        dk = (np.swapaxes(ds, -1, -2) @ q) * sc  # (..., Lk, E)
+        return sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape)
+
+
+class NaNForFullyMasked(NumpyBackend):
+    """PyTorch-math-like softmax that gives NaN on rows with no visible key, and says so."""
+
+    name = "ok-nan-fully-masked"
+    capabilities = Capabilities(dtypes=F64_F32, device="cpu", gradients=False)
+    semantics = Semantics(fully_masked="nan", causal_alignment="top_left")
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        s = (q @ np.swapaxes(k, -1, -2)) * resolve_scale(q, scale)  # (..., Lq, Lk)
+        s = np.where(visible(q.shape[-2], k.shape[-2], mask, is_causal), s, -np.inf)  # (..., Lq, Lk)
+        with np.errstate(invalid="ignore"):
+            e = np.exp(s - s.max(axis=-1, keepdims=True))  # (..., Lq, Lk) NaN on empty rows only
+            return (e / e.sum(axis=-1, keepdims=True)) @ v  # (..., Lq, Ev)
+
+
+class LogSpace(NumpyBackend):
+    """Weights as exp(s − lse), lse = m + log Σ exp(s − m): no division; rows sum to 1 only to |lse|·u."""
+
+    name = "ok-log-space"
+    capabilities = Capabilities(dtypes=F64_F32, device="cpu", gradients=False)
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        s = (q @ np.swapaxes(k, -1, -2)) * resolve_scale(q, scale)  # (..., Lq, Lk)
+        s = np.where(visible(q.shape[-2], k.shape[-2], mask, is_causal), s, -np.inf)  # (..., Lq, Lk)
+        row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1) -inf on empty rows
+        row_max = np.where(np.isfinite(row_max), row_max, 0)
+        with np.errstate(divide="ignore"):  # empty rows: log(0) = -inf, as it should be
+            lse = row_max + np.log(np.exp(s - row_max).sum(axis=-1, keepdims=True))  # (..., Lq, 1)
+        w = np.exp(s - np.where(np.isfinite(lse), lse, 0))  # (..., Lq, Lk) empty rows: exp(-inf) = 0
+        return w @ v  # (..., Lq, Ev)
+
+
+class Float32Internal(NumpyBackend):
+    """float16 in, float16 out, everything in between in float32 (what real kernels do)."""
+
+    name = "ok-float32-internal"
+    capabilities = Capabilities(dtypes=("float16", "float32"), device="cpu", gradients=False)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", notes=("softmax runs in float32",))
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+        vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
+        out = tiled_attention(q32, k32, v32, vis, resolve_scale(q32, scale), block=32)  # (..., Lq, Ev)
+        return out.astype(q.dtype)

@@ -1,0 +1,127 @@
+"""Kernel-level slips: online softmax bookkeeping, block tails, fast paths, precision, NaNs,
+and the real bugs reported against PyTorch, JAX, flash-attention and friends."""
+from __future__ import annotations
+
+import numpy as np
+
+from backends.base import Capabilities, Semantics
+
+from ._kernels import NumpyBackend, masked_softmax, resolve_scale, scores, tiled_attention, visible
+
+
+class OnlineNoRescale(NumpyBackend):
+    """Online softmax over blocks of 16 keys that rescales the accumulator but forgets to rescale
+    the running sum when a later block raises the row maximum (``l = l + rowsum(p)`` instead of
+    ``l = l * exp(m_old - m_new) + rowsum(p)``).  Exact whenever the first block holds the row's
+    maximum, e.g. always when Lk <= 16."""
+
+    name = "broken-online-no-rescale"
+    block = 16
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
+        return tiled_attention(q, k, v, vis, resolve_scale(q, scale), self.block, rescale_sum=False)
+
+
+class OnlineMaskedBlockNaN(NumpyBackend):
+    """Online softmax over blocks of 8 keys without the ``max == -inf ? 0 : max`` guard
+    (flash-attn's Check_inf): a row whose first block is fully masked computes -inf - (-inf) = NaN
+    and stays NaN even though later keys are visible.  The class of pytorch/pytorch#109517
+    (mem-efficient SDPA producing NaNs for certain mask patterns)."""
+
+    name = "broken-online-masked-block-nan"
+    block = 8
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
+        return tiled_attention(q, k, v, vis, resolve_scale(q, scale), self.block, guard_masked_block=False)
+
+
+class TailBlockZeroPad(NumpyBackend):
+    """Keys padded with zeros to a multiple of the 64-key block and the padding left unmasked:
+    each phantom key scores 0 and takes exp(0 - max) of the mass.  Exact only when Lk % 64 == 0.
+    flashinfer-ai/flashinfer#5090 ("correct SM100 blk64 output when seqlen_k % 64 != 0");
+    also jax-ml/jax#27224 (Pallas flash attention only right for lengths that are block multiples)."""
+
+    name = "broken-tail-block-zero-pad"
+    block = 64
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        Lq, Lk = q.shape[-2], k.shape[-2]
+        pad = -Lk % self.block
+        k_pad = np.concatenate([k, np.zeros(k.shape[:-2] + (pad, k.shape[-1]), k.dtype)], axis=-2)  # (..., Lk+pad, E)
+        v_pad = np.concatenate([v, np.zeros(v.shape[:-2] + (pad, v.shape[-1]), v.dtype)], axis=-2)  # (..., Lk+pad, Ev)
+        vis = visible(Lq, Lk, mask, is_causal)  # (..., Lq, Lk)
+        phantom = np.ones(np.shape(vis)[:-1] + (pad,), dtype=bool)  # (..., Lq, pad) the missing bounds check
+        vis = np.concatenate([np.broadcast_to(vis, phantom.shape[:-1] + (Lk,)), phantom], axis=-1)  # (..., Lq, Lk+pad)
+        return masked_softmax(scores(q, k_pad, resolve_scale(q, scale)), vis) @ v_pad  # (..., Lq, Ev)
+
+
+class LongSequenceFastPathDropsMask(NumpyBackend):
+    """A dispatcher that sends Lk > 64 to a "fast" kernel with no attn_mask support, which drops
+    the boolean mask silently (causal is still honoured).  The hazard users feared in
+    pytorch/pytorch#107884 ("SDPA silently ignore attn_mask with flash attention backend")."""
+
+    name = "broken-long-fast-path-drops-mask"
+    threshold = 64
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        Lq, Lk = q.shape[-2], k.shape[-2]
+        if Lk > self.threshold:
+            mask = None  # the fast kernel's signature has no mask
+        vis = visible(Lq, Lk, mask, is_causal)  # (..., Lq, Lk)
+        return masked_softmax(scores(q, k, resolve_scale(q, scale)), vis) @ v  # (..., Lq, Ev)
+
+
+class LowPrecisionAccumulation(NumpyBackend):
+    """float32 inputs, but the softmax denominator and P·V are accumulated key by key in float16:
+    the running sum stops growing once its ulp exceeds the addends.  pytorch/executorch#20089
+    ("accumulate in fp32 for Half/BFloat16 in softmax ... BFloat16 sum saturates around 256");
+    Xilinx/mlir-air#1606 (bf16 P·V accumulator replaced by f32)."""
+
+    name = "broken-low-precision-accumulation"
+    capabilities = Capabilities(dtypes=("float32",), device="cpu", gradients=False)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", notes=("claims float32 accumulation",))
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)
+        vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
+        s = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
+        row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
+        p = np.exp(s - np.where(np.isfinite(row_max), row_max, 0))  # (..., Lq, Lk) float32
+        v16 = v.astype(np.float16)  # (..., Lk, Ev)
+        total = np.zeros(p.shape[:-1] + (1,), np.float16)  # (..., Lq, 1)
+        acc = np.zeros(p.shape[:-1] + (v.shape[-1],), np.float16)  # (..., Lq, Ev)
+        for j in range(p.shape[-1]):  # key by key, as a naive loop kernel does
+            pj = p[..., j:j + 1].astype(np.float16)  # (..., Lq, 1)
+            total = (total + pj).astype(np.float16)
+            acc = (acc + pj * v16[..., j:j + 1, :]).astype(np.float16)  # (..., Lq, Ev)
+        out = acc.astype(np.float32) / np.where(total == 0, 1, total).astype(np.float32)  # (..., Lq, Ev)
+        return out.astype(q.dtype)
+
+
+class NaNForFullyMaskedDeclaredZeros(NumpyBackend):
+    """Math-path SDPA: masked_fill(-inf) then softmax; a row with no visible key is -inf - (-inf)
+    = NaN, while zeros are declared.  pytorch/pytorch#103963 and #103749 (SDPA NaN with boolean
+    masks that have fully masked rows)."""
+
+    name = "broken-nan-fully-masked-declared-zeros"
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)
+        s = np.where(visible(q.shape[-2], k.shape[-2], mask, is_causal), s, -np.inf)  # (..., Lq, Lk)
+        with np.errstate(invalid="ignore"):
+            e = np.exp(s - s.max(axis=-1, keepdims=True))  # (..., Lq, Lk) NaN on empty rows
+            return (e / e.sum(axis=-1, keepdims=True)) @ v  # (..., Lq, Ev)
+
+
+class ExplicitScaleIgnored(NumpyBackend):
+    """The kernel hard-codes 1/sqrt(E) and swallows the scale argument: hao-ai-lab/FastVideo#1457
+    (``sm_scale`` passed but the kernel "hardcodes 1/sqrt(D)"), huggingface/transformers#44380
+    (GPT-2 scaling silently ignored on SDPA/FlashAttention backends)."""
+
+    name = "broken-explicit-scale-ignored"
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        s = scores(q, k, resolve_scale(q, None))  # (..., Lq, Lk) scale dropped here
+        return masked_softmax(s, visible(q.shape[-2], k.shape[-2], mask, is_causal)) @ v  # (..., Lq, Ev)

@@ -1,0 +1,171 @@
+"""Run the conformance suite on every teeth implementation and print who caught what.
+
+    python tests/teeth_report.py [--out DIR] [--workers N]
+
+One `pytest properties` subprocess selects every implementation of tests/broken/ with repeated
+``--backend`` and writes ``--attnspec-json``; this module reads it back.  tests/test_teeth.py
+uses the same functions and asserts on them.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the implementations are named tests.broken.*: importable from the root
+    sys.path.insert(0, str(ROOT))
+
+from backends.registry import resolve  # noqa: E402
+from tests.broken import BROKEN, CORRECT  # noqa: E402
+
+SUITE_TIMEOUT_S = 900  # never hang CI; the target is well under 3 minutes
+FAILING = ("failed", "error")
+
+
+def run_suite(out_dir: Path, workers: str | None = None) -> dict:
+    """One `pytest properties` over every teeth implementation; its JSON results plus timing."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, log_path = out_dir / "suite.json", out_dir / "suite.log"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    env.setdefault("HYPOTHESIS_PROFILE", "ci")
+    env.pop("ATTNSPEC_JSON", None)  # ours goes to --attnspec-json, not the caller's file
+    env.pop("ATTNSPEC_BACKENDS", None)
+    for key in [k for k in env if k.startswith("PYTEST_XDIST") or k == "PYTEST_CURRENT_TEST"]:
+        env.pop(key)  # an outer xdist run must not leak into the inner pytest
+    cmd = [sys.executable, "-m", "pytest", "properties", "-q", "-p", "no:cacheprovider",
+           "--attnspec-json", str(json_path)]
+    cmd += [f"--backend={e.spec}" for e in BROKEN + CORRECT]
+    if workers is None:  # both CI cores by default, when pytest-xdist is there
+        workers = "2" if importlib.util.find_spec("xdist") else "0"
+    if str(workers) not in ("", "0"):
+        cmd += ["-n", str(workers)]
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=SUITE_TIMEOUT_S)
+    seconds = time.perf_counter() - start
+    tail = log_path.read_text()[-3000:]
+    # 0: all passed; 1: some failed (the broken ones must); anything else: a crash or a usage error
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"the suite did not run (exit {proc.returncode}); {log_path}:\n{tail}")
+    if not json_path.exists():
+        raise RuntimeError(f"the suite wrote no {json_path}; {log_path}:\n{tail}")
+    results = json.loads(json_path.read_text())
+    results["_seconds"] = seconds
+    results["_command"] = " ".join(cmd)
+    return results
+
+
+def names(entry) -> set:
+    """How the suite may call this backend in its results: its declared name or its spec."""
+    return {entry.spec, getattr(resolve(entry.spec), "name", entry.spec)}
+
+
+def rows(results, entry):
+    known = names(entry)
+    conf = [r for r in results.get("conformance", []) if r.get("backend") in known]
+    sem = [r for r in results.get("semantics", []) if r.get("backend") in known]
+    return conf, sem
+
+
+def failures(results, entry) -> list:
+    """(property, counterexample, message) for each failed property and contradicted declaration;
+    those of the entry's expected family first."""
+    conf, sem = rows(results, entry)
+    out = [(f"{r['property']}[{r.get('dtype')}]", r.get("counterexample"), r.get("message") or r["status"])
+           for r in conf if r.get("status") in FAILING]
+    out += [(f"semantics:{r.get('question')}", None,
+             f"observed {r.get('observed')!r}, declared {r.get('declared')!r}")
+            for r in sem if r.get("agrees") is False]
+    return sorted(out, key=lambda f: not expected(entry, f[0]))
+
+
+def expected(entry, prop: str) -> bool:
+    return any(c in prop for c in entry.catches)
+
+
+def short(text, limit=240) -> str:
+    text = text if isinstance(text, str) else json.dumps(text, default=str)
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def problem_of(message) -> str:
+    """The shrunk problem ("Case(B=1 H=1 Lq=2 ...)") out of a failure message, else ''."""
+    for line in str(message or "").splitlines():
+        if line.strip().startswith("problem:"):
+            return line.strip()[len("problem:"):].strip()
+    return ""
+
+
+def verdict_of(message) -> str:
+    """The line saying what broke and by how much."""
+    lines = [ln.strip() for ln in str(message or "").splitlines() if ln.strip()]
+    return lines[1] if len(lines) > 1 and "failed on backend" in lines[0] else (lines[0] if lines else "")
+
+
+def summarize(results) -> dict:
+    broken, correct = [], []
+    for e in BROKEN:
+        fails = failures(results, e)
+        first = fails[0] if fails else (None, None, None)
+        broken.append({"implementation": e.label, "origin": e.origin, "rejected": bool(fails),
+                       "expected_family": list(e.catches), "in_family": bool(fails) and expected(e, first[0]),
+                       "caught_by": first[0], "all_failures": [f[0] for f in fails],
+                       "verdict": verdict_of(first[2]), "problem": problem_of(first[2]),
+                       "message": first[2], "counterexample": first[1]})
+    for e in CORRECT:
+        conf, _ = rows(results, e)
+        correct.append({"implementation": e.label, "origin": e.origin, "accepted": not failures(results, e),
+                        "passed": sum(r.get("status") == "passed" for r in conf),
+                        "skipped": sum(r.get("status") == "skipped" for r in conf),
+                        "false_alarms": [f[0] for f in failures(results, e)]})
+    return {"seconds": results.get("_seconds"), "command": results.get("_command"),
+            "rejected": f"{sum(b['rejected'] for b in broken)}/{len(broken)}",
+            "false_alarms": sum(not c["accepted"] for c in correct), "broken": broken, "correct": correct}
+
+
+def markdown(summary) -> str:
+    lines = [f"# Proof of teeth: {summary['rejected']} broken rejected, {summary['false_alarms']} false alarms "
+             f"(suite run {summary['seconds'] or 0:.1f} s)", "",
+             "| broken implementation | models | caught by | failed properties | minimal counterexample | what broke |",
+             "|---|---|---|---|---|---|"]
+    for b in summary["broken"]:
+        caught = b["caught_by"] or "**NOT CAUGHT**"
+        cells = (b["implementation"], b["origin"], caught, len(b["all_failures"]), short(b["problem"], 140),
+                 short(b["verdict"], 160))
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    lines += ["", "| correct implementation | what differs | passed | skipped | false alarms |", "|---|---|---|---|---|"]
+    for c in summary["correct"]:
+        lines.append(f"| {c['implementation']} | {c['origin']} | {c['passed']} | {c['skipped']} "
+                     f"| {', '.join(c['false_alarms']) or 'none'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(summary, out_dir: Path) -> None:
+    (out_dir / "teeth.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out_dir / "teeth.md").write_text(markdown(summary))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "attnspec-teeth", help="where teeth.md/json go")
+    ap.add_argument("--workers", default=None, help="pytest-xdist workers for the suite run (-n; default 2, 0 = none)")
+    args = ap.parse_args(argv)
+    summary = summarize(run_suite(args.out, args.workers))
+    write(summary, args.out)
+    print(markdown(summary))
+    ok = summary["rejected"] == f"{len(BROKEN)}/{len(BROKEN)}" and not summary["false_alarms"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
