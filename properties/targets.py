@@ -1,0 +1,193 @@
+"""What a property test runs against: a backend at one dtype, called under a time limit.
+
+Every backend call goes through `Target.forward` / `Target.backward`, which run it in a
+helper thread and give up after `call_timeout()` seconds: a hanging backend fails its
+test (and is not called again this run: later calls fail at once, so shrinking and the
+other tests stay fast) instead of hanging the run.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import reject
+
+from backends.base import Backend, BackendFailure, Unsupported
+from specs.error_budget import BUDGETS
+
+DEFAULT_CALL_TIMEOUT = 60.0  # s: generous enough for a JAX compile of the largest shape
+
+
+def call_timeout() -> float:
+    raw = os.environ.get("ATTNSPEC_CALL_TIMEOUT", "")
+    try:
+        return float(raw) if raw else DEFAULT_CALL_TIMEOUT
+    except ValueError:
+        raise ValueError(f"ATTNSPEC_CALL_TIMEOUT must be a number of seconds; got {raw!r}") from None
+
+
+_HUNG: dict = {}  # id(backend) -> what hung
+
+
+class _Worker:
+    """One long-lived daemon thread running backend calls (starting a thread per call costs ~1 ms)."""
+
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="attnspec-backend-calls", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            fn, args, kwargs, box, done = self.jobs.get()
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+                box["error"] = e
+            done.set()
+
+
+_WORKER: list = []
+
+
+def call_with_limit(backend: Backend, what: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) on the worker thread; BackendFailure if it has not returned in time."""
+    if id(backend) in _HUNG:
+        raise BackendFailure(backend.name, f"{what} not attempted: an earlier call ({_HUNG[id(backend)]}) "
+                                           f"did not return within {call_timeout():g} s")
+    if not _WORKER:
+        _WORKER.append(_Worker())
+    box: dict = {}
+    done = threading.Event()
+    _WORKER[0].jobs.put((fn, args, kwargs, box, done))
+    if not done.wait(call_timeout()):
+        _HUNG[id(backend)] = what
+        _WORKER.clear()  # abandon the stuck thread; the next call starts a fresh one
+        raise BackendFailure(backend.name, f"{what} did not return within {call_timeout():g} s "
+                                           "(per-call limit, ATTNSPEC_CALL_TIMEOUT)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _guarded(target, call: str, case, fn, *args):
+    """A declined combination is a skip; a misbehaving backend a failure with a reproducer."""
+    try:
+        return call_with_limit(target.backend, call, fn, *args)
+    except Unsupported as e:  # this problem is declined: another one is drawn (all declined: a skip)
+        target.unsupported = f"{target.name}: {e}"
+        if target.in_hypothesis:
+            reject()
+        pytest.skip(target.unsupported)
+    except BackendFailure as e:
+        from specs.invariants import Verdict
+
+        from .judge import ConformanceFailure, snippet
+        verdict = Verdict("backend_call", False, None, float("nan"), f"the {call} call failed: {e.what}")
+        raise ConformanceFailure(target.current_property, target, verdict, case, snippet(target, case, call)) from e
+
+
+_EQUAL_DIMS: dict = {}  # id(backend) -> needs Ev == E
+
+
+def needs_equal_head_dims(backend: Backend, dtype: str) -> bool:
+    """Whether the backend declines Ev != E (jax.nn.dot_product_attention does): asked once."""
+    if getattr(backend.capabilities, "equal_head_dims", False):
+        return True
+    if id(backend) not in _EQUAL_DIMS:
+        q, k, v = np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 2)), np.zeros((1, 1, 3, 3))  # E=2, Ev=3
+        try:
+            call_with_limit(backend, "forward (Ev != E probe)", backend.forward, q, k, v, None, False, None, dtype)
+            _EQUAL_DIMS[id(backend)] = False
+        except Unsupported:
+            _EQUAL_DIMS[id(backend)] = True
+        except Exception:  # noqa: BLE001 - its failures are for the properties to report
+            _EQUAL_DIMS[id(backend)] = False
+    return _EQUAL_DIMS[id(backend)]
+
+
+def is_compiled(backend: Backend) -> bool:
+    """Backends that compile per shape (JAX) get a bounded shape menu."""
+    flag = getattr(backend, "compiles_per_shape", None)
+    if flag is not None:
+        return bool(flag)
+    return "jax" in type(backend).__module__ or backend.name.startswith("jax")
+
+
+@dataclass(eq=False)
+class Target:
+    """A backend at one dtype; `examples` counts the cases a test body ran."""
+
+    backend: Backend
+    dtype: str
+    examples: int = 0
+    current_property: str = "?"
+    unsupported: str = ""  # the last reason the backend gave for declining a problem
+    in_hypothesis: bool = True
+    _available: tuple | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend.name}-{self.dtype}"
+
+    @property
+    def caps(self):
+        return self.backend.capabilities
+
+    @property
+    def alignment(self) -> str:
+        """The causal alignment to expect: declared, else the spec's (top-left)."""
+        return self.backend.semantics.causal_alignment or "top_left"
+
+    @property
+    def compiled(self) -> bool:
+        return is_compiled(self.backend)
+
+    def availability(self) -> tuple:
+        if self._available is None:
+            self._available = self.backend.availability()
+        return self._available
+
+    def skip_reason(self, op: str = "forward") -> str | None:
+        ok, why = self.availability()
+        if not ok:
+            return f"{self.name} unavailable: {why}"
+        try:
+            self.backend.check_supported(self.dtype, op)
+        except Unsupported as e:
+            return str(e)
+        return None
+
+    @property
+    def budget_dtype(self) -> str:
+        """The dtype whose error budget judges results: a declared narrower effective precision
+        (jax-dpa's float32 softmax for float64 input) replaces a wider input dtype."""
+        eff = getattr(self.backend.semantics, "effective_precision", None)
+        if eff in BUDGETS and BUDGETS[eff].unit_roundoff > BUDGETS[self.dtype].unit_roundoff:
+            return eff
+        return self.dtype
+
+    @property
+    def equal_head_dims(self) -> bool:
+        return needs_equal_head_dims(self.backend, self.dtype)
+
+    def forward(self, case, dtype: str | None = None):
+        return _guarded(self, "forward", case, self.backend.forward, case.q, case.k, case.v, case.mask,
+                        case.is_causal, case.scale, dtype or self.dtype)
+
+    def backward(self, case, grad_out, dtype: str | None = None):
+        return _guarded(self, "backward", case, self.backend.backward, case.q, case.k, case.v, grad_out, case.mask,
+                        case.is_causal, case.scale, dtype or self.dtype)
+
+    def _repr_pretty_(self, p, cycle):  # Hypothesis' printer: the short form
+        p.text(repr(self))
+
+    def __repr__(self) -> str:  # what Hypothesis prints in "Falsifying example"
+        return f"<{self.id}>"
