@@ -5,7 +5,7 @@ computing in ``dtype`` may err, against the float64 reference, by at most ``fact
 times what the *plain* same-dtype algorithm errs, plus a floor::
 
     max|actual - ref| <= factor * max|plain - ref| + floor
-    floor = floor_ulps * (u + (sqrt(n) + S) * u_acc) * M + tiny
+    floor = floor_ulps * (u + sqrt(n) * u_acc + S * u) * M + tiny
 
 ``plain`` is the naive algorithm of `specs.reference` run with every intermediate
 rounded to ``dtype`` (`plain_forward`, `plain_backward`); it sees the same rounded
@@ -38,7 +38,12 @@ Why these numbers:
   (|V| for the output; |dY|, |V|, |Q|, |K| for gradients - M, not the result, because
   the softmax backward cancels); a reduction of n terms summed in another order differs by
   about sqrt(n)*u_acc (random-walk growth of rounding errors); and exp turns a score's
-  absolute error (~u_acc * S) into a relative error of its weight.  floor_ulps = 4
+  absolute error into a relative error of its weight.  That error is u * S, not u_acc * S:
+  however the dot product is accumulated, a kernel may hold q*scale or the score itself
+  in the format (XLA and PyTorch's math path store the (..., Lq, Lk) scores as float16),
+  and one rounding of a score of size S moves it by u * S.  (Measured: jax-naive, in
+  half precision at scores ~65, differs from the plain computation by half an ulp of a score,
+  a 3 % change of a weight, where the plain error happened to be small.)  floor_ulps = 4
   leaves room for the few roundings a kernel adds (scale multiply, exp, final division).
   ``tiny`` (the smallest normal number) keeps an all-zero reference from demanding
   bit-exact zeros where a kernel leaves denormal dust.
@@ -66,11 +71,12 @@ class Budget:
     unit_roundoff: float        # u: one rounding to dtype
     accumulate_roundoff: float  # u_acc: one rounding inside a reduction
     factor: float               # times the plain same-dtype error
-    floor_ulps: float           # the floor, in units of (u + sqrt(n) u_acc) * max|ref|
+    floor_ulps: float           # the floor, in units of (u + sqrt(n) u_acc + S u) * M
     storage: str                # the NumPy dtype holding dtype's values (bfloat16 -> float32)
 
     def floor(self, magnitude: float, n: int, score_size: float = 0.0) -> float:
-        spread = self.unit_roundoff + (math.sqrt(max(1, n)) + score_size) * self.accumulate_roundoff
+        spread = (self.unit_roundoff + math.sqrt(max(1, n)) * self.accumulate_roundoff
+                  + score_size * self.unit_roundoff)
         return self.floor_ulps * spread * magnitude + _TINY[self.dtype]
 
 
@@ -190,7 +196,7 @@ def score_size(q, k, mask=None, is_causal=False, scale=None) -> float:
     """Largest scale * |q|.|k| over visible pairs: how large the scores' terms get.
 
     exp turns an absolute error e in a score into a relative error e in its weight, and a
-    score's rounding error is about u_acc * scale * |q|.|k| - so a kernel that forms the
+    score's rounding error is about u * scale * |q|.|k| - so a kernel that forms the
     scores differently (q*scale first, exp2 with log2(e) folded in) moves the weights by
     that much even in float64, where the plain algorithm shows no error at all.
     """

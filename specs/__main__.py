@@ -1,0 +1,9 @@
+"""`python -m specs`: the seeds' worked examples that disagree with the reference (the errata)."""
+from .worked_examples import check
+
+rows = check()
+errata = [r for r in rows if not r.agrees]
+print(f"{len(rows)} printed numbers checked, {len(errata)} errata\n")
+print(f"{'source':<26} {'quantity':<28} {'printed':>10} {'computed':>12}")
+for r in errata:
+    print(f"{r.source:<26} {r.quantity:<28} {r.printed:>10} {r.computed:>12.6g}")
