@@ -30,7 +30,10 @@ def to_svg(fig) -> str:
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG sits inside HTML
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)  # RDF boilerplate and a timestamp
-    return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 class="plot"', svg, count=1)
+    # shrink with the page but never grow past the drawn size: a one-panel figure stretched to
+    # the page's width would blow its fonts up to headline size
+    return re.sub(r'<svg([^>]*?) width="([^"]*)" height="[^"]*"', r'<svg\1 class="plot" style="max-width:\2"',
+                  svg, count=1)
 
 
 def _series(sub, several_machines: bool):
