@@ -17,6 +17,7 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
+from backends import registry  # noqa: E402
 from reports.asv_results import COLUMNS, fit_scaling, load_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -202,7 +203,20 @@ def test_backend_names_follow_the_plugin_env_var(monkeypatch):
     monkeypatch.setenv("ATTNSPEC_BACKENDS", "numpy-naive, my.pkg:attn")
     assert _common.backend_names() == ["numpy-naive", "my.pkg:attn"]
     monkeypatch.delenv("ATTNSPEC_BACKENDS")
-    assert _common.backend_names() == list(_common.DEFAULT_BACKENDS)
+    default = _common.backend_names()
+    assert "numpy-naive" in default and "numpy-tiled" in default  # NumPy is always installed
+    for name in default:  # only built-ins, and no GPU backend on a machine without a GPU device
+        assert name in registry.builtin_names()
+        if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")):
+            assert registry.resolve(name).capabilities.device == "cpu", name
+
+
+def test_default_backends_are_chosen_without_importing_a_framework():
+    code = ("import sys; from benchmarks import _common; names = _common.backend_names(); "
+            "assert 'torch' not in sys.modules and 'jax' not in sys.modules, names; print(names)")
+    env = {k: v for k, v in os.environ.items() if k != "ATTNSPEC_BACKENDS"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
 
 
 def plain_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
