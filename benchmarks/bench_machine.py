@@ -6,8 +6,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 from . import _common, bench_attention  # a module, not its classes: asv would collect those twice
 
 MATMUL_N = 1024  # 2.1 GFLOP per product: ~50 ms here, long enough to swamp call overhead
@@ -27,11 +25,9 @@ class PeakMatmul:
     """Best float32 n x n matmul rate, GFLOP/s: the roofline's compute ceiling.
 
     OPENBLAS_CORETYPE is a one-value parameter so the results say which OpenBLAS kernel NumPy
-    used (forcing an older core type slows NumPy's BLAS; torch uses its own).  JAX is measured
-    too: XLA:CPU brings its own matmul kernels, which can beat both, and a roof drawn from the
-    slower libraries would let JAX's points sit above it."""
+    used (forcing an older core type slows NumPy's BLAS; torch uses its own)."""
 
-    params = [["numpy", "torch", "jax"], [os.environ.get("OPENBLAS_CORETYPE", "unset")], [_common.THREADS]]
+    params = [["numpy", "torch"], [os.environ.get("OPENBLAS_CORETYPE", "unset")], [_common.THREADS]]
     param_names = ["library", "openblas_coretype", "threads"]
     timeout = 120
 
@@ -41,13 +37,6 @@ class PeakMatmul:
             lib.set_num_threads(threads)
             a, b = lib.randn(MATMUL_N, MATMUL_N), lib.randn(MATMUL_N, MATMUL_N)  # (n, n)
             self.product = lambda: lib.mm(a, b)  # (n, n)
-        elif library == "jax":
-            import jax.numpy as jnp
-
-            a = jnp.asarray(np.random.default_rng(0).standard_normal((MATMUL_N, MATMUL_N), dtype=np.float32))  # (n, n)
-            b = jnp.asarray(np.random.default_rng(1).standard_normal((MATMUL_N, MATMUL_N), dtype=np.float32))  # (n, n)
-            mm = lib.jit(jnp.matmul)
-            self.product = lambda: mm(a, b).block_until_ready()  # (n, n)
         else:
             rng = lib.random.default_rng(0)
             a = rng.standard_normal((MATMUL_N, MATMUL_N), dtype=lib.float32)  # (n, n)
