@@ -7,6 +7,7 @@ with one line on stderr and no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -25,10 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # `--backend mypkg.attn:sdpa` names a package in the current folder, as `python -m` and pytest
+    # (rootdir) find it; the installed `attnspec` script does not put the current folder on sys.path
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `attnspec backends --json | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UserError as e:
         print(f"attnspec {args.command}: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specs.problem import validate  # the definition's checks; never the reference
+
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 OPS = ("forward", "forward_backward")
@@ -143,6 +145,7 @@ class Backend:
 
     def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64") -> np.ndarray:
         """Output (..., Lq, Ev) as NumPy in `dtype` (bfloat16 -> float32).  Inputs: float64 NumPy."""
+        validate(q, k, v, mask, is_causal, scale)  # a caller's mistake is a ValueError, not the backend's failure
         self.check_supported(dtype, "forward", mask, is_causal)
         self._check_shapes(q, v)
         qn, kn, vn = self._natives(dtype, q, k, v)
@@ -152,6 +155,9 @@ class Backend:
 
     def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64"):
         """(dQ, dK, dV) as NumPy, each shaped like its input."""
+        validate(q, k, v, mask, is_causal, scale)
+        if np.shape(grad_out) != _out_shape(q, k, v):
+            raise ValueError(f"grad_out must be shaped like the output {_out_shape(q, k, v)}; got {np.shape(grad_out)}")
         self.check_supported(dtype, "forward_backward", mask, is_causal)
         self._check_shapes(q, v)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
@@ -163,6 +169,7 @@ class Backend:
 
     def prepare(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", op="forward"):
         """Convert once; return a no-argument callable that runs the native call and syncs."""
+        validate(q, k, v, mask, is_causal, scale)
         self.check_supported(dtype, op, mask, is_causal)
         self._check_shapes(q, v)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, np.ones(_out_shape(q, k, v)))

@@ -39,7 +39,12 @@ class JaxBackend(Backend):
             self._compiled = {}
 
     def _x64(self, wide: bool):
-        return self.jax.enable_x64(True) if wide else contextlib.nullcontext()
+        if not wide:
+            return contextlib.nullcontext()
+        scoped = getattr(self.jax, "enable_x64", None)  # jax >= 0.8; older: jax.experimental's
+        if scoped is None:
+            from jax.experimental import enable_x64 as scoped
+        return scoped(True)
 
     def to_native(self, x, dtype):
         with self._x64(dtype == "float64"):

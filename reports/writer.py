@@ -13,6 +13,26 @@ import shutil
 import tempfile
 
 
+class OutDirError(ValueError):
+    """The report folder's path holds something that is not a report: never overwritten."""
+
+
+def check_out_dir(out_dir: str) -> None:
+    """Refuse a path whose contents a swap would delete: a file, or a folder that is not a report.
+
+    A report folder (index.html or raw/ inside) or an empty folder may be replaced; anything else
+    is the user's and stays.
+    """
+    path = os.path.abspath(out_dir)
+    if os.path.isfile(path) or (os.path.exists(path) and not os.path.isdir(path)):
+        raise OutDirError(f"--out {out_dir!r} is a file, not a report folder; choose another path")
+    if os.path.isdir(path) and os.listdir(path) and not (
+            os.path.isfile(os.path.join(path, "index.html")) or os.path.isdir(os.path.join(path, "raw"))):
+        raise OutDirError(f"--out {out_dir!r} is a folder that holds something other than an attnspec report "
+                          "(no index.html, no raw/); it would be replaced whole, so it is left alone: "
+                          "choose a new or empty folder")
+
+
 def _old_copies(out_dir: str) -> list:
     parent, name = os.path.split(os.path.abspath(out_dir))
     return sorted(glob.glob(os.path.join(parent, f".{name}.old-*")), key=os.path.getmtime)
@@ -35,6 +55,7 @@ def staging(out_dir: str):
     parent, name = os.path.split(out_dir)
     os.makedirs(parent, exist_ok=True)
     recover(out_dir)
+    check_out_dir(out_dir)
     tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
     try:
         yield tmp

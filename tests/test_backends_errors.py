@@ -157,3 +157,19 @@ def test_jax_float64_leaves_x64_mode_off():
     out = backend.forward(*CASE.args(), dtype="float64")
     assert out.dtype == np.float64 and jax.config.jax_enable_x64 == before
     assert error_budget.check_forward(out, *CASE.args(), dtype="float64")
+
+
+@pytest.mark.parametrize("call", ["forward", "backward", "prepare"])
+def test_a_callers_mistake_is_a_valueerror_naming_the_argument_not_a_backend_failure(call):
+    from backends.registry import resolve
+
+    b = resolve("numpy-naive")
+    q, k = np.ones((1, 3, 4)), np.ones((1, 5, 4))
+    bad = {"key": (q, np.ones((1, 5, 3)), k, None, None, "query and key"),
+           "scale": (q, k, k, None, -1.0, "scale"),
+           "mask": (q, k, k, np.ones((3, 5)), None, "mask")}
+    for q_, k_, v_, mask, scale, phrase in bad.values():
+        args = (q_, k_, v_) + ((np.ones((1, 3, 4)),) if call == "backward" else ())
+        with pytest.raises(ValueError, match=phrase) as info:
+            getattr(b, call)(*args, mask=mask, scale=scale)
+        assert not isinstance(info.value, AssertionError)  # BackendFailure is an AssertionError

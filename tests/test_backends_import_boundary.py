@@ -54,3 +54,17 @@ def test_numpy_backends_and_cli_listing_import_nothing_more():
             "    r.resolve(n).backward(np.ones((2, 3)), np.ones((4, 3)), np.ones((4, 2)), np.ones((2, 2)))\n"
             "import attnspec.commands.backends_cmd\n")
     assert _loaded_after(code) == set()
+
+
+def test_reports_and_the_command_load_no_framework_on_import():
+    assert _loaded_after("import reports, reports.build, reports.inputs, reports.writer, attnspec.cli") == set()
+
+
+def test_optimized_code_never_loads_the_reference():
+    """A backend validates its inputs with specs.problem; the measuring stick stays out of it."""
+    code = ("import sys, numpy as np\n"
+            "from backends.registry import resolve\n"
+            "b = resolve('numpy-tiled'); q = np.ones((2, 3, 4))\n"
+            "b.forward(q, q, q); b.backward(q, q, q, q)\n"
+            "assert 'specs.reference' not in sys.modules, sorted(m for m in sys.modules if 'specs' in m)\n")
+    assert _loaded_after(code) == set()

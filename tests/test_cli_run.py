@@ -141,3 +141,20 @@ def test_the_default_benchmark_selection_keeps_memory_for_the_forward_only():
     time_ops = {p for name, pss in chosen.items() if "TimeAttention" in name for ps in pss for p in ps if "forward" in p}
     assert time_ops == {"'forward'", "'forward_backward'"}
     assert any("PeakMatmul" in name and pss for name, pss in chosen.items())  # the roofline is measured
+
+
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_out_never_replaces_what_is_not_a_report(capsys, tmp_path, command):
+    """--out pointing at the user's own folder or file: exit 2 before anything runs, nothing lost."""
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    extra = ["--no-bench", "--backend", "numpy-naive"] if command == "run" else [os.path.join(SAMPLE, "suite_cpu.json")]
+    for out, phrase in ((mine, "other than an attnspec report"), (a_file, "is a file")):
+        rc, _, err = run_cli(capsys, command, "--out", str(out), *extra)
+        assert_one_line_error(rc, err, phrase)
+    assert (mine / "thesis.tex").read_text() == "years of work" and sorted(os.listdir(mine)) == ["thesis.tex"]
+    assert a_file.read_text() == "keep me"
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "thesis"]  # no staging or .old folder left behind

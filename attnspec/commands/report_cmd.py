@@ -25,8 +25,12 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from reports import build, inputs
+    from reports import build, inputs, writer
 
+    try:
+        writer.check_out_dir(args.out)
+    except writer.OutDirError as e:
+        raise UserError(str(e)) from None
     paths = args.results
     if not paths:
         if not os.path.isdir(os.path.join(args.out, inputs.RAW)):

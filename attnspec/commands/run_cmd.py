@@ -61,6 +61,12 @@ def add_parser(sub):
 
 
 def _require_tools(args) -> None:
+    from reports import writer
+
+    try:  # before anything runs: the swap at the end would replace the folder whole
+        writer.check_out_dir(args.out)
+    except writer.OutDirError as e:
+        raise UserError(str(e)) from None
     for module in ("pandas", "matplotlib"):
         if not _procs.importable(module):
             raise UserError(f"{module} is not installed; the report needs it: pip install -e \".[report]\"")
@@ -133,7 +139,7 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
     return {key: [row for part in parts for row in part[key]] for key in ("conformance", "semantics")}
 
 
-def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> str:
+def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, int]:
     """asv over the available backends at `commit`; returns asv's results folder."""
     _procs.ensure_asv_machine()
     grid, regexes = MODES[mode]
@@ -146,7 +152,7 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> str:
     rc = _procs.stream(cmd, env=env, prefix="  ")
     state = "done" if rc == 0 else f"asv exited with status {rc}; the report keeps what it recorded"
     print(f"[bench] {state} in {time.monotonic() - start:.0f} s", flush=True)
-    return _procs.asv_results_dir()
+    return _procs.asv_results_dir(), rc
 
 
 def run(args) -> int:
@@ -170,11 +176,14 @@ def _run(args, build, inputs) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     collected = inputs.Inputs(conformance=skipped + suite["conformance"], semantics=suite["semantics"])
+    asv_rc = 0
     if not args.no_bench:
-        results_dir = run_benchmarks(chosen, args.mode, commit)
+        results_dir, asv_rc = run_benchmarks(chosen, args.mode, commit)
         if os.path.isdir(results_dir):
             collected.asv_dirs.append(results_dir)
     summary = build.build(collected, args.out, asv_commit=commit)
     print(f"attnspec run: report written to {os.path.join(summary['out'], 'index.html')} "
           f"({summary['backends']} backends, {summary['problems']} problem(s); {time.monotonic() - start:.0f} s)")
-    return 1 if summary["problems"] else 0
+    if asv_rc:
+        print(f"attnspec run: asv exited with status {asv_rc}: the benchmark results may be incomplete", file=sys.stderr)
+    return 1 if summary["problems"] or asv_rc else 0
