@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 from backends.base import Unsupported  # noqa: E402
 from backends.registry import builtin_names, resolve  # noqa: E402
 from specs import error_budget  # noqa: E402
-from tests.plugins.cases import all_cases, random_cases, seed_case, seed_cases  # noqa: E402
+from tests.plugins.cases import all_cases, available, random_cases, seed_case, seed_cases  # noqa: E402
 
 _BACKENDS = {name: resolve(name) for name in builtin_names()}
 _PAIRS = [(n, dt) for n, b in _BACKENDS.items() for dt in b.capabilities.dtypes]
@@ -30,11 +30,7 @@ _WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
 
 
 def _available(name):
-    backend = _BACKENDS[name]
-    ok, why = backend.availability()
-    if not ok:
-        pytest.skip(f"{name}: {why}")
-    return backend
+    return available(_BACKENDS, name)
 
 
 def _judged_dtype(backend, dtype: str) -> str:

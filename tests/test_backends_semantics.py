@@ -14,17 +14,14 @@ from backends.base import BackendFailure
 from backends.registry import builtin_names, resolve
 from specs import error_budget, reference
 from specs.problem import causal_mask
+from tests.plugins.cases import available
 
 _BACKENDS = {name: resolve(name) for name in builtin_names()}
 _DTYPE = "float32"  # every CPU built-in declares it; one dtype keeps JAX compiles few
 
 
 def _available(name):
-    backend = _BACKENDS[name]
-    ok, why = backend.availability()
-    if not ok:
-        pytest.skip(f"{name}: {why}")
-    return backend
+    return available(_BACKENDS, name)
 
 
 def _problem(Lq, Lk, seed=0):

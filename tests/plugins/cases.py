@@ -73,3 +73,14 @@ def random_cases(seed: int = 0) -> list[Case]:
 
 def all_cases() -> list[Case]:
     return seed_cases() + random_cases()
+
+
+def available(backends: dict, name: str):
+    """The named backend, or a skip with its reason (no framework, no device)."""
+    import pytest
+
+    backend = backends[name]
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(f"{name}: {why}")
+    return backend
