@@ -120,15 +120,3 @@ def visible(problem: Problem) -> np.ndarray:
     if problem.is_causal:
         vis = vis & causal_mask(problem.Lq, problem.Lk)
     return vis
-
-
-def visible_mask(q_shape, k_shape, mask=None, is_causal=False) -> np.ndarray:
-    """`visible` from shapes alone, for callers that hold no arrays."""
-    batch = np.broadcast_shapes(tuple(q_shape[:-2]), tuple(k_shape[:-2]))
-    Lq, Lk = q_shape[-2], k_shape[-2]
-    vis = np.ones(batch + (Lq, Lk), dtype=bool)  # (..., Lq, Lk)
-    if mask is not None:
-        vis = vis & np.asarray(mask, dtype=bool)
-    if is_causal:
-        vis = vis & causal_mask(Lq, Lk)
-    return vis
