@@ -1,10 +1,21 @@
 """The Backend interface: what the suite judges and the benchmarks time.
 
-An adapter subclasses `Backend` and implements five small hooks over *native* values:
-``load`` (import the framework, check device), ``to_native``, ``from_native``,
-``native_forward`` and optionally ``native_backward``; ``sync`` waits for the device.
-The public methods (`forward`, `backward`, `prepare`) do conversion and checking once,
-here, so every adapter stays a screen long.  Importing this module loads no framework.
+An adapter subclasses `Backend` and implements a few small hooks over *native* values:
+``load`` (import the framework, check device), ``to_native``, ``from_native``, and the call:
+
+- the classic hooks ``native_forward(q, k, v, mask, is_causal, scale)`` and optionally
+  ``native_backward(q, k, v, grad_out, mask, is_causal, scale)``: PyTorch's classic signature;
+  enough for a backend that declares no optional feature;
+- or ``native_attention(q, k, v, call)`` and ``native_attention_backward(q, k, v, grad_out, call)``,
+  where ``call`` (a `Call`) carries every field of the problem (bias, grouped heads, causal
+  alignment, window, lengths, segments, softcap, ALiBi slopes, whether to return the LSE) as
+  native values.  Their default implementations call the classic hooks.
+
+A backend receives only what it declares (`Capabilities.features`, names from
+`specs.problem.FEATURES`); anything else is `Unsupported` with its reason - never emulated.
+``sync`` waits for the device.  The public methods (`forward`, `backward`, `prepare`) do
+validation, conversion and checking once, here, so every adapter stays a screen long.
+Importing this module loads no framework.
 """
 from __future__ import annotations
 
@@ -12,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specs.problem import validate  # the definition's checks; never the reference
+from specs.problem import FEATURE_TEXT, FEATURES, causal_mask, validate  # the definition; never the reference
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
@@ -44,6 +55,15 @@ class Capabilities:
     masks: bool = True
     causal: bool = True
     equal_head_dims: bool = False  # needs Ev == E (value's last dim equal to query's): flash kernels
+    features: frozenset = frozenset()  # optional features supported natively: specs.problem.FEATURES
+    bias_gradient: bool = False    # the backward returns dBias too (with gradients and "bias")
+    mask_with_causal: bool = True  # takes a mask together with is_causal (PyTorch's SDPA does not)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.features) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"Capabilities.features: unknown {unknown}; known: {', '.join(FEATURES)}")
+        object.__setattr__(self, "features", frozenset(self.features))
 
 
 @dataclass(frozen=True)
@@ -51,12 +71,41 @@ class Semantics:
     """Declared behaviour where the spec leaves a choice; None = not declared."""
 
     fully_masked: str | None = None      # one of FULLY_MASKED_CHOICES
-    causal_alignment: str | None = None  # one of CAUSAL_ALIGNMENTS
+    causal_alignment: str | None = None  # what a plain is_causal does when Lq != Lk: CAUSAL_ALIGNMENTS
     notes: tuple = field(default_factory=tuple)  # free text: e.g. "softmax runs in float32"
     # The narrowest float type a step runs in when it caps accuracy below the input's
     # (jax.nn.dot_product_attention's softmax is float32 even for float64 input): judge
     # results of wider dtypes against this dtype's budget.  None = the input dtype.
     effective_precision: str | None = None
+    padded_rows: str | None = None       # what a query row past q_lengths outputs: FULLY_MASKED_CHOICES
+    # Results that come back in another dtype by policy, as (input dtype, output dtype) pairs,
+    # e.g. (("float64", "float32"),) for a library that computes float64 input in float32.
+    output_dtypes: tuple = ()
+
+
+@dataclass(frozen=True)
+class Call:
+    """What `native_attention` receives besides q, k, v: the problem's fields, native where arrays."""
+
+    mask: object = None            # bool (..., Lq, Lk), True = takes part
+    is_causal: bool = False
+    scale: float | None = None     # None: the backend's default (1/sqrt(E))
+    bias: object = None            # float (..., Hq, Lq, Lk) in the input dtype, added to the scaled scores
+    enable_gqa: bool = False
+    causal_alignment: str = "top_left"
+    window: tuple | None = None    # (left, right), inclusive, None = unbounded; in causal_alignment
+    softcap: float | None = None
+    q_lengths: object = None       # int32 (...,) per batch element
+    kv_lengths: object = None
+    q_segment_ids: object = None   # int32 (..., Lq)
+    kv_segment_ids: object = None  # int32 (..., Lk)
+    alibi_slopes: object = None    # float32 (Hq,)
+    return_lse: bool = False       # then return (output, lse (..., Hq, Lq), natural log)
+    dtype: str = "float64"         # the dtype q, k, v were cast to
+
+
+_ARRAY_FIELDS = {"bias": None, "q_lengths": "int32", "kv_lengths": "int32", "q_segment_ids": "int32",
+                 "kv_segment_ids": "int32", "alibi_slopes": "float32"}
 
 
 class Backend:
@@ -69,7 +118,7 @@ class Backend:
         """Import the framework and check the device; raise BackendUnavailable(reason)."""
 
     def to_native(self, x: np.ndarray, dtype: str):
-        """A float64/bool NumPy array to a native value (dtype is None for masks)."""
+        """A float64/bool/int NumPy array to a native value (dtype is None for masks)."""
         return x if dtype is None else x.astype(dtype)
 
     def from_native(self, y) -> np.ndarray:
@@ -79,15 +128,42 @@ class Backend:
     def native_dtype(self, y) -> str:
         return str(y.dtype).replace("torch.", "")
 
+    # Each pair calls the other by default, so an adapter implements whichever it likes.
     def native_forward(self, q, k, v, mask, is_causal: bool, scale: float | None):
-        raise NotImplementedError
+        """The classic call: output (..., Lq, Ev)."""
+        if _overrides(self, "native_attention"):
+            return self.native_attention(q, k, v, Call(mask=mask, is_causal=is_causal, scale=scale))
+        raise NotImplementedError(f"{type(self).__name__} implements neither native_forward nor native_attention")
 
     def native_backward(self, q, k, v, grad_out, mask, is_causal: bool, scale: float | None):
         """(dq, dk, dv) natively; only for capabilities.gradients."""
+        if _overrides(self, "native_attention_backward"):
+            return self.native_attention_backward(q, k, v, grad_out, Call(mask=mask, is_causal=is_causal, scale=scale))
         raise Unsupported(f"{self.name} computes no gradients")
+
+    def native_attention(self, q, k, v, call: Call):
+        """The output (..., Lq, Ev), or (output, lse) when call.return_lse.  Default: the classic hook."""
+        return self.native_forward(q, k, v, call.mask, call.is_causal, call.scale)
+
+    def native_attention_backward(self, q, k, v, grad_out, call: Call):
+        """(dq, dk, dv), plus dbias when capabilities.bias_gradient and call.bias is given."""
+        return self.native_backward(q, k, v, grad_out, call.mask, call.is_causal, call.scale)
 
     def sync(self, y) -> None:
         """Wait until y is computed (CUDA synchronize, JAX block_until_ready)."""
+
+    # -- declarations -------------------------------------------------------------
+    def supports(self, feature: str) -> bool:
+        return feature in self.capabilities.features
+
+    def causal_alignments(self) -> tuple:
+        """Alignments a causal (or windowed, or ALiBi) call may ask for when Lq != Lk."""
+        if self.supports("causal_bottom_right"):
+            return CAUSAL_ALIGNMENTS
+        return (self.semantics.causal_alignment or "top_left",)
+
+    def output_dtype(self, dtype: str) -> str:
+        return dict(self.semantics.output_dtypes).get(dtype, dtype)
 
     # -- public API ---------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
@@ -99,7 +175,8 @@ class Backend:
             return False, f"import failed: {e}"
         return True, "available"
 
-    def check_supported(self, dtype: str, op: str = "forward", mask=None, is_causal=False) -> None:
+    def check_supported(self, dtype: str, op: str = "forward", mask=None, is_causal=False, problem=None,
+                        return_lse: bool = False) -> None:
         """Raise Unsupported (with the reason) for a combination this backend declines."""
         self.load()
         caps = self.capabilities
@@ -107,10 +184,24 @@ class Backend:
             raise Unsupported(f"{self.name} does not support dtype {dtype} (supports {', '.join(caps.dtypes)})")
         if op == "forward_backward" and not caps.gradients:
             raise Unsupported(f"{self.name} computes no gradients")
+        if problem is not None:
+            mask, is_causal = problem.mask, problem.is_causal
         if mask is not None and not caps.masks:
             raise Unsupported(f"{self.name} takes no boolean mask")
         if is_causal and not caps.causal:
             raise Unsupported(f"{self.name} has no causal mode")
+        needed = set(problem.features) if problem is not None else set()
+        if return_lse:
+            needed.add("lse")
+        needed.discard("causal_bottom_right")  # judged through the alignments below
+        missing = sorted(needed - caps.features, key=FEATURES.index)
+        if missing:
+            raise Unsupported(f"{self.name} does not support {', '.join(FEATURE_TEXT[m] for m in missing)} natively")
+        if problem is not None and problem.Lq != problem.Lk and (
+                problem.is_causal or problem.window is not None or problem.alibi_slopes is not None):
+            if problem.causal_alignment not in self.causal_alignments():
+                raise Unsupported(f"{self.name} aligns its causal mask {self.causal_alignments()[0]} only "
+                                  f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
 
     def _check_shapes(self, q, v) -> None:
         if self.capabilities.equal_head_dims and np.shape(v)[-1] != np.shape(q)[-1]:
@@ -119,6 +210,23 @@ class Backend:
 
     def _natives(self, dtype, *arrays):
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
+
+    def _call_of(self, p, dtype: str, return_lse: bool, scale) -> Call:
+        """The native Call for a validated problem (the mask folds the triangle in where needed)."""
+        mask, is_causal = p.mask, p.is_causal
+        if mask is not None and is_causal and not self.capabilities.mask_with_causal:
+            mask = np.asarray(mask, dtype=bool) & causal_mask(p.Lq, p.Lk, p.causal_alignment)  # (..., Lq, Lk)
+            is_causal = False
+        natives = {}
+        for name, cast in _ARRAY_FIELDS.items():
+            x = getattr(p, name)
+            if x is not None:
+                arr = np.asarray(x, dtype=np.int64 if cast == "int32" else np.float64)
+                natives[name] = self.to_native(arr, cast or dtype)
+        return Call(mask=None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None),
+                    is_causal=is_causal, scale=scale, enable_gqa=p.enable_gqa,
+                    causal_alignment=p.causal_alignment, window=p.window, softcap=p.softcap,
+                    return_lse=return_lse, dtype=dtype, **natives)
 
     def _check(self, what: str, y, shape: tuple, dtype: str) -> np.ndarray:
         if y is None:
@@ -131,7 +239,7 @@ class Backend:
         if tuple(out.shape) != tuple(shape):
             raise BackendFailure(self.name, f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)} "
                                             f"(returned a {type(y).__name__})")
-        if got_dtype != dtype:
+        if dtype is not None and got_dtype != dtype:
             raise BackendFailure(self.name, f"{what} has dtype {got_dtype}, expected {dtype}")
         return out
 
@@ -143,45 +251,65 @@ class Backend:
         except Exception as e:  # noqa: BLE001 - a raising backend fails alone, clearly
             raise BackendFailure(self.name, f"{what} raised {type(e).__name__}: {e}") from e
 
-    def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64") -> np.ndarray:
-        """Output (..., Lq, Ev) as NumPy in `dtype` (bfloat16 -> float32).  Inputs: float64 NumPy."""
-        validate(q, k, v, mask, is_causal, scale)  # a caller's mistake is a ValueError, not the backend's failure
-        self.check_supported(dtype, "forward", mask, is_causal)
+    def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", *, return_lse=False,
+                **fields):
+        """Output (..., Lq, Ev) as NumPy in `dtype` (bfloat16 -> float32); with return_lse, (output, lse).
+
+        Inputs: float64 NumPy; ``fields``: the optional problem fields of `specs.problem.validate`.
+        """
+        p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
+        self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
         self._check_shapes(q, v)
         qn, kn, vn = self._natives(dtype, q, k, v)
-        mn = None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None)
-        y = self._call("forward", self.native_forward, qn, kn, vn, mn, bool(is_causal), scale)
-        return self._check("forward output", y, _out_shape(q, k, v), dtype)
+        call = self._call_of(p, dtype, return_lse, scale)
+        y = self._call("forward", self.native_attention, qn, kn, vn, call)
+        out_shape = p.batch_shape + (p.Lq, p.Ev)
+        if not return_lse:
+            return self._check("forward output", y, out_shape, self.output_dtype(dtype))
+        if not isinstance(y, (tuple, list)) or len(y) != 2:
+            raise BackendFailure(self.name, f"forward with return_lse returned {type(y).__name__}, "
+                                            "expected (output, lse)")
+        lse = self._check("lse", y[1], p.batch_shape + (p.Lq,), None)
+        return self._check("forward output", y[0], out_shape, self.output_dtype(dtype)), lse.astype(np.float64)
 
-    def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64"):
-        """(dQ, dK, dV) as NumPy, each shaped like its input."""
-        validate(q, k, v, mask, is_causal, scale)
-        if np.shape(grad_out) != _out_shape(q, k, v):
-            raise ValueError(f"grad_out must be shaped like the output {_out_shape(q, k, v)}; got {np.shape(grad_out)}")
-        self.check_supported(dtype, "forward_backward", mask, is_causal)
+    def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
+        """(dQ, dK, dV) as NumPy, each shaped like its input; plus dBias when the backend declares
+        `bias_gradient` and a bias is given."""
+        p = validate(q, k, v, mask, is_causal, scale, **fields)
+        out_shape = p.batch_shape + (p.Lq, p.Ev)
+        if np.shape(grad_out) != out_shape:
+            raise ValueError(f"grad_out must be shaped like the output {out_shape}; got {np.shape(grad_out)}")
+        self.check_supported(dtype, "forward_backward", problem=p)
         self._check_shapes(q, v)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
-        mn = None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None)
-        grads = self._call("backward", self.native_backward, qn, kn, vn, gn, mn, bool(is_causal), scale)
-        if not isinstance(grads, (tuple, list)) or len(grads) != 3:
-            raise BackendFailure(self.name, f"backward returned {type(grads).__name__}, expected (dq, dk, dv)")
-        return tuple(self._check(f"d{n}", g, np.shape(x), dtype) for n, g, x in zip("qkv", grads, (q, k, v)))
+        call = self._call_of(p, dtype, False, scale)
+        grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn, call)
+        wants_dbias = p.bias is not None and self.capabilities.bias_gradient
+        if not isinstance(grads, (tuple, list)) or len(grads) not in (3, 4) or (wants_dbias and len(grads) != 4):
+            expected = "(dq, dk, dv, dbias)" if wants_dbias else "(dq, dk, dv)"
+            raise BackendFailure(self.name, f"backward returned {type(grads).__name__}"
+                                            f"{f' of {len(grads)}' if isinstance(grads, (tuple, list)) else ''}, "
+                                            f"expected {expected}")
+        inputs = (q, k, v) + ((fields["bias"],) if wants_dbias else ())
+        out_dtype = self.output_dtype(dtype)
+        return tuple(self._check(f"d{n}", g, np.shape(x), out_dtype)
+                     for n, g, x in zip(("q", "k", "v", "bias"), grads, inputs))
 
-    def prepare(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", op="forward"):
+    def prepare(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", op="forward", **fields):
         """Convert once; return a no-argument callable that runs the native call and syncs."""
-        validate(q, k, v, mask, is_causal, scale)
-        self.check_supported(dtype, op, mask, is_causal)
+        p = validate(q, k, v, mask, is_causal, scale, **fields)
+        self.check_supported(dtype, op, problem=p)
         self._check_shapes(q, v)
-        qn, kn, vn, gn = self._natives(dtype, q, k, v, np.ones(_out_shape(q, k, v)))
-        mn = None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None)
+        qn, kn, vn, gn = self._natives(dtype, q, k, v, np.ones(p.batch_shape + (p.Lq, p.Ev)))
+        call = self._call_of(p, dtype, False, scale)
         if op == "forward":
             def run():
-                y = self.native_forward(qn, kn, vn, mn, is_causal, scale)
+                y = self.native_attention(qn, kn, vn, call)
                 self.sync(y)
                 return y
         else:
             def run():
-                grads = self.native_backward(qn, kn, vn, gn, mn, is_causal, scale)
+                grads = self.native_attention_backward(qn, kn, vn, gn, call)
                 self.sync(grads[0])
                 return grads
         return run
@@ -192,11 +320,18 @@ class Backend:
         return {"name": self.name, "available": ok, "reason": why, "device": c.device,
                 "dtypes": list(c.dtypes), "gradients": c.gradients, "masks": c.masks, "causal": c.causal,
                 "equal_head_dims": c.equal_head_dims,
+                "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
+                "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
                 "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
+                "padded_rows": s.padded_rows, "output_dtypes": [list(x) for x in s.output_dtypes],
                 "effective_precision": s.effective_precision, "notes": list(s.notes)}
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"
+
+
+def _overrides(backend, hook: str) -> bool:
+    return getattr(type(backend), hook) is not getattr(Backend, hook)
 
 
 def _out_shape(q, k, v) -> tuple:

@@ -1,8 +1,11 @@
 """NumPy backends: the naive one materialises the scores; the tiled one never does.
 
-numpy-naive keeps every step in the input dtype.  numpy-tiled computes float16 inputs in
-float32, as FlashAttention keeps its running maximum, sum and accumulator: rescaling a
-float16 accumulator block after block would lose the row total.
+Both take every field of the problem natively (they are ours): grouped KV heads, bias, both
+causal alignments, windows, lengths, segments, softcap, ALiBi, the log-sum-exp.  They build
+their own masks from indices - never from `specs` - so a slip in the definition's helpers
+cannot hide the same slip here.  numpy-naive keeps every step in the input dtype.
+numpy-tiled computes float16 inputs in float32, as FlashAttention keeps its running maximum,
+sum and accumulator: rescaling a float16 accumulator block after block would lose the row total.
 """
 from __future__ import annotations
 
@@ -11,28 +14,97 @@ import numpy as np
 from .base import Backend, Capabilities, Semantics
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
-_ROW_BLOCK = 128  # rows per causal-masking step: bounds the bool temporary to 128*Lk
+_ALL_FEATURES = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
+                           "softcap", "alibi", "lse"))
+_ROW_BLOCK = 128  # rows per index-masking step: bounds the bool temporary to 128*Lk
 
 
 def _scale(q, scale):
     return q.dtype.type(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
 
 
-def _mask_future_inplace(s, row0=0, col0=0):
-    """Set s[..., i, j] = -inf where key col0+j is after query row0+i (top-left)."""
-    Lq, Lk = s.shape[-2:]
-    cols = np.arange(col0, col0 + Lk)  # (Lk,)
+def _offset(call, Lq, Lk) -> int:
+    return Lk - Lq if call.causal_alignment == "bottom_right" else 0
+
+
+def _cols(x, j0, j1):
+    """Columns j0:j1 of a (..., Lq, Lk) mask or bias, unless it broadcasts over keys."""
+    return None if x is None else (x if x.shape[-1] == 1 else x[..., j0:j1])
+
+
+def _hide_by_index(s, call, Lq, Lk, col0):
+    """-inf where the causal triangle or the window hides key col0+j from query i (row blocks)."""
+    if not call.is_causal and call.window is None:
+        return
+    left, right = call.window if call.window is not None else (None, None)
+    right = 0 if call.is_causal and (right is None or right > 0) else right
+    o = _offset(call, Lq, Lk)
+    cols = np.arange(col0, col0 + s.shape[-1])  # (b,)
     for r in range(0, Lq, _ROW_BLOCK):
-        rows = np.arange(row0 + r, row0 + min(r + _ROW_BLOCK, Lq))  # (rb,)
-        future = cols[None, :] > rows[:, None]  # (rb, Lk) small bool block
-        np.copyto(s[..., r:r + len(rows), :], -np.inf, where=future)
+        diag = np.arange(r, min(r + _ROW_BLOCK, Lq))[:, None] + o  # (rb, 1) the key on query i's diagonal
+        if right is not None:  # small bool blocks only: (rb, b)
+            np.copyto(s[..., r:r + len(diag), :], -np.inf, where=cols[None, :] > diag + right)
+        if left is not None:
+            np.copyto(s[..., r:r + len(diag), :], -np.inf, where=cols[None, :] < diag - left)
 
 
-def _apply_mask_inplace(s, mask, is_causal, row0=0, col0=0):
+def _grow(s, shape):
+    full = np.broadcast_shapes(s.shape, shape)
+    return s if full == s.shape else np.broadcast_to(s, full).copy()
+
+
+def tile_scores(q, k, call, col0, Lk):
+    """Final scores of keys col0 .. col0 + k.shape[-2] for every query, hidden pairs at -inf.
+
+    q (..., Hq, Lq, E); k (..., Hkv, b, E) is a key block.  Grouped heads are handled by
+    grouping queries (no copy of K): (..., Hkv, group, Lq, E) against (..., Hkv, 1, b, E).
+    """
+    Lq, b = q.shape[-2], k.shape[-2]
+    j1 = col0 + b
+    group = q.shape[-3] // k.shape[-3] if call.enable_gqa else 1
+    if group > 1:
+        qg = q.reshape(q.shape[:-3] + (k.shape[-3], group) + q.shape[-2:])  # (..., Hkv, g, Lq, E)
+        s = qg @ np.swapaxes(k, -1, -2)[..., None, :, :]  # (..., Hkv, g, Lq, b)
+        s = s.reshape(s.shape[:-4] + (q.shape[-3], Lq, b))  # (..., Hq, Lq, b)
+    else:
+        s = q @ np.swapaxes(k, -1, -2)  # (..., Lq, b) the one O(Lq*b) buffer
+    s *= _scale(q, call.scale)
+    if call.softcap is not None:
+        cap = s.dtype.type(call.softcap)
+        s /= cap
+        np.tanh(s, out=s)
+        s *= cap
+    bias = _cols(call.bias, col0, j1)
+    if bias is not None:
+        s = _grow(s, bias.shape)
+        s += np.where(np.isneginf(bias), s.dtype.type(0), bias).astype(s.dtype, copy=False)
+        np.copyto(s, -np.inf, where=np.isneginf(bias))
+    if call.alibi_slopes is not None:
+        dist = np.abs(np.arange(Lq)[:, None] + _offset(call, Lq, Lk) - np.arange(col0, j1)[None, :])  # (Lq, b)
+        s = _grow(s, (len(call.alibi_slopes), Lq, b))
+        s -= (np.asarray(call.alibi_slopes, np.float64)[:, None, None] * dist).astype(s.dtype)  # (Hq, Lq, b)
+    mask = _cols(call.mask, col0, j1)
     if mask is not None:
+        s = _grow(s, mask.shape)
         np.copyto(s, -np.inf, where=~mask)  # ~mask: the one bool temporary of the mask path
-    if is_causal:
-        _mask_future_inplace(s, row0, col0)
+    _hide_by_index(s, call, Lq, Lk, col0)
+    if call.kv_lengths is not None:
+        np.copyto(s, -np.inf, where=np.arange(col0, j1) >= np.asarray(call.kv_lengths)[..., None, None, None])
+    if call.q_lengths is not None:
+        np.copyto(s, -np.inf, where=np.arange(Lq)[:, None] >= np.asarray(call.q_lengths)[..., None, None, None])
+    if call.q_segment_ids is not None:
+        qs = np.asarray(call.q_segment_ids)[..., None, :, None]  # (..., 1, Lq, 1)
+        ks = np.asarray(call.kv_segment_ids)[..., None, None, col0:j1]  # (..., 1, 1, b)
+        np.copyto(s, -np.inf, where=qs != ks)
+    return s  # (..., Hq, Lq, b)
+
+
+def _batch(q, k, v, call) -> tuple:
+    """Leading dims of the output: q's, K/V's (their head axis counted as Hq when grouped), mask's, bias's."""
+    def kv(x):
+        return x.shape[:-3] + q.shape[-3:-2] if call.enable_gqa else x.shape[:-2]
+    extra = [x.shape[:-2] for x in (call.mask, call.bias) if x is not None]
+    return tuple(np.broadcast_shapes(q.shape[:-2], kv(k), kv(v), *extra))
 
 
 def _reduce(g, shape):
@@ -43,43 +115,69 @@ def _reduce(g, shape):
     return g.sum(axis=axes, keepdims=True) if axes else g
 
 
+def _group_sum(g, kv_heads: int):
+    """(..., Hq, L, D) -> (..., Hkv, L, D): sum each group of query heads (the KV gradient)."""
+    if g.shape[-3] == kv_heads:
+        return g
+    return g.reshape(g.shape[:-3] + (kv_heads, g.shape[-3] // kv_heads) + g.shape[-2:]).sum(axis=-3)
+
+
+def _expand(x, heads: int):
+    return x if x.shape[-3] == heads else np.repeat(x, heads // x.shape[-3], axis=-3)
+
+
+def _softcap_factor(q, k, call):
+    """1 - tanh^2(raw / cap) for the backward, or None without a softcap."""
+    if call.softcap is None:
+        return None
+    raw = (q @ np.swapaxes(_expand(k, q.shape[-3]) if call.enable_gqa else k, -1, -2)) * _scale(q, call.scale)
+    t = np.tanh(raw / q.dtype.type(call.softcap))  # (..., Lq, Lk)
+    return 1 - t * t
+
+
 class NumpyNaive(Backend):
     """Materialises the (..., Lq, Lk) score matrix once and does the softmax in place."""
 
     name = "numpy-naive"
-    capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True)
-    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left")
+    capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
+                                bias_gradient=True)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
-    def _weights(self, q, k, mask, is_causal, scale):
-        s = q @ np.swapaxes(k, -1, -2)  # (..., Lq, Lk) the one O(Lq*Lk) buffer
-        s *= _scale(q, scale)
-        if mask is not None:
-            full = np.broadcast_shapes(s.shape, mask.shape)
-            if full != s.shape:  # a mask with more leading dims than q and k
-                s = np.broadcast_to(s, full).copy()  # (..., Lq, Lk)
-        _apply_mask_inplace(s, mask, is_causal)
-        row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
+    def _weights(self, q, k, call):
+        s = tile_scores(q, k, call, 0, k.shape[-2])  # (..., Lq, Lk)
+        row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
         row_max[~np.isfinite(row_max)] = 0  # fully masked rows: all -inf, keep exp = 0
         s -= row_max
         np.exp(s, out=s)
         total = s.sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+        with np.errstate(divide="ignore"):
+            lse = np.where(total[..., 0] > 0, row_max[..., 0] + np.log(total[..., 0]), -np.inf)  # (..., Lq)
         total[total == 0] = 1  # fully masked rows stay zero
         s /= total
-        return s  # (..., Lq, Lk)
+        return s, lse  # (..., Lq, Lk), (..., Lq)
 
-    def native_forward(self, q, k, v, mask, is_causal, scale):
-        return self._weights(q, k, mask, is_causal, scale) @ v  # (..., Lq, Ev)
+    def native_attention(self, q, k, v, call):
+        w, lse = self._weights(q, k, call)
+        out = w @ (_expand(v, w.shape[-3]) if call.enable_gqa else v)  # (..., Lq, Ev)
+        return (out, lse) if call.return_lse else out
 
-    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
-        sc = _scale(q, scale)
-        a = self._weights(q, k, mask, is_causal, scale)  # (..., Lq, Lk)
-        dv = np.swapaxes(a, -1, -2) @ grad_out  # (..., Lk, Ev)
-        da = grad_out @ np.swapaxes(v, -1, -2)  # (..., Lq, Lk)
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        sc = _scale(q, call.scale)
+        a, _ = self._weights(q, k, call)  # (..., Lq, Lk)
+        ke, ve = (_expand(x, a.shape[-3]) for x in (k, v)) if call.enable_gqa else (k, v)
+        dv = np.swapaxes(a, -1, -2) @ grad_out  # (..., Hq, Lk, Ev)
+        da = grad_out @ np.swapaxes(ve, -1, -2)  # (..., Lq, Lk)
         da -= (da * a).sum(axis=-1, keepdims=True)
-        da *= a  # dS, in place
-        dq = (da @ k) * sc  # (..., Lq, E)
-        dk = (np.swapaxes(da, -1, -2) @ q) * sc  # (..., Lk, E)
-        return _reduce(dq, q.shape), _reduce(dk, k.shape), _reduce(dv, v.shape)
+        da *= a  # dS, in place: the gradient of the final scores
+        dbias = None if call.bias is None else _reduce(da, call.bias.shape)
+        factor = _softcap_factor(q, k, call)
+        if factor is not None:
+            da *= factor
+        dq = (da @ ke) * sc  # (..., Lq, E)
+        dk = (np.swapaxes(da, -1, -2) @ q) * sc  # (..., Hq, Lk, E)
+        grads = (_reduce(dq, q.shape), _reduce(_group_sum(dk, k.shape[-3]) if call.enable_gqa else dk, k.shape),
+                 _reduce(_group_sum(dv, v.shape[-3]) if call.enable_gqa else dv, v.shape))
+        return grads + ((dbias.astype(q.dtype, copy=False),) if dbias is not None else ())
 
 
 class NumpyTiled(Backend):
@@ -88,11 +186,13 @@ class NumpyTiled(Backend):
     Extra memory is O(Lq * block): one (..., Lq, block) score tile at a time, plus the
     running row maximum m, row sum l and output accumulator.  The backward pass keeps
     only the log-sum-exp from the forward and recomputes each tile (FlashAttention-2).
+    Blocks that no query can see (past the causal diagonal) are skipped.
     """
 
     name = "numpy-tiled"
-    capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True)
-    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left",
+    capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
+                                bias_gradient=True)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",))
 
     def __init__(self, block: int = 128):
@@ -100,29 +200,22 @@ class NumpyTiled(Backend):
             raise ValueError(f"block must be a positive int; got {block!r}")
         self.block = block
 
-    def _blocks(self, Lq, Lk, is_causal):
-        """Key blocks [j0, j1); with top-left causal, blocks past the last query are skipped."""
-        end = min(Lk, Lq) if is_causal else Lk
+    def _blocks(self, Lq, Lk, call):
+        """Key blocks [j0, j1); with causal, blocks past the last query's diagonal are skipped."""
+        end = Lk
+        if call.is_causal or (call.window is not None and call.window[1] is not None):
+            right = 0 if call.is_causal else call.window[1]
+            end = max(0, min(Lk, Lq - 1 + _offset(call, Lq, Lk) + right + 1))
         return [(j0, min(j0 + self.block, end)) for j0 in range(0, end, self.block)]
 
-    def _tile(self, q, k, mask, is_causal, sc, j0, j1):
-        s = q @ np.swapaxes(k[..., j0:j1, :], -1, -2)  # (..., Lq, b)
-        s *= sc
-        if mask is not None and mask.shape[-1] != 1:  # a key-broadcast mask is not sliced
-            mask = mask[..., j0:j1]  # (..., Lq, b)
-        _apply_mask_inplace(s, mask, is_causal, 0, j0)
-        return s  # (..., Lq, b)
-
-    def _forward(self, q, k, v, mask, is_causal, scale):
-        sc = _scale(q, scale)
+    def _forward(self, q, k, v, call):
         Lq, Lk = q.shape[-2], k.shape[-2]
-        batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
-                                    () if mask is None else mask.shape[:-2])
+        batch = _batch(q, k, v, call)
         m = np.full(batch + (Lq, 1), -np.inf, dtype=q.dtype)  # (..., Lq, 1) running max
         l = np.zeros(batch + (Lq, 1), dtype=q.dtype)  # (..., Lq, 1) running sum
         acc = np.zeros(batch + (Lq, v.shape[-1]), dtype=q.dtype)  # (..., Lq, Ev)
-        for j0, j1 in self._blocks(Lq, Lk, is_causal):
-            s = self._tile(q, k, mask, is_causal, sc, j0, j1)  # (..., Lq, b)
+        for j0, j1 in self._blocks(Lq, Lk, call):
+            s = tile_scores(q, k[..., j0:j1, :], call, j0, Lk)  # (..., Lq, b)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., Lq, 1)
             shift = np.where(np.isfinite(m_new), m_new, 0)  # rows with nothing visible yet
             alpha = np.exp(m - shift)  # (..., Lq, 1) rescales what was summed so far
@@ -130,42 +223,72 @@ class NumpyTiled(Backend):
             np.exp(s, out=s)  # p, in place
             l = l * alpha + s.sum(axis=-1, keepdims=True)
             acc *= alpha
-            acc += s @ v[..., j0:j1, :]  # (..., Lq, Ev)
+            acc += s @ (_expand(v[..., j0:j1, :], s.shape[-3]) if call.enable_gqa else v[..., j0:j1, :])
             m = m_new
             del s  # free this tile before the next one is computed: one tile alive at a time
         shift = np.where(np.isfinite(m), m, 0)  # (..., Lq, 1) fully masked rows: m = -inf
         total = np.where(l == 0, 1, l)  # (..., Lq, 1) and l = 0: their output stays zero
-        return acc / total, shift, total  # (..., Lq, Ev), and the row statistics
+        with np.errstate(divide="ignore"):
+            lse = np.where(l[..., 0] > 0, shift[..., 0] + np.log(total[..., 0]), -np.inf)  # (..., Lq)
+        return acc / total, shift, total, lse  # (..., Lq, Ev), the row statistics, (..., Lq)
 
     @staticmethod
     def _widen(*xs):
         """float16 runs in float32 (FlashAttention's accumulators); others as given."""
         return [x if x is None or x.dtype != np.float16 else x.astype(np.float32) for x in xs]
 
-    def native_forward(self, q, k, v, mask, is_causal, scale):
-        out = self._forward(*self._widen(q, k, v), mask, is_causal, scale)[0]  # (..., Lq, Ev)
-        return out.astype(q.dtype, copy=False)
+    def _wide_call(self, call):
+        from dataclasses import replace
+        return call if call.bias is None else replace(call, bias=self._widen(call.bias)[0])
 
-    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
+    def native_attention(self, q, k, v, call):
+        out, _, _, lse = self._forward(*self._widen(q, k, v), self._wide_call(call))  # (..., Lq, Ev)
+        out = out.astype(q.dtype, copy=False)
+        return (out, lse) if call.return_lse else out
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
         dtype = q.dtype
         q, k, v, go = self._widen(q, k, v, grad_out)
-        sc = _scale(q, scale)
-        out, shift, total = self._forward(q, k, v, mask, is_causal, scale)  # (..., Lq, Ev), 2 x (..., Lq, 1)
+        call = self._wide_call(call)
+        sc = _scale(q, call.scale)
+        out, shift, total, _ = self._forward(q, k, v, call)  # (..., Lq, Ev), 2 x (..., Lq, 1)
         d = (go * out).sum(axis=-1, keepdims=True)  # (..., Lq, 1) rowsum(dO * O)
-        dq = None
-        dk, dv = np.zeros(k.shape, dtype=k.dtype), np.zeros(v.shape, dtype=v.dtype)  # (..., Lk, E|Ev)
-        for j0, j1 in self._blocks(q.shape[-2], k.shape[-2], is_causal):
-            p = self._tile(q, k, mask, is_causal, sc, j0, j1)  # (..., Lq, b)
+        Hq = out.shape[-3] if out.ndim >= 3 else 1
+        dq = np.zeros(out.shape[:-1] + q.shape[-1:], dtype=q.dtype)  # (..., Lq, E)
+        dk_full = np.zeros(out.shape[:-2] + k.shape[-2:], dtype=q.dtype)  # (..., Hq, Lk, E)
+        dv_full = np.zeros(out.shape[:-2] + v.shape[-2:], dtype=q.dtype)  # (..., Hq, Lk, Ev)
+        dbias = None if call.bias is None else np.zeros(np.broadcast_shapes(out.shape[:-1] + k.shape[-2:-1],
+                                                                            call.bias.shape), dtype=q.dtype)
+        Lk = k.shape[-2]
+        for j0, j1 in self._blocks(q.shape[-2], Lk, call):
+            kb, vb = k[..., j0:j1, :], v[..., j0:j1, :]
+            p = tile_scores(q, kb, call, j0, Lk)  # (..., Lq, b)
             p -= shift
             np.exp(p, out=p)
             p /= total  # the forward's weights for this tile, rounded as the naive softmax does
-            dv_blk = np.swapaxes(p, -1, -2) @ go  # (..., b, Ev)
-            ds = go @ np.swapaxes(v[..., j0:j1, :], -1, -2)  # (..., Lq, b)
+            dv_full[..., j0:j1, :] = np.swapaxes(p, -1, -2) @ go  # (..., Hq, b, Ev)
+            ds = go @ np.swapaxes(_expand(vb, Hq) if call.enable_gqa else vb, -1, -2)  # (..., Lq, b)
             ds -= d
             ds *= p  # dS of this tile
-            dq_blk = (ds @ k[..., j0:j1, :]) * sc  # (..., Lq, E)
-            dq = dq_blk if dq is None else dq + dq_blk
-            dk[..., j0:j1, :] = _reduce((np.swapaxes(ds, -1, -2) @ q) * sc, dk[..., j0:j1, :].shape)  # (..., b, E)
-            dv[..., j0:j1, :] = _reduce(dv_blk, dv[..., j0:j1, :].shape)  # (..., b, Ev)
+            if dbias is not None:
+                dbias[..., j0:j1] = ds
+            if call.softcap is not None:
+                raw = tile_scores(q, kb, _raw_call(call), j0, Lk)  # (..., Lq, b) scaled, uncapped, unmasked
+                t = np.tanh(raw / q.dtype.type(call.softcap))
+                ds *= 1 - t * t
+            ke = _expand(kb, Hq) if call.enable_gqa else kb
+            dq += (ds @ ke) * sc  # (..., Lq, E)
+            dk_full[..., j0:j1, :] = (np.swapaxes(ds, -1, -2) @ q) * sc  # (..., Hq, b, E)
             del p, ds  # one tile of each alive at a time
-        return tuple(g.astype(dtype, copy=False) for g in (_reduce(dq, q.shape), dk, dv))
+        dk = _group_sum(dk_full, k.shape[-3]) if call.enable_gqa else dk_full
+        dv = _group_sum(dv_full, v.shape[-3]) if call.enable_gqa else dv_full
+        grads = [_reduce(dq, q.shape), _reduce(dk, k.shape), _reduce(dv, v.shape)]
+        if dbias is not None:
+            grads.append(_reduce(dbias, call.bias.shape))
+        return tuple(g.astype(dtype, copy=False) for g in grads)
+
+
+def _raw_call(call):
+    """The same call with only the scale: tile_scores then gives scale * q k^T."""
+    from .base import Call
+    return Call(scale=call.scale, enable_gqa=call.enable_gqa, dtype=call.dtype)

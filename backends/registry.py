@@ -9,9 +9,9 @@ import importlib
 import inspect
 import os
 
-import numpy as np
 
-from .base import Backend, Capabilities, Semantics
+from .base import Backend
+from .plain import PLAIN_CALL, FunctionBackend, check_plain_call
 
 ENV_VAR = "ATTNSPEC_BACKENDS"
 ENTRY_POINT_GROUP = "attnspec.backends"
@@ -32,28 +32,10 @@ BUILTINS = {
     "jax-dpa": _J + "JaxDpa",
     "jax-dpa-cudnn": _J + "JaxDpaCudnn",
 }
-_PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)"
 
 
 class BackendSelectionError(ValueError):
     """An unknown name, an import error, or an attribute that is not a backend."""
-
-
-class FunctionBackend(Backend):
-    """A plain function with PyTorch's signature over NumPy arrays: forward only, nothing declared."""
-
-    capabilities = Capabilities(dtypes=("float64", "float32"), device="cpu", gradients=False)
-    semantics = Semantics()
-
-    def __init__(self, fn, name: str):
-        self.fn = fn
-        self.name = name
-
-    def native_forward(self, q, k, v, mask, is_causal, scale):
-        return self.fn(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)  # (..., Lq, Ev)
-
-    def native_dtype(self, y):
-        return str(np.asarray(y).dtype)
 
 
 def builtin_names() -> list[str]:
@@ -93,15 +75,9 @@ def _load_attr(spec: str, name: str):
 
 
 def _check_plain_call(fn, name: str) -> None:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # a builtin or C function: nothing to inspect, trust it
-    try:
-        sig.bind(None, None, None, attn_mask=None, is_causal=False, scale=None)
-    except TypeError as e:
-        raise BackendSelectionError(f"backend {name!r}: function {getattr(fn, '__name__', fn)!r}{sig} cannot be "
-                                    f"called as {_PLAIN_CALL} ({e})") from None
+    why = check_plain_call(fn, name)
+    if why:
+        raise BackendSelectionError(f"backend {name!r}: {why}")
 
 
 def _as_backend(obj, name: str) -> Backend:
@@ -119,7 +95,7 @@ def _as_backend(obj, name: str) -> Backend:
         _check_plain_call(obj, name)
         return FunctionBackend(obj, name)
     raise BackendSelectionError(f"backend {name!r}: {type(obj).__name__} object is neither a Backend nor a "
-                                f"function {_PLAIN_CALL}")
+                                f"function {PLAIN_CALL}")
 
 
 def resolve(name: str) -> Backend:

@@ -61,8 +61,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .invariants import Verdict
-from .problem import validate, visible
-from .reference import _sum_to
+from .problem import Problem, validate, visible
+from .reference import EXACT, Exact, expand_kv, run_backward, run_forward
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,9 @@ def round_to(x, dtype) -> np.ndarray:
     return np.asarray(x).astype(b.storage)
 
 
-class _Plain:
-    """Each operation computed in the accumulator type, its result rounded to dtype."""
+class _Plain(Exact):
+    """The reference's pipeline with each operation computed in the accumulator type (float32
+    for 16-bit formats and float32, float64 for float64) and its result rounded to dtype."""
 
     def __init__(self, dtype):
         self.dtype = _budget(dtype).dtype
@@ -137,43 +138,23 @@ class _Plain:
         return self.r(self.a(x) @ self.a(y))
 
 
-def _plain_weights(P: _Plain, q, k, vis, scale):
-    s = P.r(P.a(P.matmul(q, np.swapaxes(k, -1, -2))) * P.acc(scale))  # (..., Lq, Lk)
-    s = np.where(vis, P.a(s), -np.inf)  # (..., Lq, Lk)
-    m = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
-    m = np.where(np.isfinite(m), m, 0.0)  # empty rows: exp(-inf) = 0 everywhere
-    e = P.a(P.r(np.exp(s - m)))  # (..., Lq, Lk)
-    total = P.a(P.r(e.sum(axis=-1, keepdims=True)))  # (..., Lq, 1)
-    return P.r(e / np.where(total == 0, 1.0, total))  # (..., Lq, Lk)
+def _problem(q, k, v, mask, is_causal, scale, fields) -> Problem:
+    return q if isinstance(q, Problem) else validate(q, k, v, mask, is_causal, scale, **fields)
 
 
-def _setup(q, k, v, mask, is_causal, scale, dtype):
-    p = validate(q, k, v, mask, is_causal, scale)
-    P = _Plain(dtype)
-    qr, kr, vr = (P.r(np.asarray(x, dtype=np.float64)) for x in (q, k, v))
-    return p, P, qr, kr, vr, visible(p)
-
-
-def plain_forward(q, k, v, mask=None, is_causal=False, scale=None, dtype="float32") -> np.ndarray:
+def plain_forward(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields) -> np.ndarray:
     """The naive forward in ``dtype``: the output, in dtype's storage type."""
-    p, P, qr, kr, vr, vis = _setup(q, k, v, mask, is_causal, scale, dtype)
-    w = _plain_weights(P, qr, kr, vis, p.scale)  # (..., Lq, Lk)
-    return P.matmul(w, vr)  # (..., Lq, Ev)
+    return run_forward(_problem(q, k, v, mask, is_causal, scale, fields), _Plain(dtype)).output
 
 
-def plain_backward(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32"):
-    """The naive backward in ``dtype`` (seed 003's chain): (dq, dk, dv) in dtype's storage type."""
-    p, P, qr, kr, vr, vis = _setup(q, k, v, mask, is_causal, scale, dtype)
-    dy = P.r(np.asarray(grad_out, dtype=np.float64))  # (..., Lq, Ev)
-    w = _plain_weights(P, qr, kr, vis, p.scale)  # (..., Lq, Lk)
-    dv = P.matmul(np.swapaxes(w, -1, -2), dy)  # (..., Lk, Ev)
-    da = P.a(P.matmul(dy, np.swapaxes(vr, -1, -2)))  # (..., Lq, Lk)
-    row = P.a(P.r((da * P.a(w)).sum(axis=-1, keepdims=True)))  # (..., Lq, 1)
-    ds = P.r(P.a(w) * P.a(P.r(da - row)))  # (..., Lq, Lk)
-    dq = P.r(P.a(P.matmul(ds, kr)) * P.acc(p.scale))  # (..., Lq, E)
-    dk = P.r(P.a(P.matmul(np.swapaxes(ds, -1, -2), qr)) * P.acc(p.scale))  # (..., Lk, E)
-    shapes = (np.shape(q), np.shape(k), np.shape(v))
-    return tuple(P.r(_sum_to(P.a(g), s)) for g, s in zip((dq, dk, dv), shapes))
+def plain_lse(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields) -> np.ndarray:
+    """The naive forward's log-sum-exp (..., Lq) in ``dtype``'s accumulator type."""
+    return run_forward(_problem(q, k, v, mask, is_causal, scale, fields), _Plain(dtype)).lse
+
+
+def plain_backward(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+    """The naive backward in ``dtype`` (seed 003's chain): (dq, dk, dv[, dbias]) in dtype's storage type."""
+    return run_backward(_problem(q, k, v, mask, is_causal, scale, fields), grad_out, _Plain(dtype))
 
 
 # ---- the budget ----------------------------------------------------------------------
@@ -185,46 +166,66 @@ def _as_f64(x, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a numeric array; got {type(x).__name__}") from None
 
 
-def forward_magnitude(q, k, v, mask=None, is_causal=False, scale=None) -> float:
+def forward_magnitude(q, k=None, v=None, mask=None, is_causal=False, scale=None, **fields) -> float:
     """Largest entry of weights @ |V|: the size of the terms summed into the output."""
-    from .reference import forward
-    fw = forward(q, k, v, mask, is_causal, scale)
-    return float(np.max(fw.weights @ np.abs(_as_f64(v, "value")), initial=0.0))
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    f = run_forward(p)
+    return float(np.max(f.weights @ np.abs(f.v), initial=0.0))
 
 
-def score_size(q, k, mask=None, is_causal=False, scale=None) -> float:
-    """Largest scale * |q|.|k| over visible pairs: how large the scores' terms get.
+def _score_terms(p: Problem) -> np.ndarray:
+    """(..., Lq, Lk) scale |q|.|k| + |bias| + |alibi| on visible pairs, 0 elsewhere."""
+    q = np.abs(_as_f64(p.query, "query"))  # (..., Hq, Lq, E)
+    k = expand_kv(np.abs(_as_f64(p.key, "key")), p.group)  # (..., Hq, Lk, E)
+    vis = visible(p)  # (..., Lq, Lk)
+    terms = np.broadcast_to((q @ np.swapaxes(k, -1, -2)) * p.scale, vis.shape)  # (..., Lq, Lk)
+    if p.softcap is not None:
+        terms = np.minimum(terms, p.softcap)  # a capped score is at most the cap
+    if p.bias is not None:
+        b = np.abs(_as_f64(p.bias, "bias"))
+        terms = terms + np.where(np.isinf(b), 0.0, b)
+    if p.alibi_slopes is not None:
+        from .problem import alibi_bias
+        terms = terms + np.abs(alibi_bias(p.alibi_slopes, p.Lq, p.Lk, p.causal_alignment))
+    return np.where(vis, terms, 0.0)
+
+
+def score_size(q, k, mask=None, is_causal=False, scale=None, value=None, **fields) -> float:
+    """Largest |score term| over visible pairs: scale |q|.|k| plus |bias| and |ALiBi|.
 
     exp turns an absolute error e in a score into a relative error e in its weight, and a
     score's rounding error is about u * scale * |q|.|k| - so a kernel that forms the
     scores differently (q*scale first, exp2 with log2(e) folded in) moves the weights by
     that much even in float64, where the plain algorithm shows no error at all.
     """
-    from .problem import validate, visible
-    p = validate(q, k, _as_f64(k, "key")[..., :1], mask, is_causal, scale)
-    terms = np.abs(_as_f64(q, "query")) @ np.swapaxes(np.abs(_as_f64(k, "key")), -1, -2)  # (..., Lq, Lk)
-    terms = np.broadcast_to(terms, visible(p).shape)
-    return float(np.max(np.where(visible(p), terms, 0.0), initial=0.0)) * p.scale
+    v = _as_f64(k, "key")[..., :1] if value is None else value
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    return float(np.max(_score_terms(p), initial=0.0))
 
 
-def backward_magnitudes(q, k, v, grad_out, mask=None, is_causal=False, scale=None) -> tuple:
+def backward_magnitudes(q, k, v, grad_out, mask=None, is_causal=False, scale=None, **fields) -> tuple:
     """Largest entries of the gradients recomputed on absolute values (|dY|, |V|, |K|, |Q|).
 
     The softmax backward subtracts rowsum(dA*A) from dA: the result may cancel to ~0 while
     each term is large, and its rounding error is set by the terms (u * sum|terms|, the
-    classic running error bound), not by the result.
+    classic running error bound), not by the result.  With a bias, a fourth entry: dBias's.
     """
-    from .reference import forward
-    fw = forward(q, k, v, mask, is_causal, scale)
-    a = fw.weights  # (..., Lq, Lk)
-    aq, ak, av, ady = (np.abs(_as_f64(x, n)) for x, n in ((q, "query"), (k, "key"), (v, "value"),
-                                                          (grad_out, "grad_out")))
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    f = run_forward(p)
+    a = f.weights  # (..., Lq, Lk)
+    aq, ak, av = np.abs(f.q), np.abs(f.k), np.abs(f.v)  # expanded to query heads
+    ady = np.abs(_as_f64(grad_out, "grad_out"))  # (..., Lq, Ev)
     da = ady @ np.swapaxes(av, -1, -2)  # (..., Lq, Lk) |dA| bound
     ds = a * (da + (da * a).sum(axis=-1, keepdims=True))  # (..., Lq, Lk) |dS| terms
-    mq = np.max(ds @ ak, initial=0.0) * fw.problem.scale
-    mk = np.max(np.swapaxes(ds, -1, -2) @ aq, initial=0.0) * fw.problem.scale
-    mv = np.max(np.swapaxes(a, -1, -2) @ ady, initial=0.0)
-    return float(mq), float(mk), float(mv)
+    from .reference import sum_groups
+    mq = np.max(ds @ ak, initial=0.0) * p.scale
+    mk = np.max(sum_groups(np.swapaxes(ds, -1, -2) @ aq, p.group), initial=0.0) * p.scale
+    mv = np.max(sum_groups(np.swapaxes(a, -1, -2) @ ady, p.group), initial=0.0)
+    out = [float(mq), float(mk), float(mv)]
+    if p.bias is not None:
+        from .reference import sum_to
+        out.append(float(np.max(sum_to(ds, np.shape(p.bias)), initial=0.0)))
+    return tuple(out)
 
 
 def allowed_error(reference, plain, dtype, reduction_length: int | None = None,
@@ -270,30 +271,65 @@ def reduction_length(q_shape, k_shape, v_shape) -> int:
     return int(max(q_shape[-2], k_shape[-2], q_shape[-1], v_shape[-1]))
 
 
-def forward_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", rows=None):
+def forward_allowed(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None,
+                    **fields):
     """(allowed error, reference output, plain output) with every input of the budget.
 
     ``rows``: optional bool (..., Lq) selecting the rows judged (e.g. those with a visible
     key); reference and plain come back restricted to them.
     """
-    from .reference import attention
-    ref = attention(q, k, v, mask, is_causal, scale)  # (..., Lq, Ev)
-    plain = plain_forward(q, k, v, mask, is_causal, scale, dtype)  # (..., Lq, Ev)
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    ref = run_forward(p).output  # (..., Lq, Ev)
+    plain = run_forward(p, _Plain(dtype)).output  # (..., Lq, Ev)
     if rows is not None:
         ref, plain = ref[rows], plain[rows]  # (judged rows, Ev)
-    allowed = allowed_error(ref, plain, dtype, reduction_length(np.shape(q), np.shape(k), np.shape(v)),
-                            forward_magnitude(q, k, v, mask, is_causal, scale), score_size(q, k, mask, is_causal, scale))
+    allowed = allowed_error(ref, plain, dtype, _reduction(p), forward_magnitude(p), float(np.max(_score_terms(p), initial=0.0)))
     return allowed, ref, plain
 
 
-def backward_allowed(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32"):
-    """[(allowed error, reference, plain)] for dq, dk, dv."""
-    from .reference import backward
-    refs = backward(q, k, v, grad_out, mask, is_causal, scale)
-    plains = plain_backward(q, k, v, grad_out, mask, is_causal, scale, dtype)
-    mags = backward_magnitudes(q, k, v, grad_out, mask, is_causal, scale)
-    n, s = reduction_length(np.shape(q), np.shape(k), np.shape(v)), score_size(q, k, mask, is_causal, scale)
-    return [(allowed_error(r, p, dtype, n, m, s), r, p) for r, p, m in zip(refs, plains, mags)]
+def _reduction(p: Problem) -> int:
+    return int(max(p.Lq, p.Lk, p.E, p.Ev, 1))
+
+
+def backward_allowed(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+    """[(allowed error, reference, plain)] for dq, dk, dv (and dbias with a bias)."""
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    refs = run_backward(p, grad_out)
+    plains = run_backward(p, grad_out, _Plain(dtype))
+    mags = backward_magnitudes(p, None, None, grad_out)
+    n, s = _reduction(p), float(np.max(_score_terms(p), initial=0.0))
+    return [(allowed_error(r, pl, dtype, n, m, s), r, pl) for r, pl, m in zip(refs, plains, mags)]
+
+
+def lse_allowed(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None, **fields):
+    """(allowed error, reference lse, plain lse) over the judged rows (default: rows with a visible key).
+
+    The log-sum-exp's error is absolute: a score moved by e moves it by at most e (u * S), a
+    relative error r of the row sum moves it by r (sqrt(n) u_acc), and its own rounding by
+    u * |lse|.  So its floor is floor_ulps * (u * (|lse| + S) + sqrt(n) u_acc), magnitude 1.
+    """
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    f = run_forward(p)
+    rows = f.visible.any(axis=-1) if rows is None else rows  # (..., Lq)
+    ref, plain = f.lse[rows], run_forward(p, _Plain(dtype)).lse[rows]  # (judged rows,)
+    b = _budget(dtype)
+    size = float(np.max(np.abs(ref), initial=0.0))
+    plain_err = float(np.max(np.abs(plain - ref), initial=0.0))
+    S = float(np.max(_score_terms(p), initial=0.0))
+    allowed = b.factor * plain_err + b.floor(1.0, _reduction(p), S + size)
+    return allowed, ref, plain
+
+
+def check_lse(actual, q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None,
+              **fields) -> Verdict:
+    """A backend's log-sum-exp (..., Lq) against the reference, on rows with a visible key."""
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    rows = visible(p).any(axis=-1) if rows is None else rows
+    allowed, ref, _ = lse_allowed(p, dtype=dtype, rows=rows)
+    act = _as_f64(actual, "actual")
+    if act.shape != rows.shape:
+        raise ValueError(f"actual lse has shape {act.shape} but the problem's rows are {rows.shape}")
+    return _verdict(act[rows], ref, allowed, dtype, "lse")
 
 
 def _verdict(actual, reference, allowed, dtype, name) -> Verdict:
@@ -317,18 +353,19 @@ def _verdict(actual, reference, allowed, dtype, name) -> Verdict:
                    f"{dt} error + floor")
 
 
-def check_forward(actual, q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", rows=None) -> Verdict:
+def check_forward(actual, q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None,
+                  **fields) -> Verdict:
     """A backend's forward output (restricted to ``rows`` if given) against the reference."""
-    allowed, ref, _ = forward_allowed(q, k, v, mask, is_causal, scale, dtype, rows)
+    allowed, ref, _ = forward_allowed(q, k, v, mask, is_causal, scale, dtype, rows, **fields)
     actual = _as_f64(actual, "actual")
     return _verdict(actual[rows] if rows is not None else actual, ref, allowed, dtype, "output")
 
 
-def check_backward(actual, q, k, v, grad_out, mask=None, is_causal=False, scale=None,
-                   dtype="float32") -> list:
-    """One Verdict per gradient (dq, dk, dv) of a backend's backward."""
-    if len(actual) != 3:
-        raise ValueError(f"actual must be (dq, dk, dv); got {len(actual)} arrays")
-    budgets = backward_allowed(q, k, v, grad_out, mask, is_causal, scale, dtype)
+def check_backward(actual, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32",
+                   **fields) -> list:
+    """One Verdict per gradient (dq, dk, dv, and dbias when both sides have it) of a backend's backward."""
+    budgets = backward_allowed(q, k, v, grad_out, mask, is_causal, scale, dtype, **fields)
+    if len(actual) not in (3, len(budgets)):
+        raise ValueError(f"actual must be (dq, dk, dv) or (dq, dk, dv, dbias); got {len(actual)} arrays")
     return [_verdict(a, r, allowed, dtype, name)
-            for a, (allowed, r, _), name in zip(actual, budgets, ("dq", "dk", "dv"))]
+            for a, (allowed, r, _), name in zip(actual, budgets, ("dq", "dk", "dv", "dbias"))]

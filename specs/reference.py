@@ -1,16 +1,26 @@
 """The float64 reference: the measuring stick every backend is compared with.
 
-Forward: scores = scale * q k^T, masked to -inf, row maximum subtracted before exp
-(seed 004: "resta el máximo de la fila (por estabilidad)"), weights = softmax, output =
-weights v, plus the log-sum-exp of each row.
+Forward, one pipeline for every field of `specs.problem` (seed 004's steps, grown):
 
-Backward (seed 004's chain):
-    dV = A^T dY;  dA = dY V^T;  dS = A * (dA - rowsum(dA * A));
-    dQ = dS K * scale;  dK = dS^T Q * scale.
+    s   = scale * q k^T            (query head h reads KV head h // group)
+    s   = softcap * tanh(s / softcap)
+    s  += bias + alibi
+    row maximum subtracted ("resta el máximo de la fila (por estabilidad)"), hidden pairs -inf,
+    A   = softmax(s) over visible keys,  Y = A V,  lse = log sum_j exp(s_j) over visible keys
 
-Fully masked rows (no visible key) are left to implementations by the spec.  The
-reference's choice: weights, output and gradients of such a row are zeros, and its
-log-sum-exp is -inf.  Optimized code must never import this module.
+Backward (seed 003's chain, plus the fields):
+
+    dV = A^T dY;  dA = dY V^T;  dS = A * (dA - rowsum(dA * A));  dBias = dS (summed to bias's shape)
+    dS_raw = dS * (1 - tanh^2(s / softcap)) with a softcap, else dS
+    dQ = dS_raw K * scale;  dK = dS_raw^T Q * scale;  dK, dV summed over each query-head group.
+
+The pipeline takes an *arithmetic*: exact float64 here; `specs.error_budget` runs the very same
+steps with every intermediate rounded to a dtype (the "plain" computation), so the reference
+and the budget's model can never describe two different algorithms.
+
+Fully masked rows (no visible key, padded query rows included) are left to implementations by
+the spec.  The reference's choice: weights, output and gradients of such a row are zeros, and
+its log-sum-exp is -inf.  Optimized code must never import this module.
 """
 from __future__ import annotations
 
@@ -18,14 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import Problem, validate, visible
+from .problem import Problem, alibi_bias, validate, visible
 
 
 @dataclass(frozen=True)
 class Forward:
     problem: Problem
     visible: np.ndarray   # (..., Lq, Lk) bool
-    scores: np.ndarray    # (..., Lq, Lk) scale * q k^T, unmasked
+    scores: np.ndarray    # (..., Lq, Lk) final scores (scaled, capped, biased), unmasked
     weights: np.ndarray   # (..., Lq, Lk) softmax over visible keys; zeros on empty rows
     output: np.ndarray    # (..., Lq, Ev)
     lse: np.ndarray       # (..., Lq) log-sum-exp of visible scores; -inf on empty rows
@@ -35,44 +45,46 @@ class Forward:
         return ~self.visible.any(axis=-1)  # (..., Lq)
 
 
+class Exact:
+    """float64 arithmetic, nothing rounded: the reference's."""
+
+    acc = np.float64
+    dtype = "float64"
+
+    def r(self, x) -> np.ndarray:  # round to the format: nothing to do
+        return np.asarray(x, dtype=np.float64)
+
+    def a(self, x) -> np.ndarray:  # to the accumulator type
+        return np.asarray(x, dtype=np.float64)
+
+    def matmul(self, x, y) -> np.ndarray:
+        return self.a(x) @ self.a(y)
+
+    def sum(self, x, axis, keepdims=False) -> np.ndarray:
+        return self.r(self.a(x).sum(axis=axis, keepdims=keepdims))
+
+
+EXACT = Exact()
+
+
 def _f64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def scores(query, key, scale: float) -> np.ndarray:
-    q, k = _f64(query), _f64(key)
-    return scale * (q @ np.swapaxes(k, -1, -2))  # (..., Lq, Lk)
+def expand_kv(x: np.ndarray, group: int) -> np.ndarray:
+    """(..., Hkv, L, D) -> (..., Hq, L, D): each KV head repeated for its `group` query heads."""
+    return x if group == 1 else np.repeat(x, group, axis=-3)
 
 
-def masked_softmax(s: np.ndarray, vis: np.ndarray):
-    """Row softmax over visible entries; returns (weights, lse). Stable for |s| up to ~1e300."""
-    masked = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
-    row_max = masked.max(axis=-1, keepdims=True)  # (..., Lq, 1)
-    empty = ~np.isfinite(row_max)  # rows with no visible key
-    shift = np.where(empty, 0.0, row_max)  # (..., Lq, 1)
-    e = np.exp(masked - shift)  # (..., Lq, Lk) exp(-inf) = 0 exactly
-    total = e.sum(axis=-1, keepdims=True)  # (..., Lq, 1) >= 1 on non-empty rows
-    weights = e / np.where(empty, 1.0, total)  # (..., Lq, Lk)
-    with np.errstate(divide="ignore"):
-        lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1.0, total)))[..., 0]  # (..., Lq)
-    return weights, lse
+def sum_groups(g: np.ndarray, group: int) -> np.ndarray:
+    """(..., Hq, L, D) -> (..., Hkv, L, D): the gradient of `expand_kv`."""
+    if group == 1:
+        return g
+    *lead, Hq, L, D = g.shape
+    return g.reshape(*lead, Hq // group, group, L, D).sum(axis=-3)
 
 
-def forward(query, key, value, mask=None, is_causal=False, scale=None) -> Forward:
-    p = validate(query, key, value, mask, is_causal, scale)
-    vis = visible(p)  # (..., Lq, Lk)
-    s = scores(p.query, p.key, p.scale)  # (..., Lq, Lk)
-    s = np.broadcast_to(s, vis.shape)
-    w, lse = masked_softmax(s, vis)  # (..., Lq, Lk), (..., Lq)
-    out = w @ _f64(p.value)  # (..., Lq, Ev)
-    return Forward(p, vis, s, w, out, lse)
-
-
-def attention(query, key, value, mask=None, is_causal=False, scale=None) -> np.ndarray:
-    return forward(query, key, value, mask, is_causal, scale).output
-
-
-def _sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:
+def sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:
     """Undo broadcasting: sum x over the axes that were broadcast to reach x.shape."""
     while x.ndim > len(shape):
         x = x.sum(axis=0)
@@ -80,16 +92,125 @@ def _sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-def backward(query, key, value, grad_out, mask=None, is_causal=False, scale=None):
-    """(dQ, dK, dV) of sum(output * grad_out), each shaped like its input."""
-    fw = forward(query, key, value, mask, is_causal, scale)
-    p = fw.problem
-    q, k, v = _f64(p.query), _f64(p.key), _f64(p.value)
-    dy = _f64(grad_out)  # (..., Lq, Ev)
-    a = fw.weights  # (..., Lq, Lk)
-    dv = np.swapaxes(a, -1, -2) @ dy  # (..., Lk, Ev)
-    da = dy @ np.swapaxes(v, -1, -2)  # (..., Lq, Lk)
-    ds = a * (da - (da * a).sum(axis=-1, keepdims=True))  # (..., Lq, Lk) softmax backward
-    dq = (ds @ k) * p.scale  # (..., Lq, E)
-    dk = (np.swapaxes(ds, -1, -2) @ q) * p.scale  # (..., Lk, E)
-    return (_sum_to(dq, q.shape), _sum_to(dk, k.shape), _sum_to(dv, v.shape))
+_sum_to = sum_to  # the name earlier callers import
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """What the forward computed, kept for the backward."""
+
+    q: np.ndarray         # (..., Hq, Lq, E) inputs as the arithmetic sees them
+    k: np.ndarray         # (..., Hq, Lk, E) expanded to query heads
+    v: np.ndarray         # (..., Hq, Lk, Ev)
+    raw: np.ndarray       # (..., Lq, Lk) scale * q k^T, before the softcap
+    scores: np.ndarray    # (..., Lq, Lk) final
+    visible: np.ndarray   # (..., Lq, Lk)
+    weights: np.ndarray   # (..., Lq, Lk)
+    output: np.ndarray    # (..., Lq, Ev)
+    lse: np.ndarray       # (..., Lq)
+
+
+def scores_of(p: Problem, A=EXACT, q=None, k=None) -> tuple:
+    """(raw, final) scores (..., Lq, Lk): scale q k^T, then softcap, bias and ALiBi."""
+    q = A.r(_f64(p.query)) if q is None else q
+    k = expand_kv(A.r(_f64(p.key)), p.group) if k is None else k
+    raw = A.r(A.a(A.matmul(q, np.swapaxes(k, -1, -2))) * A.acc(p.scale))  # (..., Lq, Lk)
+    s = raw
+    if p.softcap is not None:
+        s = A.r(p.softcap * np.tanh(A.a(s) / p.softcap))  # (..., Lq, Lk) |s| < softcap
+    if p.bias is not None:
+        b = A.a(A.r(_f64(p.bias)))
+        with np.errstate(invalid="ignore"):
+            s = A.r(A.a(s) + np.where(np.isneginf(b), 0.0, b))  # -inf entries are hidden by `visible`
+    if p.alibi_slopes is not None:
+        s = A.r(A.a(s) + A.a(A.r(alibi_bias(p.alibi_slopes, p.Lq, p.Lk, p.causal_alignment))))
+    return raw, s
+
+
+def masked_softmax(s: np.ndarray, vis: np.ndarray, A=EXACT):
+    """Row softmax over visible entries; returns (weights, lse). Stable for |s| up to ~1e300."""
+    masked = np.where(vis, A.a(s), -np.inf)  # (..., Lq, Lk)
+    row_max = masked.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
+    empty = ~np.isfinite(row_max)  # rows with no visible key
+    shift = np.where(empty, 0.0, row_max)  # (..., Lq, 1)
+    e = A.a(A.r(np.exp(masked - shift)))  # (..., Lq, Lk) exp(-inf) = 0 exactly
+    total = A.a(A.sum(e, axis=-1, keepdims=True))  # (..., Lq, 1) >= 1 on non-empty rows
+    weights = A.r(e / np.where(empty, 1.0, total))  # (..., Lq, Lk)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, A.a(A.r(shift + A.a(A.r(np.log(np.where(empty, 1.0, total)))))))[..., 0]
+    return weights, lse  # (..., Lq, Lk), (..., Lq)
+
+
+def run_forward(p: Problem, A=EXACT) -> _Steps:
+    """The forward pipeline on a validated problem in arithmetic A."""
+    q = A.r(_f64(p.query))  # (..., Hq, Lq, E)
+    k = expand_kv(A.r(_f64(p.key)), p.group)  # (..., Hq, Lk, E)
+    v = expand_kv(A.r(_f64(p.value)), p.group)  # (..., Hq, Lk, Ev)
+    raw, s = scores_of(p, A, q, k)  # (..., Lq, Lk) twice
+    vis = visible(p)  # (..., Lq, Lk)
+    s = np.broadcast_to(s, vis.shape)
+    w, lse = masked_softmax(s, vis, A)  # (..., Lq, Lk), (..., Lq)
+    out = A.r(A.matmul(w, v))  # (..., Lq, Ev)
+    return _Steps(q, k, v, np.broadcast_to(raw, vis.shape), s, vis, w, out, lse)
+
+
+def run_backward(p: Problem, grad_out, A=EXACT) -> tuple:
+    """(dq, dk, dv) - and dbias when the problem has a bias - each shaped like its input."""
+    f = run_forward(p, A)
+    dy = A.r(_f64(grad_out))  # (..., Lq, Ev)
+    w = A.a(f.weights)  # (..., Lq, Lk)
+    dv = A.matmul(np.swapaxes(f.weights, -1, -2), dy)  # (..., Hq, Lk, Ev)
+    da = A.a(A.r(A.matmul(dy, np.swapaxes(f.v, -1, -2))))  # (..., Lq, Lk)
+    row = A.a(A.sum(da * w, axis=-1, keepdims=True))  # (..., Lq, 1)
+    ds = A.r(w * A.a(A.r(da - row)))  # (..., Lq, Lk) d(final scores): the softmax backward
+    dbias = ds
+    if p.softcap is not None:  # d(cap tanh(x / cap))/dx = 1 - tanh^2(x / cap)
+        t = np.tanh(A.a(f.raw) / p.softcap)  # (..., Lq, Lk)
+        ds = A.r(A.a(ds) * (1.0 - t * t))
+    dq = A.a(A.matmul(ds, f.k)) * A.acc(p.scale)  # (..., Lq, E)
+    dk = A.a(A.matmul(np.swapaxes(ds, -1, -2), f.q)) * A.acc(p.scale)  # (..., Hq, Lk, E)
+    grads = [sum_to(dq, np.shape(p.query)), sum_to(sum_groups(dk, p.group), np.shape(p.key)),
+             sum_to(sum_groups(A.a(dv), p.group), np.shape(p.value))]
+    if p.bias is not None:
+        grads.append(sum_to(A.a(dbias), np.shape(p.bias)))
+    return tuple(A.r(g) for g in grads)
+
+
+def _problem(query, key, value, mask, is_causal, scale, fields) -> Problem:
+    if isinstance(query, Problem):
+        return query
+    return validate(query, key, value, mask, is_causal, scale, **fields)
+
+
+def forward(query, key=None, value=None, mask=None, is_causal=False, scale=None, **fields) -> Forward:
+    """The reference forward; `query` may also be a validated `specs.problem.Problem`."""
+    p = _problem(query, key, value, mask, is_causal, scale, fields)
+    f = run_forward(p)
+    return Forward(p, f.visible, f.scores, f.weights, f.output, f.lse)
+
+
+def attention(query, key=None, value=None, mask=None, is_causal=False, scale=None, **fields) -> np.ndarray:
+    return forward(query, key, value, mask, is_causal, scale, **fields).output
+
+
+def backward(query, key, value, grad_out, mask=None, is_causal=False, scale=None, **fields):
+    """(dQ, dK, dV) of sum(output * grad_out), each shaped like its input; (dQ, dK, dV, dBias) with a bias."""
+    return run_backward(_problem(query, key, value, mask, is_causal, scale, fields), grad_out)
+
+
+def merge(parts) -> tuple:
+    """Attention over key chunks merged through their log-sum-exps: [(out_c, lse_c)] -> (out, lse).
+
+    lse = logsumexp_c(lse_c), out = sum_c exp(lse_c - lse) out_c: what split-KV kernels
+    (flash-decoding, ring attention) do.  Chunks where a row sees nothing (lse -inf) add nothing.
+    """
+    outs = [_f64(o) for o, _ in parts]  # each (..., Lq, Ev)
+    lses = np.stack([_f64(lse) for _, lse in parts])  # (C, ..., Lq)
+    top = lses.max(axis=0)  # (..., Lq)
+    shift = np.where(np.isfinite(top), top, 0.0)
+    total = np.exp(lses - shift).sum(axis=0)  # (..., Lq)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1.0)), -np.inf)  # (..., Lq)
+    out = sum(np.where(np.isfinite(l)[..., None], np.exp(l - np.where(np.isfinite(lse), lse, 0.0))[..., None] * o, 0.0)
+              for o, l in zip(outs, lses))  # (..., Lq, Ev)
+    return out, lse

@@ -37,7 +37,7 @@ def test_misbehaving_function_fails_naming_itself_and_what_it_returned(attr, say
 
 
 @pytest.mark.parametrize("attr,says", [
-    ("BadBackward", r"backward returned tuple, expected \(dq, dk, dv\)"),
+    ("BadBackward", r"backward returned tuple of 2, expected \(dq, dk, dv\)"),
     ("WrongGradShape", r"dk has shape \(3, 7, 8\), expected \(1, 3, 7, 8\)"),
 ])
 def test_misbehaving_backward_fails_by_name(attr, says):

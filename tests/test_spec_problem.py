@@ -71,12 +71,19 @@ def test_scale_not_finite_positive(scale):
         P.validate(q, k, v, scale=scale)
 
 
-@pytest.mark.parametrize("dim,name", [("Lq", "Lq"), ("Lk", "Lk"), ("E", "E"), ("Ev", "Ev")])
-def test_zero_sizes(dim, name):
+@pytest.mark.parametrize("dim,name", [("E", "E"), ("Ev", "Ev")])
+def test_zero_head_dims(dim, name):
     sizes = dict(Lq=3, Lk=4, E=5, Ev=2)
     sizes[dim] = 0
     with pytest.raises(ValueError, match=rf"{name} \(.*\) must be positive; got 0"):
         P.validate(*qkv(**sizes))
+
+
+@pytest.mark.parametrize("sizes", [dict(Lq=0), dict(Lk=0), dict(batch=(0,))])
+def test_zero_lengths_and_batches_are_problems(sizes):
+    """PyTorch accepts them (empty outputs; Lk = 0 gives rows with nothing to see)."""
+    p = P.validate(*qkv(**sizes))
+    assert P.visible(p).shape == p.batch_shape + (p.Lq, p.Lk)
 
 
 def test_batch_dims_do_not_broadcast():
