@@ -206,6 +206,46 @@ def pytest_runtest_logreport(report):
             _ROWS["semantics"].append(row)
 
 
+# The progress channel: JSON lines appended to $ATTNSPEC_PROGRESS while the suite runs, so that
+# `attnspec run` (reports/runner.py) knows what ran, what finished with which rows, and when a
+# backend hung (then it ends this process and records the rest as not attempted).
+PROGRESS_ENV = "ATTNSPEC_PROGRESS"
+
+
+def _progress(line: dict) -> None:
+    with open(os.environ[PROGRESS_ENV], "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, default=str) + "\n")
+
+
+def _progress_key(item, target) -> dict:
+    return dict(test=item.nodeid, backend=target.name, property=item.originalname.removeprefix("test_"),
+                dtype=target.dtype)
+
+
+def pytest_collection_finish(session):
+    if os.environ.get(PROGRESS_ENV):
+        _progress({"event": "collected", "tests": [
+            _progress_key(item, t) for item in session.items for t in [_target_of(item)] if t is not None]})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """'started' before a test, 'finished' with its rows after; 'hung' names a call that did not return."""
+    target = _target_of(item)
+    if target is None or not os.environ.get(PROGRESS_ENV):
+        yield
+        return
+    from .targets import _HUNG  # id(backend) -> the call that did not return within the per-call limit
+
+    key = _progress_key(item, target)
+    _progress(dict(key, event="started"))
+    n_conf, n_sem = len(_ROWS["conformance"]), len(_ROWS["semantics"])
+    yield
+    for row in _ROWS["conformance"][n_conf:]:  # one row per test; none when it was interrupted
+        _progress(dict(row, test=item.nodeid, event="finished", semantics=_ROWS["semantics"][n_sem:],
+                       hung=_HUNG.get(id(target.backend))))
+
+
 def pytest_terminal_summary(terminalreporter, config):
     rows = _ROWS["conformance"]
     if not rows:
