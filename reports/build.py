@@ -8,15 +8,28 @@ machines' report folders merge by naming them all.
 from __future__ import annotations
 
 import datetime
-import html
 import json
 import os
 import shutil
+from dataclasses import dataclass
 
 from . import inputs as inp
 from .writer import staging, write_text
 
-CSV_FILES = ("conformance.csv", "semantics.csv", "benchmarks.csv", "scaling.csv", "worked_examples.csv")
+CSV_FILES = ("conformance.csv", "semantics.csv", "benchmarks.csv", "scaling.csv", "worked_examples.csv",
+             "verdicts.csv")
+
+# The page, top to bottom: (anchor, title).  Section <anchor> is drawn by the template
+# reports/templates/sections/<anchor>.html.j2 from the dict `data` that reports.page.<anchor>_data
+# returns (it reads the tables in Frames).  To add a section: write those two, add its line here
+# (and, if it needs a table the report does not compute yet, a field to Frames).
+SECTIONS = (
+    ("verdict", "Verdict per backend"),
+    ("conformance", "Conformance: backend × property × dtype"),
+    ("semantics", "Semantics: what each backend does where the spec leaves a choice"),
+    ("performance", "Performance"),
+    ("worked", "The seeds' worked examples"),
+)
 
 
 def matmul_peaks(bench) -> dict:
@@ -53,66 +66,52 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
     return summary
 
 
+@dataclass
+class Frames:
+    """Every table a report computes: what the sections' data functions (reports/page.py) read."""
+
+    conf: object      # conformance rows (conformance.csv)
+    sem: object       # semantics rows (semantics.csv)
+    bench: object     # benchmark rows (benchmarks.csv)
+    scaling: object   # fitted exponents (scaling.csv, plus n: the points in each fit)
+    worked: object    # the seeds' worked examples (worked_examples.csv, plus note)
+    worked_note: str  # why there are none, when there are none
+    verdicts: object  # one row per backend (verdicts.csv)
+    speed: object     # forward time at the largest T, per backend and machine
+    head: object      # the benchmark rows the plots and fits use (one E, one dtype)
+    slopes: dict      # (backend, op, metric[, machine]) -> fitted exponent, for the legends
+    peaks: dict       # machine -> measured float32 matmul GFLOP/s (the roofline)
+
+
 def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: str) -> dict:
-    from . import page, plots, tables  # pandas and matplotlib only when a report is built
+    from . import page, tables  # pandas, matplotlib and Jinja2 only when a report is built
 
     conf = tables.conformance_frame(inputs.conformance)
     sem = tables.semantics_frame(inputs.semantics)
     bench = tables.benchmarks_frame(asv_dirs)
     scaling = tables.scaling_frame(bench)
     worked, worked_note = tables.worked_frame()
-    scaling_csv = scaling.drop(columns=["n"], errors="ignore")
-    for name, df in zip(CSV_FILES, (conf, sem, bench, scaling_csv, worked[list(tables.WORKED_COLUMNS)])):
+    verdicts = tables.verdict_frame(conf, sem)
+    csvs = (conf, sem, bench, scaling.drop(columns=["n"], errors="ignore"), worked[list(tables.WORKED_COLUMNS)],
+            verdicts)
+    for name, df in zip(CSV_FILES, csvs):
         df.to_csv(os.path.join(tmp, name), index=False)
 
-    verdicts = tables.verdict_frame(conf, sem)
-    speed = tables.speed_summary(bench)
     head = tables.headline(bench)
     several = head["machine"].nunique() > 1 if not head.empty else False
     slopes = {}
     for r in scaling.itertuples():
         slopes[(r.backend, r.op, r.metric) + ((r.machine,) if several else ())] = r.exponent
-    perf = _performance(plots, page, tables, head, scaling, slopes, matmul_peaks(bench))
-    sections = [
-        ("verdict", "Verdict per backend", page.verdict_section(verdicts, speed)),
-        ("conformance", "Conformance: backend × property × dtype",
-         '<p class="lead">Each cell is one property checked with Hypothesis on one backend and dtype '
-         "(hover a chip for its message): bf16, f16, f32, f64 are the dtypes. Failures are listed below with "
-         "their shrunk counterexample.</p>"
-         + page.conformance_matrix(conf) + "<h3>Failures</h3>" + page.failures(conf)),
-        ("semantics", "Semantics: what each backend does where the spec leaves a choice",
-         '<p class="lead">Recorded behaviour; a backend fails here only where it contradicts its own '
-         "declaration.</p>" + page.semantics_matrix(sem)),
-        ("performance", "Performance", perf),
-        ("worked", "The seeds' worked examples", '<p class="lead">Every number printed in the course notes, '
-         "recomputed with the float64 reference. Rows that disagree are errata in the notes.</p>"
-         + page.worked_table(worked, worked_note)),
-    ]
+    frames = Frames(conf=conf, sem=sem, bench=bench, scaling=scaling, worked=worked, worked_note=worked_note,
+                    verdicts=verdicts, speed=tables.speed_summary(bench), head=head, slopes=slopes,
+                    peaks=matmul_peaks(bench))
+    sections = [(anchor, name, getattr(page, f"{anchor}_data")(frames)) for anchor, name in SECTIONS]
     machines = sorted(set(bench["machine"].dropna())) if not bench.empty else []
     commits = sorted({str(c)[:8] for c in bench["commit"].dropna()}) if not bench.empty else []
-    meta = (f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC} · "
-            f"{len(verdicts)} backend(s) · machines: {html.escape(', '.join(map(str, machines)) or 'none')} · "
-            f"commit: {html.escape(', '.join(commits) or 'n/a')} · data: CSV files beside this page")
-    write_text(tmp, "index.html", page.page(title, meta, sections))
+    meta = {"generated": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+            "backends": len(verdicts), "machines": ", ".join(map(str, machines)), "commits": ", ".join(commits)}
+    write_text(tmp, "index.html", page.render(title, meta, sections))
+    not_tested = verdicts[verdicts["verdict"].str.startswith("not tested")]
     return {"backends": len(verdicts), "conformance_rows": len(conf), "benchmark_rows": len(bench),
-            "machines": machines, "problems": int(conf["status"].isin(tables.PROBLEM_STATUSES).sum())}
-
-
-def _performance(plots, page, tables, head, scaling, slopes, peaks) -> str:
-    if head.empty:
-        return '<p class="note">No benchmark results (run <code>attnspec run</code> without --no-bench).</p>'
-    e, dtype = head["E"].iloc[0], head["dtype"].iloc[0]
-    parts = [f'<p class="lead">Batch {page.esc(head["batch"].iloc[0])} × heads {page.esc(head["heads"].iloc[0])}, '
-             f"head dim E = {page.esc(e)}, {page.esc(dtype)}; every E is in benchmarks.csv. Slopes are least-squares "
-             f"fits of log(value) against log(T) for T ≥ {tables.FIT_T_MIN}: attention's cost is O(T²·E), so time and the "
-             "naive memory should approach 2, a tiled kernel's memory 1.</p>"]
-    for metric, ylabel, title, k in (("time", "seconds per call", "Time per call", 1.0),
-                                      ("memory", "extra MiB per call", "Extra memory per call", 1 / 2 ** 20)):
-        svg = plots.metric_vs_T(head, metric, ylabel, slopes, scale=k)
-        if svg:
-            parts.append(f"<h3>{title}</h3>{svg}")
-    svg = plots.gflops_vs_T(head, peaks)
-    if svg:
-        parts.append("<h3>Achieved GFLOP/s (roofline: the measured float32 matmul peak)</h3>" + svg)
-    parts.append("<h3>Fitted exponents (value ∝ T^exponent)</h3>" + page.scaling_table(scaling))
-    return "".join(parts)
+            "machines": machines, "problems": int(conf["status"].isin(tables.PROBLEM_STATUSES).sum()),
+            "not_tested": dict(zip(not_tested["backend"], not_tested["reason"]))}

@@ -10,6 +10,9 @@ import pytest
 
 pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
+pytest.importorskip("jinja2")
+
+import markupsafe  # noqa: E402 - Jinja2's escaping
 
 from reports import build, inputs  # noqa: E402
 from reports.writer import recover  # noqa: E402
@@ -25,6 +28,7 @@ SCHEMAS = {
                        "commit"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
     "worked_examples.csv": ["source", "quantity", "printed", "computed", "agrees"],
+    "verdicts.csv": ["backend", "verdict", "passed", "failed", "error", "skipped", "semantics contradicted", "reason"],
 }
 
 
@@ -90,6 +94,29 @@ def test_page_is_self_contained_with_every_section(tmp_path):
     assert "q = np.full((1, 1, 2, 4), 11.0)" in page
 
 
+def test_every_section_has_its_template_and_data_function():
+    """build.SECTIONS is the page's list: each anchor needs sections/<anchor>.html.j2 and page.<anchor>_data."""
+    from reports import page
+
+    env = page.environment()
+    for anchor, _title in build.SECTIONS:
+        env.get_template(f"sections/{anchor}.html.j2")  # raises TemplateNotFound
+        assert callable(getattr(page, f"{anchor}_data", None)), anchor
+
+
+def test_the_templates_ship_in_a_non_editable_install():
+    """pyproject's package-data must name every file under reports/templates (a wheel has nothing else)."""
+    import tomllib
+    from pathlib import PurePosixPath  # matches as setuptools' globs do: '*' stays within one folder
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(build.__file__)), "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["reports"]
+    root = os.path.join(os.path.dirname(build.__file__), "templates")
+    files = [os.path.relpath(os.path.join(d, n), os.path.dirname(root)).replace(os.sep, "/")
+             for d, _, names in os.walk(root) for n in names if "__pycache__" not in d]
+    assert files and [f for f in files if not any(PurePosixPath(f).match(g) for g in globs)] == []
+
+
 def test_strings_from_backends_are_escaped(tmp_path):
     evil = "<script>alert('x')</script>"
     data = json.loads(open(SUITE).read())
@@ -105,7 +132,7 @@ def test_strings_from_backends_are_escaped(tmp_path):
     make_report(out, [str(suite), str(asv)])
     page = (out / "index.html").read_text(encoding="utf-8")
     assert "<script" not in page.lower()
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert str(markupsafe.escape(evil)) in page  # escaped, and whole
     assert "<b>zeros</b>" not in page and "&lt;b&gt;zeros&lt;/b&gt;" in page
     assert "&lt;script&gt;" in page.split('id="performance"')[1]  # the SVG legend, as text
     assert evil in {r["backend"] for r in read_csv(out / "conformance.csv")}  # CSVs keep the raw text

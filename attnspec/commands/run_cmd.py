@@ -67,7 +67,7 @@ def _require_tools(args) -> None:
         writer.check_out_dir(args.out)
     except writer.OutDirError as e:
         raise UserError(str(e)) from None
-    for module in ("pandas", "matplotlib"):
+    for module in ("pandas", "matplotlib", "jinja2"):
         if not _procs.importable(module):
             raise UserError(f"{module} is not installed; the report needs it: pip install -e \".[report]\"")
     if not os.path.isdir(os.path.join(ROOT, "properties")):
