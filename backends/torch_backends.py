@@ -4,19 +4,33 @@ torch is imported in ``load`` (never at module import).  A pinned kernel runs un
 ``torch.nn.attention.sdpa_kernel([that kernel])`` only, so PyTorch cannot fall back to
 another one: a combination the kernel refuses becomes ``Unsupported`` carrying
 PyTorch's own reason (the "... not used because ..." warnings it emits).
+
+What SDPA takes natively (checked on torch 2.13 CPU, each pinned kernel): a float
+``attn_mask`` added to the scaled scores (our bias), ``enable_gqa=True`` (key/value with
+Hkv heads), and ``torch.nn.attention.bias.causal_lower_right`` (bottom-right causal).  It
+refuses ``attn_mask`` together with ``is_causal``: the triangle is folded into the mask then
+(base folds a boolean mask, `_sdpa_mask` folds a bias), which is PyTorch's own definition.
+A bias *and* a boolean mask become one float mask, -inf where the boolean is False, as SDPA's
+documented equivalent code does.  The log-sum-exp: only the CPU flash op
+(``aten._scaled_dot_product_flash_attention_for_cpu``) returns it - natural log of the
+scaled, masked scores, (B, H, Lq), float32 for 16-bit inputs - so torch-sdpa-cpu-flash
+declares ``lse`` and calls that op when asked for it.
 """
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
-from .base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
+from .base import Backend, BackendUnavailable, Call, Capabilities, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")
-_CPU_VERIFIED = Semantics(fully_masked="zeros", causal_alignment="top_left")
+_EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
+                            "softcap", "alibi", "lse"))
+_SDPA_FEATURES = frozenset(("gqa", "bias", "causal_bottom_right"))
 
 
 def _import_torch():
@@ -28,11 +42,11 @@ def _import_torch():
 
 
 class TorchBackend(Backend):
-    """Shared conversion, autograd backward and device handling; subclasses define `_attend`."""
+    """Shared conversion, autograd backward and device handling; subclasses define `_attention`."""
 
     device = "cpu"
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True)
-    semantics = _CPU_VERIFIED
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left")
 
     def load(self):
         self.torch = _import_torch()
@@ -55,90 +69,162 @@ class TorchBackend(Backend):
         if self.device == "cuda":
             self.torch.cuda.synchronize()
 
-    def native_forward(self, q, k, v, mask, is_causal, scale):
-        with self.torch.no_grad():
-            return self._attend(q, k, v, mask, is_causal, scale)  # (..., Lq, Ev)
+    def _attend(self, q, k, v, mask, is_causal, scale):
+        """PyTorch's classic call on native tensors (output only)."""
+        return self._attention(q, k, v, Call(mask=mask, is_causal=is_causal, scale=scale))
 
-    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
-        leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
-        y = self._attend(*leaves, mask, is_causal, scale)  # (..., Lq, Ev)
-        # expand() in _attend sums broadcast gradients back to each input's shape
+    def native_attention(self, q, k, v, call):
+        with self.torch.no_grad():
+            return self._attention(q, k, v, call)  # (..., Lq, Ev), or with (..., Lq) lse
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        with_bias = call.bias is not None and self.capabilities.bias_gradient
+        leaves = [x.detach().requires_grad_(True) for x in (q, k, v) + ((call.bias,) if with_bias else ())]
+        call = replace(call, bias=leaves[3] if with_bias else call.bias, return_lse=False)
+        y = self._attention(*leaves[:3], call)  # (..., Lq, Ev)
+        # expand() sums broadcast gradients back to each input's shape, GQA groups included
         return self.torch.autograd.grad(y, leaves, grad_out)
 
 
 class TorchMath(TorchBackend):
-    """The textbook computation in torch ops; a guarded row max keeps empty rows at zero."""
+    """The textbook computation in torch ops, every field of the problem (ours: nothing to refuse).
+
+    Masks are built from indices here, never from `specs`; a guarded row max keeps empty rows at zero.
+    """
 
     name = "torch-math"
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE,
+                                bias_gradient=True)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
-    def _attend(self, q, k, v, mask, is_causal, scale):
+    def _attention(self, q, k, v, call):
         torch = self.torch
-        sc = q.shape[-1] ** -0.5 if scale is None else scale
-        s = (q @ k.transpose(-1, -2)) * sc  # (..., Lq, Lk)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))  # (..., Lq, Lk)
-        if is_causal:
-            Lq, Lk = s.shape[-2:]
-            future = torch.ones(Lq, Lk, dtype=torch.bool, device=s.device).triu(1)  # (Lq, Lk)
-            s = s.masked_fill(future, float("-inf"))  # (..., Lq, Lk)
+        if call.enable_gqa:  # query head h reads KV head h // group
+            k, v = (x.repeat_interleave(q.shape[-3] // x.shape[-3], dim=-3) for x in (k, v))  # (..., Hq, Lk, ·)
+        Lq, Lk = q.shape[-2], k.shape[-2]
+        s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if call.scale is None else call.scale)  # (..., Lq, Lk)
+        if call.softcap is not None:
+            s = torch.tanh(s / call.softcap) * call.softcap
+        if call.bias is not None:
+            s = s + call.bias  # (..., Hq, Lq, Lk) -inf entries stay -inf
+        rows = torch.arange(Lq, device=s.device)[:, None]  # (Lq, 1)
+        cols = torch.arange(Lk, device=s.device)[None, :]  # (1, Lk)
+        diag = rows + (Lk - Lq if call.causal_alignment == "bottom_right" else 0)  # (Lq, 1) query i's diagonal
+        if call.alibi_slopes is not None:
+            dist = (diag - cols).abs().to(s.dtype)  # (Lq, Lk)
+            s = s - call.alibi_slopes.to(s.dtype)[:, None, None] * dist  # (..., Hq, Lq, Lk)
+        hidden = torch.zeros(Lq, Lk, dtype=torch.bool, device=s.device)  # (Lq, Lk)
+        left, right = call.window if call.window is not None else (None, None)
+        if call.is_causal:
+            hidden = hidden | (cols > diag)
+        if right is not None:
+            hidden = hidden | (cols > diag + right)
+        if left is not None:
+            hidden = hidden | (cols < diag - left)
+        if call.mask is not None:
+            hidden = hidden | ~call.mask  # (..., Lq, Lk)
+        if call.kv_lengths is not None:
+            hidden = hidden | (cols >= call.kv_lengths[..., None, None, None])  # (..., 1, 1, Lk)
+        if call.q_lengths is not None:
+            hidden = hidden | (rows >= call.q_lengths[..., None, None, None])  # (..., 1, Lq, 1)
+        if call.q_segment_ids is not None:
+            hidden = hidden | (call.q_segment_ids[..., None, :, None] != call.kv_segment_ids[..., None, None, :])
+        s = s.masked_fill(hidden, float("-inf"))  # (..., Hq, Lq, Lk)
         row_max = s.amax(dim=-1, keepdim=True).detach()  # (..., Lq, 1)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        e = torch.exp(s - row_max)  # (..., Lq, Lk) exp(-inf) = 0 on masked pairs
+        e = torch.exp(s - row_max)  # (..., Lq, Lk) exp(-inf) = 0 on hidden pairs
         total = e.sum(dim=-1, keepdim=True)  # (..., Lq, 1)
-        w = e / torch.where(total == 0, torch.ones_like(total), total)  # (..., Lq, Lk)
-        return w @ v  # (..., Lq, Ev)
+        out = (e / torch.where(total == 0, torch.ones_like(total), total)) @ v  # (..., Lq, Ev)
+        if not call.return_lse:
+            return out
+        lse = torch.where(total > 0, row_max + torch.log(total), torch.full_like(total, float("-inf")))  # (..., Lq, 1)
+        return out, lse[..., 0]
 
 
-def _four_dim(torch, q, k, v, mask, is_causal):
-    """Layout every fused kernel accepts: (B, N, L, E) with a common (B, N).
+def _fold(q, k, v, call):
+    """(B, N, L, ·) views every fused kernel accepts, and the output's leading dims.
 
-    Leading dims broadcast and fold into (B, N); PyTorch refuses a mask together with
-    is_causal, so the causal triangle is folded into the mask then (same semantics).
+    Leading dims broadcast and fold into (B, N); with grouped heads key/value keep Hkv heads.
     """
-    batch = tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
-    lead = (math.prod(batch[:-1]), batch[-1]) if batch else (1, 1)  # (B, N)
+    if call.enable_gqa:
+        lead = tuple(np.broadcast_shapes(tuple(q.shape[:-3]), tuple(k.shape[:-3]), tuple(v.shape[:-3])))
+        batch, kv_batch = lead + (q.shape[-3],), lead + (k.shape[-3],)
+    else:
+        batch = kv_batch = tuple(np.broadcast_shapes(*(tuple(x.shape[:-2]) for x in (q, k, v))))
+    B = math.prod(batch[:-1]) if batch else 1
 
-    def fold(x):
-        return x.expand(*batch, *x.shape[-2:]).reshape(*lead, *x.shape[-2:])  # (B, N, L, E)
+    def four(x, dims):
+        x = x.expand(*dims, *x.shape[-2:])  # (..., L, E) broadcast
+        return x.reshape(B, dims[-1] if dims else 1, *x.shape[-2:])  # (B, N, L, E)
 
-    Lq, Lk = q.shape[-2], k.shape[-2]
-    if mask is not None and is_causal:
-        mask = mask & torch.ones(Lq, Lk, dtype=torch.bool, device=mask.device).tril()  # (..., Lq, Lk)
-        is_causal = False
-    if mask is not None and len(batch) > 2 and mask.dim() > 2:  # its batch dims must fold too
-        mask = mask.expand(*batch, Lq, Lk).reshape(*lead, Lq, Lk)  # (B, N, Lq, Lk)
-    return fold(q), fold(k), fold(v), mask, is_causal, batch
+    return four(q, batch), four(k, kv_batch), four(v, kv_batch), batch
 
 
 class TorchSdpa(TorchBackend):
     """F.scaled_dot_product_attention; `kernel` None = PyTorch's own dispatch."""
 
     kernel: str | None = None  # an SDPBackend member name, e.g. "FLASH_ATTENTION"
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_SDPA_FEATURES,
+                                bias_gradient=True, mask_with_causal=False)
 
-    def _attend(self, q, k, v, mask, is_causal, scale):
-        torch = self.torch
-        Ev = v.shape[-1]
-        q, k, v, mask, is_causal, batch = _four_dim(torch, q, k, v, mask, is_causal)
-        call = torch.nn.functional.scaled_dot_product_attention
+    def _attention(self, q, k, v, call):
+        Lq, Ev = q.shape[-2], v.shape[-1]
+        q, k, v, batch = _fold(q, k, v, call)  # (B, N, L, ·)
+        attn_mask, is_causal = self._sdpa_mask(call, batch, Lq, k.shape[-2])
+        if call.return_lse:
+            y, lse = self._with_lse(q, k, v, attn_mask, is_causal, call)  # (B, N, Lq, Ev), (B, N, Lq)
+            return y.reshape(*batch, Lq, Ev), lse.reshape(*batch, Lq)
+        args = dict(attn_mask=attn_mask, is_causal=is_causal, scale=call.scale, enable_gqa=call.enable_gqa)
         if self.kernel is None:
-            y = call(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)  # (B, N, Lq, Ev)
+            y = self.torch.nn.functional.scaled_dot_product_attention(q, k, v, **args)  # (B, N, Lq, Ev)
         else:
-            y = self._pinned(call, q, k, v, mask, is_causal, scale)  # (B, N, Lq, Ev)
-        return y.reshape(*batch, q.shape[-2], Ev)  # (..., Lq, Ev)
+            y = self._pinned(q, k, v, args)  # (B, N, Lq, Ev)
+        return y.reshape(*batch, Lq, Ev)  # (..., Lq, Ev)
 
-    def _pinned(self, call, q, k, v, mask, is_causal, scale):
+    def _sdpa_mask(self, call, batch, Lq, Lk):
+        """(attn_mask, is_causal) as SDPA takes them: one mask (bool, float or CausalBias), never both."""
+        torch = self.torch
+        mask, bias, is_causal = call.mask, call.bias, call.is_causal
+        bottom_right = call.causal_alignment == "bottom_right" and Lq != Lk
+        if is_causal and (mask is not None or bias is not None):  # SDPA refuses a mask with is_causal
+            tri = torch.ones(Lq, Lk, dtype=torch.bool, device=_device_of(call)).tril(Lk - Lq if bottom_right else 0)
+            mask = tri if mask is None else mask & tri  # (..., Lq, Lk)
+            is_causal = False
+        if bias is not None and mask is not None:
+            bias = bias.masked_fill(~mask, float("-inf"))  # (..., Lq, Lk) one float mask
+        attn_mask = bias if bias is not None else mask
+        if attn_mask is None and is_causal and bottom_right:
+            from torch.nn.attention.bias import causal_lower_right
+
+            return causal_lower_right(Lq, Lk), False
+        if attn_mask is not None and attn_mask.dim() > 2:  # its leading dims fold like q's
+            attn_mask = attn_mask.expand(*batch, Lq, Lk).reshape(-1, batch[-1], Lq, Lk)  # (B, N, Lq, Lk)
+        return attn_mask, is_causal
+
+    def _with_lse(self, q, k, v, attn_mask, is_causal, call):
+        raise Unsupported(f"{self.name}: PyTorch's SDPA returns no log-sum-exp")
+
+    def _pinned(self, q, k, v, args):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with warnings.catch_warnings(record=True) as caught, sdpa_kernel([getattr(SDPBackend, self.kernel)]):
             warnings.simplefilter("always")
             try:
-                return call(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+                return self.torch.nn.functional.scaled_dot_product_attention(q, k, v, **args)
             except RuntimeError as e:
                 if "No available kernel" not in str(e) and "No viable backend" not in str(e):
                     raise
                 why = [_plain(w.message) for w in caught if "not used because" not in str(w.message)]
                 raise Unsupported(f"{self.name}: PyTorch's {self.kernel} kernel refuses this call: "
                                   f"{'; '.join(why) or str(e).splitlines()[0]}") from None
+
+
+def _device_of(call):
+    """The device of the call's mask or bias."""
+    for x in (call.mask, call.bias):
+        if x is not None:
+            return x.device
+    return "cpu"
 
 
 def _plain(message) -> str:
@@ -148,7 +234,8 @@ def _plain(message) -> str:
 class TorchSdpaCpu(TorchSdpa):
     name = "torch-sdpa-cpu"
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left",
-                          notes=("PyTorch's dispatch picks the kernel (CPU, torch 2.13: flash; math when Ev != E)",))
+                          notes=("PyTorch's dispatch picks the kernel (CPU, torch 2.13: flash; math when Ev != E "
+                                 "or when the bias needs a gradient)",))
 
 
 class TorchSdpaCpuMath(TorchSdpa):
@@ -159,9 +246,25 @@ class TorchSdpaCpuMath(TorchSdpa):
 
 class TorchSdpaCpuFlash(TorchSdpa):
     name, kernel = "torch-sdpa-cpu-flash", "FLASH_ATTENTION"
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, equal_head_dims=True)
+    # no dBias: the CPU flash kernel refuses an attn_mask that requires grad ("No available kernel")
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, equal_head_dims=True,
+                                features=_SDPA_FEATURES | {"lse"}, mask_with_causal=False)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left",
-                          notes=("CPU flash kernel accepts boolean masks and float64 (checked on torch 2.13)",))
+                          notes=("CPU flash kernel accepts boolean and float masks, grouped KV heads and float64 "
+                                 "(checked on torch 2.13)",
+                                 "the log-sum-exp comes from aten._scaled_dot_product_flash_attention_for_cpu "
+                                 "(float32 for 16-bit inputs; 0, not -inf, on a fully masked row)"))
+
+    def _with_lse(self, q, k, v, attn_mask, is_causal, call):
+        torch = self.torch
+        from torch.nn.attention.bias import CausalBias
+
+        if isinstance(attn_mask, CausalBias):  # causal_lower_right: the op takes tensors only
+            attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2])
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # the op takes q's dtype, as SDPA converts it
+            attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=call.scale)  # (B, N, Lq, Ev), (B, N, Lq)
 
 
 _CUDA_NOTE = "declared from PyTorch's documentation; not verified on this machine"
@@ -169,25 +272,31 @@ _CUDA_NOTE = "declared from PyTorch's documentation; not verified on this machin
 
 class TorchSdpaCudaFlash(TorchSdpa):
     name, kernel, device = "torch-sdpa-cuda-flash", "FLASH_ATTENTION", "cuda"
-    capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True, masks=False, equal_head_dims=True)
+    capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True, masks=False, equal_head_dims=True,
+                                features=frozenset(("gqa", "causal_bottom_right")), mask_with_causal=False)
     semantics = Semantics(fully_masked=None, causal_alignment="top_left",
-                          notes=("takes no attn_mask; is_causal only", _CUDA_NOTE))
+                          notes=("takes no attn_mask; is_causal only (causal_lower_right runs the flash op with "
+                                 "its own bottom-right causal)", _CUDA_NOTE))
 
 
 class TorchSdpaCudaEfficient(TorchSdpa):
     name, kernel, device = "torch-sdpa-cuda-efficient", "EFFICIENT_ATTENTION", "cuda"
-    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cuda", gradients=True)
+    # SDPA's docstring: grouped KV heads work only with the flash and math kernels on CUDA
+    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cuda", gradients=True,
+                                features=frozenset(("bias", "causal_bottom_right")), bias_gradient=True,
+                                mask_with_causal=False)
     semantics = Semantics(fully_masked=None, causal_alignment="top_left", notes=(_CUDA_NOTE,))
 
 
 class TorchSdpaCudaCudnn(TorchSdpa):
     name, kernel, device = "torch-sdpa-cuda-cudnn", "CUDNN_ATTENTION", "cuda"
-    capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True)
+    capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True, mask_with_causal=False)
     semantics = Semantics(fully_masked=None, causal_alignment="top_left",
                           notes=("needs an sm80+ GPU and cuDNN >= 9", _CUDA_NOTE))
 
 
 class TorchSdpaCudaMath(TorchSdpa):
     name, kernel, device = "torch-sdpa-cuda-math", "MATH", "cuda"
-    capabilities = Capabilities(dtypes=_ALL, device="cuda", gradients=True)
+    capabilities = Capabilities(dtypes=_ALL, device="cuda", gradients=True, features=_SDPA_FEATURES,
+                                bias_gradient=True, mask_with_causal=False)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", notes=(_CUDA_NOTE,))
