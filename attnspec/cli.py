@@ -1,8 +1,9 @@
 """The `attnspec` command: `run`, `report`, `backends`.
 
-Each subcommand lives in its own module under attnspec/commands and is imported only
-when chosen.  A user error (unknown backend, missing results, asv missing) exits 2
-with one line on stderr and no traceback.
+Each subcommand lives in its own module under attnspec/commands, which loads what it
+needs only when it runs; the modules share attnspec.errors and never import this one.
+A user error (unknown backend, missing results, asv missing) exits 2 with one line on
+stderr and no traceback.
 """
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import argparse
 import os
 import sys
 
-
-class UserError(Exception):
-    """A problem with what the user asked for: printed as one line, exit code 2."""
+from .errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +45,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as `python -m attnspec.cli`: use the importable module so that UserError is one class.
-    from attnspec.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

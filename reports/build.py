@@ -32,6 +32,25 @@ SECTIONS = (
 )
 
 
+REPORT_MODULES = ("pandas", "matplotlib", "jinja2")  # what writing a report imports (the `report` extra)
+
+
+def missing_modules() -> list:
+    """The report's dependencies that are not installed, checked without importing them."""
+    import importlib.util
+
+    return [m for m in REPORT_MODULES if importlib.util.find_spec(m) is None]
+
+
+def require_modules() -> None:
+    """ReportInputError naming the missing dependencies, before anything runs."""
+    missing = missing_modules()
+    if missing:
+        one = len(missing) == 1
+        raise inp.ReportInputError(f"{', '.join(missing)} {'is' if one else 'are'} not installed; the report needs "
+                                   f"{'it' if one else 'them'}: pip install -e \".[report]\"")
+
+
 def matmul_peaks(bench) -> dict:
     """machine -> measured float32 matmul GFLOP/s (the roofline), from the benchmark rows."""
     if bench.empty:

@@ -125,6 +125,31 @@ def test_the_commands_load_no_framework_until_a_report_is_built():
     assert done.returncode == 0, done.stderr
 
 
+def test_the_commands_do_not_import_the_cli():
+    """No import cycle: the subcommands share attnspec.errors; `python -m attnspec.cli` exits 2 on a user error."""
+    import subprocess
+
+    code = ("import sys, attnspec.commands.run_cmd, attnspec.commands.report_cmd, attnspec.commands.backends_cmd; "
+            "assert 'attnspec.cli' not in sys.modules, 'a command imports attnspec.cli'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=runner.ROOT)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([sys.executable, "-m", "attnspec.cli", "backends", "--backend", "no-such-backend"],
+                          capture_output=True, text=True, cwd=runner.ROOT)
+    assert done.returncode == 2 and "unknown backend 'no-such-backend'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_a_missing_report_dependency_exits_2_naming_it(capsys, monkeypatch, tmp_path, command):
+    from reports import build
+
+    monkeypatch.setattr(build, "missing_modules", lambda: ["jinja2"])
+    monkeypatch.setattr(run_cmd, "select_backends", lambda args: pytest.fail("ran before checking the report's needs"))
+    extra = ["--no-bench"] if command == "run" else [os.path.join(SAMPLE, "suite_cpu.json")]
+    rc, _, err = run_cli(capsys, command, "--out", str(tmp_path / "o"), *extra)
+    assert_one_line_error(rc, err, "jinja2 is not installed", ".[report]")
+    assert not (tmp_path / "o").exists()
+
+
 def test_the_default_benchmark_selection_keeps_memory_for_the_forward_only():
     """asv matches --bench against "name(param, ...)"; checked on the sample's benchmark list."""
     import itertools

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from attnspec.cli import UserError
+from ..errors import UserError
 
 _COLUMNS = ("name", "available", "device", "dtypes", "gradients", "masks", "causal",
             "fully_masked", "causal_alignment")

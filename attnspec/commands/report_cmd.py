@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ..cli import UserError
+from ..errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,6 +38,7 @@ def run(args) -> int:
                             "or name RESULTS (suite JSON files, asv results folders, report folders)")
         paths = [args.out]
     try:
+        build.require_modules()
         summary = build.build(inputs.collect(paths), args.out)
     except inputs.ReportInputError as e:
         raise UserError(str(e)) from None

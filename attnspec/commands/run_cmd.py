@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from ..cli import UserError
+from ..errors import UserError
 from reports import runner as _procs
 from reports.runner import ROOT
 
@@ -61,15 +61,13 @@ def add_parser(sub):
 
 
 def _require_tools(args) -> None:
-    from reports import writer
+    from reports import build, writer
 
     try:  # before anything runs: the swap at the end would replace the folder whole
         writer.check_out_dir(args.out)
     except writer.OutDirError as e:
         raise UserError(str(e)) from None
-    for module in ("pandas", "matplotlib", "jinja2"):
-        if not _procs.importable(module):
-            raise UserError(f"{module} is not installed; the report needs it: pip install -e \".[report]\"")
+    build.require_modules()
     if not os.path.isdir(os.path.join(ROOT, "properties")):
         raise UserError(f"the conformance suite is not at {ROOT}/properties: attnspec run works in a source checkout")
     if not args.no_bench and shutil.which("asv") is None:
