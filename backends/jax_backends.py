@@ -1,24 +1,38 @@
 """JAX backends: jnp ops (jax-naive) and jax.nn.dot_product_attention (jax-dpa, -cudnn).
 
 jax is imported in ``load``.  float64 needs JAX's x64 mode: it is switched on with
-``jax.enable_x64`` around each conversion and call, never globally.  Each backend jits
-its forward and its vjp once per (is_causal, scale) and reuses them; jit itself caches
-per shape and dtype, so a benchmark's timed call never retraces.
+``jax.enable_x64`` around each conversion and call, never globally.  Each backend jits its
+forward and its vjp once per static configuration (operation, causal, alignment, window,
+softcap, scale, which arrays are present, whether the LSE is returned) and reuses them; jit
+itself caches per shape and dtype, so a benchmark's timed call never retraces.
+
+jax.nn.dot_product_attention (jax 0.10.2, implementation="xla") takes natively: a bias (added
+to the scaled logits), a boolean mask, key/value with fewer heads (grouped: query head n reads
+KV head n // (N // K)), ``query_seq_lengths`` / ``key_value_seq_lengths`` (B,) int32,
+``local_window_size=(L, R)`` and, with ``return_residual``, the log-sum-exp.  The window maps
+exactly: JAX keeps key j for query i when i - L <= j <= i + R (top-left, inclusive), which is
+our ``window=(left, right)`` with top_left alignment, L = left, R = right; an unbounded side
+(None) becomes max(Lq, Lk), past every key.  The residual is the natural-log LSE of the scaled,
+biased, masked logits, computed in float32 and cast to the input dtype, shaped (B, T, N).
 """
 from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from .base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
+_EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
+                            "softcap", "alibi", "lse"))
+_ARRAYS = ("mask", "bias", "q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids", "alibi_slopes")
 
 
 class JaxBackend(Backend):
-    """Conversion, x64 scoping, jit caching and vjp; subclasses define `_attend` in jnp."""
+    """Conversion, x64 scoping, jit caching and vjp; subclasses define `_attend(q, k, v, arrays, call)` in jnp."""
 
     platform = "cpu"
     compiles_per_shape = True  # the first call at a new shape or dtype traces and compiles
@@ -57,49 +71,92 @@ class JaxBackend(Backend):
     def sync(self, y):
         y.block_until_ready()
 
-    def _jitted(self, op, is_causal, scale):
-        key = (op, is_causal, scale)
+    def _jitted(self, op, call, with_dbias=False):
+        """The jitted forward or vjp for this call's static fields; arrays are arguments."""
+        present = tuple(getattr(call, n) is not None for n in _ARRAYS)
+        static = replace(call, return_lse=call.return_lse and op == "forward", **dict.fromkeys(_ARRAYS))
+        key = (op, static.is_causal, static.causal_alignment, static.window, static.softcap, static.scale,
+               static.enable_gqa, static.return_lse, present, with_dbias)
         if key not in self._compiled:
-            def forward(q, k, v, mask):
-                return self._attend(q, k, v, mask, is_causal, scale)  # (..., Lq, Ev)
+            def forward(q, k, v, arrays):
+                return self._attend(q, k, v, arrays, static)  # (..., Lq, Ev) or with (..., Lq)
 
-            def backward(q, k, v, grad_out, mask):
-                _, pullback = self.jax.vjp(lambda a, b, c: forward(a, b, c, mask), q, k, v)
-                return pullback(grad_out)  # (dq, dk, dv), each shaped like its input
+            def backward(q, k, v, grad_out, arrays):
+                if not with_dbias:
+                    _, pullback = self.jax.vjp(lambda a, b, c: forward(a, b, c, arrays), q, k, v)
+                    return pullback(grad_out)  # (dq, dk, dv), each shaped like its input
+                _, pullback = self.jax.vjp(lambda a, b, c, d: forward(a, b, c, {**arrays, "bias": d}),
+                                           q, k, v, arrays["bias"])
+                return pullback(grad_out)  # (dq, dk, dv, dbias)
 
             self._compiled[key] = self.jax.jit(forward if op == "forward" else backward)
         return self._compiled[key]
 
-    def native_forward(self, q, k, v, mask, is_causal, scale):
-        with self._x64(q.dtype == np.float64):
-            return self._jitted("forward", is_causal, scale)(q, k, v, mask)
+    @staticmethod
+    def _arrays(call) -> dict:
+        return {n: getattr(call, n) for n in _ARRAYS if getattr(call, n) is not None}
 
-    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
+    def native_attention(self, q, k, v, call):
         with self._x64(q.dtype == np.float64):
-            return tuple(self._jitted("backward", is_causal, scale)(q, k, v, grad_out, mask))
+            return self._jitted("forward", call)(q, k, v, self._arrays(call))
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        with_dbias = call.bias is not None and self.capabilities.bias_gradient
+        with self._x64(q.dtype == np.float64):
+            return tuple(self._jitted("backward", call, with_dbias)(q, k, v, grad_out, self._arrays(call)))
 
 
 class JaxNaive(JaxBackend):
-    """The textbook computation in jnp; a guarded row max keeps empty rows at zero."""
+    """The textbook computation in jnp, every field of the problem (ours); masks from indices."""
 
     name = "jax-naive"
-    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left")
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE,
+                                bias_gradient=True)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
-    def _attend(self, q, k, v, mask, is_causal, scale):
+    def _attend(self, q, k, v, a, call):
         jnp, lax = self.jnp, self.jax.lax
-        sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        if call.enable_gqa:  # query head h reads KV head h // group
+            k, v = (jnp.repeat(x, q.shape[-3] // x.shape[-3], axis=-3) for x in (k, v))  # (..., Hq, Lk, ·)
+        Lq, Lk = q.shape[-2], k.shape[-2]
+        sc = 1.0 / math.sqrt(q.shape[-1]) if call.scale is None else call.scale
         s = (q @ jnp.swapaxes(k, -1, -2)) * jnp.asarray(sc, q.dtype)  # (..., Lq, Lk)
-        vis = jnp.ones(s.shape[-2:], dtype=bool)  # (Lq, Lk) fused away by XLA
-        if is_causal:
-            vis = jnp.tril(vis)  # (Lq, Lk) top-left: key j <= query i
-        if mask is not None:
-            vis = vis & mask  # (..., Lq, Lk)
-        s = jnp.where(vis, s, -jnp.inf)  # (..., Lq, Lk)
+        if call.softcap is not None:
+            cap = jnp.asarray(call.softcap, q.dtype)
+            s = jnp.tanh(s / cap) * cap
+        if "bias" in a:
+            s = s + a["bias"]  # (..., Hq, Lq, Lk)
+        rows, cols = jnp.arange(Lq)[:, None], jnp.arange(Lk)[None, :]  # (Lq, 1), (1, Lk)
+        diag = rows + (Lk - Lq if call.causal_alignment == "bottom_right" else 0)  # (Lq, 1) query i's diagonal
+        if "alibi_slopes" in a:
+            dist = jnp.abs(diag - cols).astype(s.dtype)  # (Lq, Lk)
+            s = s - a["alibi_slopes"].astype(s.dtype)[:, None, None] * dist  # (..., Hq, Lq, Lk)
+        vis = jnp.ones((Lq, Lk), dtype=bool)  # (Lq, Lk) fused away by XLA
+        left, right = call.window if call.window is not None else (None, None)
+        if call.is_causal:
+            vis = vis & (cols <= diag)
+        if right is not None:
+            vis = vis & (cols <= diag + right)
+        if left is not None:
+            vis = vis & (cols >= diag - left)
+        if "mask" in a:
+            vis = vis & a["mask"]  # (..., Lq, Lk)
+        if "kv_lengths" in a:
+            vis = vis & (cols < a["kv_lengths"][..., None, None, None])  # (..., 1, 1, Lk)
+        if "q_lengths" in a:
+            vis = vis & (rows < a["q_lengths"][..., None, None, None])  # (..., 1, Lq, 1)
+        if "q_segment_ids" in a:
+            vis = vis & (a["q_segment_ids"][..., None, :, None] == a["kv_segment_ids"][..., None, None, :])
+        s = jnp.where(vis, s, -jnp.inf)  # (..., Hq, Lq, Lk)
         row_max = lax.stop_gradient(s.max(axis=-1, keepdims=True))  # (..., Lq, 1)
         row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
         e = jnp.exp(s - row_max)  # (..., Lq, Lk) exp(-inf) = 0 on hidden pairs
         total = e.sum(axis=-1, keepdims=True)  # (..., Lq, 1)
-        return (e / jnp.where(total == 0, 1, total)) @ v  # (..., Lq, Ev)
+        out = (e / jnp.where(total == 0, 1, total)) @ v  # (..., Lq, Ev)
+        if not call.return_lse:
+            return out
+        lse = jnp.where(total > 0, row_max + jnp.log(jnp.where(total > 0, total, 1)), -jnp.inf)  # (..., Lq, 1)
+        return out, lse[..., 0]
 
 
 class JaxDpa(JaxBackend):
@@ -110,23 +167,27 @@ class JaxDpa(JaxBackend):
     # float16 on CPU: XLA:CPU has no float16 dot with float32 accumulation (jax 0.10.2 raises
     # "precision 'F16_F16_F32' is not supported by dot_general on CPU")
     capabilities = Capabilities(dtypes=("bfloat16", "float32", "float64"), device="cpu", gradients=True,
-                                equal_head_dims=True)
+                                equal_head_dims=True, features=frozenset(("gqa", "bias", "window", "seq_lengths",
+                                                                          "lse")), bias_gradient=True)
     semantics = Semantics(
         fully_masked="mean_of_values", causal_alignment="top_left", effective_precision="float32",
+        padded_rows="zeros",
         notes=("softmax runs in float32 even for float64 input (jax _dot_product_attention_core): "
                "float64 results are float32-accurate",
                "masks with a large finite negative, so an all-masked row averages the values",
+               "rows past query_seq_lengths are zeroed (the output is multiplied by the padding mask)",
+               "local_window_size=(L, R) is top-left: window=(left, right) maps to L=left, R=right",
                "no float16 on CPU (XLA:CPU lacks the float16 dot it asks for)",
                "bfloat16 with Lq = Lk = 1 on CPU: XLA:CPU fails to compile it "
                "(ALG_DOT_BF16_BF16_F32 not supported by the ElementalIrEmitter): declared unsupported"))
 
-    def native_forward(self, q, k, v, mask, is_causal, scale):
+    def native_attention(self, q, k, v, call):
         self._refuse_degenerate_bf16(q, k)
-        return super().native_forward(q, k, v, mask, is_causal, scale)
+        return super().native_attention(q, k, v, call)
 
-    def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
+    def native_attention_backward(self, q, k, v, grad_out, call):
         self._refuse_degenerate_bf16(q, k)
-        return super().native_backward(q, k, v, grad_out, mask, is_causal, scale)
+        return super().native_attention_backward(q, k, v, grad_out, call)
 
     def _refuse_degenerate_bf16(self, q, k):
         # jax 0.10.2, XLA:CPU: a 1x1 bfloat16 score matrix lowers to an elemental dot that
@@ -135,26 +196,48 @@ class JaxDpa(JaxBackend):
             raise Unsupported(f"{self.name}: XLA:CPU cannot compile a bfloat16 call with Lq = Lk = 1 "
                               "(ALG_DOT_BF16_BF16_F32 not supported by the ElementalIrEmitter)")
 
-    def _attend(self, q, k, v, mask, is_causal, scale):
-        jnp = self.jnp
-        batch = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        Lq, Lk = q.shape[-2], k.shape[-2]
-        lead = (math.prod(batch[:-1]), batch[-1]) if batch else (1, 1)  # (B, N)
+    def _window(self, call, Lq, Lk):
+        """local_window_size for our top-left window; None (unbounded) reaches past every key."""
+        if call.window is None:
+            return None
+        return tuple(max(Lq, Lk) if w is None else w for w in call.window)
 
-        def bthn(x):
-            x = jnp.broadcast_to(x, batch + x.shape[-2:]).reshape(lead + x.shape[-2:])  # (B, N, L, H)
+    def _attend(self, q, k, v, a, call):
+        jnp = self.jnp
+        Lq, Lk = q.shape[-2], k.shape[-2]
+        if call.enable_gqa:
+            lead = jnp.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+            batch, kv_batch = lead + q.shape[-3:-2], lead + k.shape[-3:-2]
+        else:
+            batch = kv_batch = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        B = math.prod(batch[:-1]) if batch else 1
+
+        def bthn(x, dims):
+            x = jnp.broadcast_to(x, dims + x.shape[-2:]).reshape((B, dims[-1] if dims else 1) + x.shape[-2:])
             return jnp.swapaxes(x, 1, 2)  # (B, L, N, H)
 
-        if mask is not None:
-            mask = jnp.broadcast_to(mask, batch + (Lq, Lk)).reshape(lead + (Lq, Lk))  # (B, N, Lq, Lk)
-        y = self.jax.nn.dot_product_attention(bthn(q), bthn(k), bthn(v), mask=mask, scale=scale,
-                                             is_causal=is_causal, implementation=self.implementation)  # (B, Lq, N, Ev)
-        return jnp.swapaxes(y, 1, 2).reshape(batch + (Lq, v.shape[-1]))  # (..., Lq, Ev)
+        def bnts(x):  # a mask or bias: (..., Lq, Lk) -> (B, N, Lq, Lk)
+            return None if x is None else jnp.broadcast_to(x, batch + (Lq, Lk)).reshape((B, -1, Lq, Lk))
+
+        def per_batch(x):  # lengths broadcast over the leading dims before the head axis: (B,)
+            return None if x is None else jnp.broadcast_to(x, batch[:-1]).reshape((B,)).astype(jnp.int32)
+
+        y = self.jax.nn.dot_product_attention(
+            bthn(q, batch), bthn(k, kv_batch), bthn(v, kv_batch), bias=bnts(a.get("bias")), mask=bnts(a.get("mask")),
+            scale=call.scale, is_causal=call.is_causal, query_seq_lengths=per_batch(a.get("q_lengths")),
+            key_value_seq_lengths=per_batch(a.get("kv_lengths")), local_window_size=self._window(call, Lq, Lk),
+            implementation=self.implementation, return_residual=call.return_lse)  # (B, Lq, N, Ev), lse (B, Lq, N)
+        out, lse = y if call.return_lse else (y, None)
+        out = jnp.swapaxes(out, 1, 2).reshape(batch + (Lq, v.shape[-1]))  # (..., Lq, Ev)
+        if lse is None:
+            return out
+        return out, jnp.swapaxes(lse, 1, 2).reshape(batch + (Lq,))  # (..., Lq)
 
 
 class JaxDpaCudnn(JaxDpa):
     name, implementation, platform = "jax-dpa-cudnn", "cudnn", "gpu"
-    capabilities = Capabilities(dtypes=("float16", "bfloat16"), device="gpu", gradients=True, equal_head_dims=True)
+    capabilities = Capabilities(dtypes=("float16", "bfloat16"), device="gpu", gradients=True, equal_head_dims=True,
+                                features=frozenset(("gqa", "bias", "seq_lengths", "lse")))
     semantics = Semantics(fully_masked=None, causal_alignment="top_left",
-                          notes=("cuDNN fused attention; declared from JAX's documentation, "
-                                 "not verified on this machine",))
+                          notes=("cuDNN fused attention; declared from JAX's documentation and source "
+                                 "(jax 0.10.2), not verified on this machine",))
