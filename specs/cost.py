@@ -46,3 +46,53 @@ def score_matrix_bytes(B: int, H: int, Lq: int, Lk: int, itemsize: int) -> int:
     """Memory of one materialised (B, H, Lq, Lk) score (or weight) matrix."""
     _positive(B=B, H=H, Lq=Lq, Lk=Lk, itemsize=itemsize)
     return B * H * Lq * Lk * itemsize
+
+
+# -- masked problems and bytes moved (benchmarks: rates over useful work, decode bandwidth) --------
+
+def pairs_visible(Lq: int, Lk: int, causal: bool = False, causal_alignment: str = "top_left",
+                  window=None) -> int:
+    """(query, key) pairs a causal and/or windowed problem keeps, either causal alignment.
+
+    Query i's diagonal is d = i + o (o = Lk - Lq bottom-right aligned, else 0); it sees keys
+    max(0, d - left) .. min(Lk - 1, d + right, d if causal), as specs.problem.window_mask and
+    causal_mask define them (None = unbounded).  Summed row by row: O(Lq), exact.
+    """
+    _positive(Lq=Lq, Lk=Lk)
+    if causal_alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"causal_alignment must be 'top_left' or 'bottom_right'; got {causal_alignment!r}")
+    left, right = (None, None) if window is None else window
+    for name, w in (("window left", left), ("window right", right)):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
+            raise ValueError(f"{name} must be None or a non-negative integer; got {w!r}")
+    o = Lk - Lq if causal_alignment == "bottom_right" else 0
+    total = 0
+    for d in range(o, Lq + o):  # d = i + o, one query row at a time
+        hi = Lk - 1 if right is None else min(Lk - 1, d + right)
+        if causal:
+            hi = min(hi, d)
+        lo = 0 if left is None else max(0, d - left)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def useful_flops(B: int, Hq: int, Lq: int, Lk: int, E: int, Ev: int | None = None, causal: bool = False,
+                 causal_alignment: str = "top_left", window=None) -> int:
+    """Forward FLOPs over the visible pairs only (grouped KV heads change bytes, not FLOPs)."""
+    Ev = E if Ev is None else Ev
+    _positive(B=B, Hq=Hq, E=E, Ev=Ev)
+    return 2 * B * Hq * pairs_visible(Lq, Lk, causal, causal_alignment, window) * (E + Ev)
+
+
+def kv_bytes(B: int, Hkv: int, Lk: int, E: int, Ev: int | None, itemsize: int) -> int:
+    """Bytes of the keys and values: what one decode step must read at least once."""
+    Ev = E if Ev is None else Ev
+    _positive(B=B, Hkv=Hkv, Lk=Lk, E=E, Ev=Ev, itemsize=itemsize)
+    return B * Hkv * Lk * (E + Ev) * itemsize
+
+
+def bytes_moved(B: int, Hq: int, Hkv: int, Lq: int, Lk: int, E: int, Ev: int | None, itemsize: int) -> int:
+    """The least memory traffic of a forward call: read Q, K, V once, write the output once."""
+    Ev = E if Ev is None else Ev
+    _positive(B=B, Hq=Hq, Lq=Lq)
+    return kv_bytes(B, Hkv, Lk, E, Ev, itemsize) + B * Hq * Lq * (E + Ev) * itemsize

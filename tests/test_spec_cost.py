@@ -40,3 +40,46 @@ def test_bad_sizes_are_named(bad):
         cost.forward_flops(1, 1, 4, bad, 4)
     with pytest.raises(ValueError, match=r"itemsize must be a positive integer"):
         cost.score_matrix_bytes(1, 1, 4, 4, bad)
+
+
+# -- masked pair counts and bytes moved (benchmarks) ------------------------------------------------
+
+from specs.problem import window_mask  # noqa: E402
+
+
+@pytest.mark.parametrize("Lq,Lk", [(1, 1), (1, 9), (4, 9), (9, 4), (16, 16), (5, 33)])
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("window", [None, (0, 0), (3, None), (None, 2), (2, 5), (40, 40)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_pairs_visible_counts_the_spec_masks(Lq, Lk, alignment, window, causal):
+    """Against the masks specs.problem defines, counted cell by cell."""
+    keep = np.ones((Lq, Lk), dtype=bool)
+    if causal:
+        keep &= causal_mask(Lq, Lk, alignment)
+    if window is not None:
+        keep &= window_mask(Lq, Lk, window, alignment)
+    assert cost.pairs_visible(Lq, Lk, causal, alignment, window) == int(keep.sum())
+
+
+def test_pairs_visible_agrees_with_visible_pairs_and_flops():
+    assert cost.pairs_visible(7, 3, causal=True) == cost.visible_pairs(7, 3, causal=True)
+    assert cost.useful_flops(2, 8, 64, 64, 16, causal=True) == cost.forward_flops(2, 8, 64, 64, 16, causal=True)
+    # a sliding window of 256 keys to the left at T = 2048: 2048 * 257 - 256 * 257 / 2 pairs
+    assert cost.pairs_visible(2048, 2048, True, window=(256, 0)) == 2048 * 257 - 256 * 257 // 2
+
+
+def test_bytes_moved_matches_numpy_buffers():
+    q = np.empty((2, 8, 4, 64), np.float16)  # (B, Hq, Lq, E)
+    kv = np.empty((2, 2, 1000, 64), np.float16)  # (B, Hkv, Lk, E), keys and values alike
+    assert cost.kv_bytes(2, 2, 1000, 64, None, 2) == 2 * kv.nbytes
+    assert cost.bytes_moved(2, 8, 2, 4, 1000, 64, None, 2) == 2 * kv.nbytes + 2 * q.nbytes
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(window=(-1, 0)), "window left must be None or a non-negative integer"),
+    (dict(window=(0, 1.5)), "window right must be None or a non-negative integer"),
+    (dict(causal_alignment="bottom"), "causal_alignment must be 'top_left' or 'bottom_right'"),
+])
+def test_pairs_visible_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cost.pairs_visible(4, 4, **kwargs)
