@@ -31,6 +31,9 @@ BUILTINS = {
     "jax-naive": _J + "JaxNaive",
     "jax-dpa": _J + "JaxDpa",
     "jax-dpa-cudnn": _J + "JaxDpaCudnn",
+    "onnxruntime-attention": "backends.onnx_backends:OnnxRuntimeAttention",
+    "openvino-sdpa": "backends.openvino_backends:OpenVinoSdpa",
+    "openvino-sdpa-f32": "backends.openvino_backends:OpenVinoSdpaF32",
 }
 
 

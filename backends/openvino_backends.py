@@ -1,0 +1,160 @@
+"""OpenVINO: the opset-13 `ScaledDotProductAttention` op, compiled for the CPU plugin.
+
+Built with OpenVINO's Python graph API (``openvino.opset13``), imported in ``load``.  Inputs are
+packed into rank-4 (B, H, L, E) tensors (`layout4d`); shapes are dynamic, so one compiled model
+per (dtype, mask kind, causal, scale given) serves every shape (a compile costs ~40 ms here).
+A given scale is an input, not a constant, so new scales do not recompile.
+
+openvino-sdpa keeps the plugin's default inference precision - bfloat16 on CPUs with AVX512-BF16
+or AMX: every input dtype is computed in it - and declares the precision it finds at ``load``;
+openvino-sdpa-f32 sets INFERENCE_PRECISION_HINT = f32.  What the op's specification says and
+OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
+- ``causal`` is top-left (the spec's ``triu(-inf, k=1)``) and the attention_mask is ignored when
+  it is set (documented): a mask or bias with is_causal has the triangle folded in instead.
+- a fully masked row: NaN (softmax over all -inf, the spec's pseudo-code) for float32, float16 and
+  bfloat16 inputs; float64 inputs give the mean of V instead (a finding; see the report).
+- no grouped KV heads: K/V heads broadcast NumPy-style only (Hkv = 1 or Hq).
+- the scale input must have the query's element type, so a bfloat16 call rounds it to bfloat16.
+- the CPU plugin has no float64 kernels: float64 is computed in float32 and returned as float64.
+bfloat16 travels as uint16 bit patterns (NumPy has no bfloat16; OpenVINO's Python API takes them).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Backend, BackendUnavailable, Capabilities, Semantics
+from .layout4d import Packing
+
+_BF16_NEG_INF = np.uint16(0xFF80)
+_PRECISIONS = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}  # INFERENCE_PRECISION_HINT names
+_NOTES = ("attention_mask is ignored when causal is set (documented): a mask or bias with is_causal has the "
+          "causal triangle folded in",
+          "fully masked rows: NaN for float32/float16/bfloat16 inputs (the spec's softmax over -inf); "
+          "float64 inputs give the mean of V (disagrees with the spec)",
+          "no grouped KV heads (SDPA-13 broadcasts K/V heads NumPy-style only)",
+          "the scale input has the query's element type: bfloat16 and float16 calls round it",
+          "float64 is computed in float32 by the CPU plugin and returned as float64")
+
+
+def _bf16_bits(x) -> np.ndarray:
+    """float64 -> bfloat16 bit patterns, round to nearest even (via float32: a double rounding,
+    off by one bfloat16 ulp only for float64 values within 2^-32 relative of a tie)."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.reshape(-1).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded.reshape(x.shape))
+
+
+def _widen_bf16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)  # exact
+
+
+class OpenVinoSdpa(Backend):
+    """ScaledDotProductAttention-13 on OpenVINO's CPU plugin, at its default inference precision."""
+
+    name = "openvino-sdpa"
+    precision_hint: str | None = None  # None: the plugin's default; "f32" for the -f32 backend
+    compiles_per_shape = False  # dynamic shapes: one compiled model per static configuration
+    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"), device="cpu",
+                                gradients=False, features=frozenset(("bias",)), mask_with_causal=False)
+    # effective_precision is what the plugin reports at load(): set there for this machine
+    semantics = Semantics(fully_masked="nan", causal_alignment="top_left", notes=_NOTES)
+
+    def load(self):
+        try:
+            import openvino
+            from openvino import opset13
+        except ImportError as e:
+            raise BackendUnavailable(f"openvino is not installed ({e}); pip install 'attnspec[openvino]'") from None
+        core = openvino.Core()
+        if "CPU" not in core.available_devices:
+            raise BackendUnavailable(f"OpenVINO has no CPU device (devices: {core.available_devices})")
+        self.ov, self.ops, self.core = openvino, opset13, core
+        self.config = {} if self.precision_hint is None else {"INFERENCE_PRECISION_HINT": self.precision_hint}
+        hint = self.precision_hint or core.get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
+        self.inference_precision = _PRECISIONS.get(hint, hint)
+        self.semantics = Semantics(
+            fully_masked="nan", causal_alignment="top_left", effective_precision=self.inference_precision,
+            notes=(f"computes every dtype in {self.inference_precision} (CPU plugin INFERENCE_PRECISION_HINT "
+                   f"{'set to' if self.precision_hint else 'default on this CPU:'} {hint})",) + _NOTES)
+        if not hasattr(self, "_compiled"):
+            self._compiled = {}
+
+    def to_native(self, x, dtype):
+        if dtype == "bfloat16":
+            return _bf16_bits(x)  # (...) uint16
+        return super().to_native(x, dtype)
+
+    def native_dtype(self, y) -> str:
+        return "bfloat16" if y.dtype == np.uint16 else str(y.dtype)
+
+    def from_native(self, y):
+        return _widen_bf16(y) if y.dtype == np.uint16 else np.asarray(y)
+
+    def _element(self, dtype: str):
+        t = self.ov.Type
+        return {"float16": t.f16, "bfloat16": t.bf16, "float32": t.f32, "float64": t.f64}[dtype]
+
+    def request(self, dtype: str, mask_kind: str | None, causal: bool, scaled: bool):
+        """An infer request of the cached compiled model for this static configuration."""
+        key = (dtype, mask_kind, bool(causal), bool(scaled))
+        if key not in self._compiled:
+            ops, elem = self.ops, self._element(dtype)
+            dynamic4 = self.ov.PartialShape([-1] * 4)
+            params = [ops.parameter(dynamic4, elem, name=n) for n in ("query", "key", "value")]
+            args = list(params)
+            if mask_kind is not None:
+                mask_type = self.ov.Type.boolean if mask_kind == "bool" else elem
+                params.append(ops.parameter(dynamic4, mask_type, name="attention_mask"))
+                args.append(params[-1])
+            if scaled:
+                if mask_kind is None:  # the spec's placeholder: a scalar zero of the query's type
+                    args.append(ops.convert(ops.constant(np.float32(0)), elem))
+                params.append(ops.parameter(self.ov.PartialShape([]), elem, name="scale"))
+                args.append(params[-1])
+            sdpa = ops.scaled_dot_product_attention(*args, causal=bool(causal))
+            model = self.ov.Model([sdpa], params, "attnspec_sdpa")
+            self._compiled[key] = self.core.compile_model(model, "CPU", self.config).create_infer_request()
+        return self._compiled[key]
+
+    def _tensor(self, x):
+        x = np.array(x, order="C", copy=None)  # not ascontiguousarray: it turns a 0-d scale into shape (1,)
+        if x.dtype == np.uint16:  # bfloat16 bit patterns
+            return self.ov.Tensor(x, x.shape, self.ov.Type.bf16)
+        return self.ov.Tensor(x)
+
+    def _neg_inf(self, dtype: str):
+        return _BF16_NEG_INF if dtype == "bfloat16" else np.dtype(dtype).type(-np.inf)
+
+    def native_attention(self, q, k, v, call):
+        mask, bias, causal = call.mask, call.bias, call.is_causal
+        Lq, Lk = q.shape[-2], k.shape[-2]
+        if causal and bias is not None:  # the op would ignore the bias: fold the triangle in, as for masks
+            mask = np.tril(np.ones((Lq, Lk), dtype=bool)) & (True if mask is None else mask)  # (..., Lq, Lk)
+            causal = False
+        pack = Packing(q, k, v, call, (mask, bias))
+        feed = [pack.qkv(q, pack.hq), pack.qkv(k, pack.hkv), pack.qkv(v, pack.hkv)]  # (B, H, L, E)
+        kind = None
+        if bias is not None:  # one additive attention_mask: -inf where the boolean mask hides a pair
+            scores = bias if mask is None else np.where(mask, bias, self._neg_inf(call.dtype))  # (..., Lq, Lk)
+            feed.append(pack.scores(scores))  # (B|1, Hq|1, Lq, Lk)
+            kind = "float"
+        elif mask is not None:
+            feed.append(pack.scores(mask))
+            kind = "bool"
+        if call.scale is not None:
+            feed.append(self.to_native(np.asarray(call.scale, dtype=np.float64), call.dtype))  # () query's type
+        request = self.request(call.dtype, kind, causal, call.scale is not None)
+        request.infer([self._tensor(x) for x in feed])
+        y = request.get_output_tensor(0)
+        out = y.data.view(np.uint16) if y.element_type == self.ov.Type.bf16 else y.data
+        return pack.output(out.copy())  # (..., Lq, Ev); copied: the request reuses its output buffer
+
+
+class OpenVinoSdpaF32(OpenVinoSdpa):
+    """The same op with the CPU plugin's INFERENCE_PRECISION_HINT set to f32."""
+
+    name = "openvino-sdpa-f32"
+    precision_hint = "f32"
+    semantics = Semantics(fully_masked="nan", causal_alignment="top_left", effective_precision="float32",
+                          notes=_NOTES)
