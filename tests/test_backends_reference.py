@@ -26,7 +26,7 @@ from tests.plugins.cases import all_cases, available, random_cases, seed_case, s
 
 _BACKENDS = {name: resolve(name) for name in builtin_names()}
 _PAIRS = [(n, dt) for n, b in _BACKENDS.items() for dt in b.capabilities.dtypes]
-_WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+_WIDTH = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}  # significand bits: bfloat16 < float16
 
 
 def _available(name):
@@ -138,5 +138,6 @@ def test_rank_2_and_rank_5_inputs(name):
         out = backend.forward(q, k, v, mask, causal, dtype="float64")
         judged = _judged_dtype(backend, "float64")
         assert error_budget.check_forward(out, q, k, v, mask, causal, dtype=judged), f"{name} {q.shape}"
-        grads = backend.backward(q, k, v, g, mask, causal, dtype="float64")
-        assert all(error_budget.check_backward(grads, q, k, v, g, mask, causal, dtype=judged)), f"{name} {q.shape}"
+        if backend.capabilities.gradients:  # deployment runtimes (onnxruntime, openvino) have none
+            grads = backend.backward(q, k, v, g, mask, causal, dtype="float64")
+            assert all(error_budget.check_backward(grads, q, k, v, g, mask, causal, dtype=judged)), f"{name} {q.shape}"
