@@ -135,7 +135,8 @@ def pytest_generate_tests(metafunc):
 
 def _target_of(item):
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return params.get("target") or params.get("backend_target")
+    found = params.get("target") or params.get("backend_target")
+    return found if isinstance(found, Target) else None  # no target at all: pytest's NOTSET placeholder
 
 
 @pytest.hookimpl(tryfirst=True)
