@@ -1,8 +1,7 @@
-"""Child processes for `attnspec run`: one pytest per backend, asv, git.  Standard library only.
+"""Child processes for `attnspec run`: watched with a time limit, their output echoed; asv, git.  Standard library only.
 
-A suite run is judged from outside: its JSON file when it finished, `crashed` when the
-interpreter died (signal, os._exit, a segfault in a native kernel), `timed_out` when it ran
-past its limit (then its whole process group is killed).
+Children run in their own session and are watched with a time limit (then their whole
+process group is killed); Ctrl-C ends them all.  The suite's children are in reports/suites.py.
 """
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import json
 import os
 import platform
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -20,12 +18,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .inputs import ReportInputError, read_suite_json
+from .inputs import ReportInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TEST_ID = re.compile(r"^\S+\.py::\S")  # pytest -v names a test at the start of its line
-_RESULT = re.compile(r" (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
-PROGRESS_EVERY = 10.0  # seconds between progress lines when the terminal cannot redraw one
 
 
 def importable(module: str) -> bool:
@@ -44,6 +39,7 @@ class Finished:
     rc: int | None  # None: killed after the time limit
     output: str
     seconds: float
+    stopped: str = ""  # why the caller's stop() ended it (then rc is the kill's signal)
 
     def describe(self) -> str:
         if self.rc is None:
@@ -89,12 +85,14 @@ def _read_chunks(proc, chunks: queue.Queue) -> None:
     chunks.put(None)
 
 
-def watch(cmd, timeout: float, on_line=None, env=None) -> Finished:
-    """Run cmd, handing each output line to on_line; kill its process group after `timeout` s.
+def watch(cmd, timeout: float, on_line=None, env=None, stop=None) -> Finished:
+    """Run cmd, handing each output line to on_line; kill its process group after `timeout` s,
+    or as soon as stop() returns a reason (checked after each line and tick).
 
     on_line also gets "" once a second (a tick for progress) and an unfinished line without
-    its newline as soon as it is written (pytest -v names a test before running it)."""
+    its newline as soon as it is written."""
     start = time.monotonic()
+    stopped = ""
     proc = _spawn(cmd, env)
     _LIVE.add(proc)
     chunks: queue.Queue = queue.Queue()
@@ -125,11 +123,15 @@ def watch(cmd, timeout: float, on_line=None, env=None) -> Finished:
                     break
                 if on_line:
                     on_line("")  # a tick, so progress shows while one test runs long
-                continue
-            if chunk is None:
-                rc = proc.wait()
+            else:
+                if chunk is None:
+                    rc = proc.wait()
+                    break
+                pending = deliver(pending + decoder.decode(chunk))
+            if stop is not None and (stopped := stop()):
+                _kill_group(proc)
+                rc = proc.returncode
                 break
-            pending = deliver(pending + decoder.decode(chunk))
     except BaseException:  # Ctrl-C: leave no child behind
         _kill_group(proc)
         raise
@@ -142,7 +144,7 @@ def watch(cmd, timeout: float, on_line=None, env=None) -> Finished:
             pending += decoder.decode(chunk)
     deliver(pending + decoder.decode(b"", final=True), final=True)
     proc.stdout.close()
-    return Finished(rc, "".join(kept), time.monotonic() - start)
+    return Finished(rc, "".join(kept), time.monotonic() - start, str(stopped or ""))
 
 
 def run_captured(cmd, timeout: float) -> Finished:
@@ -159,96 +161,6 @@ def say(text: str, end: str = "\n", stream=None) -> None:
     with _PRINT:
         stream.write(text + end)
         stream.flush()
-
-
-class SuiteProgress:
-    """Counts pytest -v result lines; says how far a suite got every few seconds.
-
-    With one suite at a time on a terminal the line is redrawn in place; with several
-    running side by side each progress line carries the backend's name."""
-
-    def __init__(self, label: str = "", redraw: bool | None = None, stream=None):
-        self.stream = stream or sys.stdout
-        self.redraw = self.stream.isatty() if redraw is None else redraw
-        self.label = f"{label}: " if label else ""
-        self.counts: dict[str, int] = {}
-        self.current = ""
-        self.start = self.last = time.monotonic()
-
-    def __call__(self, line: str) -> None:
-        complete = line.endswith("\n")
-        line = line.rstrip("\n")
-        if _TEST_ID.match(line):
-            self.current = line.split(" ")[0]
-            hit = _RESULT.search(line) if complete else None
-            if hit:
-                self.counts[hit.group(1).lower()] = self.counts.get(hit.group(1).lower(), 0) + 1
-                self.current = ""
-        now = time.monotonic()
-        if (self.redraw and now - self.last >= 0.2) or now - self.last >= PROGRESS_EVERY:
-            self.last = now
-            self.show(final=False)
-
-    def text(self) -> str:
-        done = ", ".join(f"{n} {k}" for k, n in sorted(self.counts.items())) or "starting"
-        now = f"; running {self.current.split('::')[-1]}" if self.current else ""
-        return f"{self.label}{done} ({time.monotonic() - self.start:.0f} s{now})"
-
-    def show(self, final: bool = True) -> None:
-        """A progress line; final=True only clears a redrawn line (the caller says how it ended)."""
-        if self.redraw:
-            say("\r\x1b[K" if final else f"  {self.text()}\x1b[K", end="" if final else "\r", stream=self.stream)
-        elif not final:
-            say(f"  {self.text()}", stream=self.stream)
-
-
-def suite_command(backend: str, json_path: str) -> list:
-    return [sys.executable, "-m", "pytest", "properties", "--backend", backend, "--attnspec-json", json_path,
-            "-v", "--tb=no", "-rN", "--no-header", "--color=no", "-p", "no:cacheprovider"]
-
-
-def _suite_row(backend, status, message, seconds) -> dict:
-    return {"backend": backend, "property": "(suite)", "dtype": "", "status": status, "examples": 0,
-            "seconds": round(seconds, 2), "counterexample": "", "message": message}
-
-
-def run_suite(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
-              progress: SuiteProgress | None = None) -> dict:
-    """The suite's rows for one backend, plus a crashed/timed_out/error row when it did not finish.
-
-    `backend` is what the suite takes (a name or package.module:attr), `shown` the backend's own name."""
-    if os.path.exists(json_path):
-        os.remove(json_path)
-    progress = progress or SuiteProgress()
-    done = watch((command or suite_command)(backend, json_path), limit, progress)
-    progress.show()
-    data = {"conformance": [], "semantics": []}
-    unreadable = ""
-    if os.path.exists(json_path):
-        try:
-            data = read_suite_json(json_path)
-        except ReportInputError as e:
-            unreadable = str(e)
-    where = f" while running {progress.current}" if progress.current else ""
-    tail = " | ".join(x.strip() for x in done.output.strip().splitlines()[-3:])
-    finished = done.rc in (0, 1) and os.path.exists(json_path) and not unreadable
-    pytest_error = done.rc in (4, 5) or "INTERNALERROR" in done.output or "during collection" in done.output
-    if done.rc is None:
-        row = _suite_row(shown or backend, "timed_out", f"the suite did not finish within {limit:g} s{where}", done.seconds)
-    elif finished:
-        row = None
-    elif unreadable or (pytest_error and done.rc >= 0):
-        why = unreadable or f"pytest {done.describe()}"
-        row = _suite_row(shown or backend, "error", f"the suite could not run: {why}; last output: {tail}", done.seconds)
-    else:  # a signal, or an exit (os._exit, abort) in the middle of the run without results
-        row = _suite_row(shown or backend, "crashed", f"the test process died ({done.describe()}) after "
-                         f"{done.seconds:.1f} s{where}; last output: {tail}", done.seconds)
-    if row is None:
-        progress.current = ""  # finished: nothing is running any more
-    else:
-        say(f"  {progress.label}{row['status']}: {row['message']}")
-        data["conformance"].append(row)
-    return data
 
 
 def _headline(line: str) -> bool:

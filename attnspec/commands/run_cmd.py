@@ -1,7 +1,9 @@
 """attnspec run: the conformance suite per backend (each in its own process), asv, the report.
 
-A backend that kills its interpreter is recorded as `crashed`, one that hangs past the
-per-backend limit as `timed_out`; the other backends go on.  This process never imports a
+A backend that kills its interpreter is recorded as `crashed`; one whose call hangs past the
+per-call limit (ATTNSPEC_CALL_TIMEOUT), or whose suite runs past the per-backend limit, as
+`timed_out` (its process is ended at once); the other backends go on.  A backend asked for
+with --backend that ends up not tested (unavailable, every check skipped) fails the run.  This process never imports a
 framework: which backends are available is asked of a child process too.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 
 from ..errors import UserError
 from reports import runner as _procs
+from reports import suites
 from reports.runner import ROOT
 
 # Benchmark grid per mode: the environment variables benchmarks/_common.py reads, and asv
@@ -42,7 +45,8 @@ def add_parser(sub):
     p = sub.add_parser("run", help="run the conformance suite and the benchmarks, then write the report",
                        description="Run the conformance suite once per backend (each in its own process), the "
                        "asv benchmark sweep, and write the HTML and CSV report.  Exit status: 0 all "
-                       "selected backends conform, 1 some do not (or crashed/timed out), 2 bad input.")
+                       "selected backends conform, 1 some do not (or crashed/timed out, or a backend named "
+                       "with --backend was not tested), 2 bad input.")
     p.add_argument("--backend", action="append", metavar="NAME", help="a built-in name or package.module:attr "
                    "(repeatable; default: ATTNSPEC_BACKENDS, else every built-in whose framework is installed)")
     p.add_argument("--out", default=os.path.join(ROOT, "reports", "out"), help="report folder (default: reports/out)")
@@ -89,11 +93,18 @@ def probe(names: list[str]) -> list[tuple]:
     return [(n, True, "", n) for n in names]
 
 
+def named(args) -> list[str] | None:
+    """The backends the user asked for (--backend, else ATTNSPEC_BACKENDS); None: the default selection."""
+    from backends import registry  # imports no framework
+
+    return args.backend or registry.names_from_env()
+
+
 def select_backends(args) -> tuple[list[tuple], list[dict]]:
     """[(name as given, the backend's own name)] to run, and skipped rows (with the reason)."""
     from backends import registry  # imports no framework
 
-    explicit = args.backend or registry.names_from_env()
+    explicit = named(args)
     names = list(dict.fromkeys(explicit or registry.builtin_names()))
     chosen, skipped = [], []
     for name, ok, why, shown in probe(names):
@@ -121,8 +132,8 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
     def one(i, name, shown):
         path = os.path.join(workdir, f"suite-{i}.json")
         _procs.say(f"[suite {i}/{len(chosen)}] {name}: started")
-        progress = _procs.SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
-        data = _procs.run_suite(name, path, limit, shown=shown, progress=progress)
+        progress = suites.SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
+        data = suites.run_suite(name, path, limit, shown=shown, progress=progress)
         _procs.say(f"[suite {i}/{len(chosen)}] done: {progress.text()}")
         return data
 
@@ -180,8 +191,14 @@ def _run(args, build, inputs) -> int:
         if os.path.isdir(results_dir):
             collected.asv_dirs.append(results_dir)
     summary = build.build(collected, args.out, asv_commit=commit)
+    untested = summary["not_tested"]
     print(f"attnspec run: report written to {os.path.join(summary['out'], 'index.html')} "
-          f"({summary['backends']} backends, {summary['problems']} problem(s); {time.monotonic() - start:.0f} s)")
+          f"({summary['backends']} backends, {summary['problems']} problem(s), {len(untested)} not tested; "
+          f"{time.monotonic() - start:.0f} s)")
     if asv_rc:
         print(f"attnspec run: asv exited with status {asv_rc}: the benchmark results may be incomplete", file=sys.stderr)
-    return 1 if summary["problems"] or asv_rc else 0
+    # nothing tested is not a pass: a backend the user asked for must have been tested
+    asked_untested = untested if named(args) else {}
+    for backend, why in asked_untested.items():
+        print(f"attnspec run: {backend} was asked for but not tested: {why or 'every check was skipped'}", file=sys.stderr)
+    return 1 if summary["problems"] or asv_rc or asked_untested else 0

@@ -26,3 +26,13 @@ class Hanging(Backend):
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         time.sleep(600)
+
+
+class Int8Only(Backend):
+    """Declares only a dtype the suite has no error budget for: available, yet nothing is tested."""
+
+    name = "fake-int8-only"
+    capabilities = Capabilities(dtypes=("int8",))
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        raise AssertionError("never called: the suite selects no test for int8")
