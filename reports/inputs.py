@@ -16,6 +16,7 @@ STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out")
 # When two runs (say a CPU and a GPU box) judged the same check, the more telling result wins:
 # a failure anywhere is shown; a skip is superseded by any real result.
 _STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "passed": 4, "skipped": 5}
+NOT_ATTEMPTED = "not attempted: "  # how a failed row that never ran begins (after a backend hung)
 RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it
 SUITE_FILE = "suite.json"
 

@@ -15,6 +15,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from . import plots
+from .inputs import NOT_ATTEMPTED
 from .tables import FIT_T_MIN
 
 STATUS_TEXT = {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "error",
@@ -107,9 +108,14 @@ def conformance_data(f) -> dict:
 
 
 def failures(conf: pd.DataFrame) -> list:
-    """Each failed, erroring, crashed or timed-out check: message and shrunk counterexample."""
-    out = []
+    """Each failed, erroring, crashed or timed-out check: message and shrunk counterexample.
+
+    The checks a hung backend never ran are one entry per backend, not one each."""
+    out, skipped_after_hang = [], {}
     for r in conf[conf["status"].isin(["failed", "error", "crashed", "timed_out"])].itertuples():
+        if text(r.message).startswith(NOT_ATTEMPTED):
+            skipped_after_hang.setdefault((text(r.backend), text(r.message)), []).append(f"{r.property} [{r.dtype}]")
+            continue
         message = text(r.message)
         first = message.strip().splitlines()[0] if message.strip() else ""
         short = first[:140] + ("…" if len(first) > 140 else "")
@@ -119,6 +125,11 @@ def failures(conf: pd.DataFrame) -> list:
                     "backend": text(r.backend), "property": text(r.property), "dtype": text(r.dtype),
                     "extra": extra, "short": short, "message": message if message.strip() != short else "",
                     "counterexample": text(r.counterexample)})
+    for (backend, message), checks in skipped_after_hang.items():  # after the backend's other entries
+        at = max((i + 1 for i, f in enumerate(out) if f["backend"] == backend), default=len(out))
+        out.insert(at, {"status": "failed", "label": "not attempted", "backend": backend, "property": f"{len(checks)} checks",
+                    "dtype": "", "extra": "", "short": message[len(NOT_ATTEMPTED):], "counterexample": "",
+                    "message": "Not attempted: " + ", ".join(checks)})
     return out
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from .inputs import ReportInputError, read_suite_json
+from .inputs import NOT_ATTEMPTED, ReportInputError, read_suite_json
 from .runner import child_env, say, watch
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines when the terminal cannot redraw one
@@ -95,7 +95,7 @@ class SuiteProgress:
     def not_attempted(self, why: str) -> list[dict]:
         """A failed row for each collected test that did not finish."""
         return [dict(backend=t["backend"], property=t["property"], dtype=t["dtype"], status="failed", examples=0,
-                     seconds=0.0, counterexample="", message=f"not attempted: {why}")
+                     seconds=0.0, counterexample="", message=NOT_ATTEMPTED + why)
                 for t in self.tests or () if t["test"] not in self.finished]
 
     def text(self) -> str:

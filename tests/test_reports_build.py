@@ -138,6 +138,30 @@ def test_strings_from_backends_are_escaped(tmp_path):
     assert evil in {r["backend"] for r in read_csv(out / "conformance.csv")}  # CSVs keep the raw text
 
 
+def test_checks_a_hung_backend_never_ran_are_one_entry_and_nothing_tested_is_not_a_pass(tmp_path):
+    data = json.loads(open(SUITE).read())
+    row = dict(examples=0, seconds=0.0, counterexample="", dtype="float32")
+    data["conformance"] += [dict(row, backend="hangs", property="(suite)", dtype="", status="timed_out",
+                                 message="a forward call did not return within the per-call limit")]
+    data["conformance"] += [dict(row, backend="hangs", property=p, status="failed",
+                                 message=inputs.NOT_ATTEMPTED + "an earlier forward call did not return")
+                            for p in ("rows_sum_to_one", "order_preserved", "matches_reference")]
+    data["conformance"] += [dict(row, backend="declines", property=p, status="skipped", message="declined")
+                            for p in ("rows_sum_to_one", "order_preserved")]
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    summary = make_report(out, [str(suite)])
+    page = (out / "index.html").read_text(encoding="utf-8")
+    listed = page.split("<h3>Failures</h3>")[1].split('id="semantics"')[0]
+    assert listed.count("an earlier forward call did not return") == 1  # one entry, not one per check
+    assert "<code>3 checks</code>" in page
+    verdicts = {r["backend"]: r for r in read_csv(out / "verdicts.csv")}
+    assert verdicts["hangs"]["verdict"] == "timed out" and verdicts["hangs"]["failed"] == "3"
+    assert verdicts["declines"]["verdict"].startswith("not tested") and verdicts["declines"]["reason"] == "declined"
+    assert summary["not_tested"] == {"declines": "declined"}
+
+
 def test_a_failed_build_leaves_the_previous_report_whole(tmp_path):
     out = tmp_path / "out"
     make_report(out)
