@@ -38,6 +38,7 @@ class SuiteProgress:
         self.label = f"{label}: " if label else ""
         self.path, self._offset, self._partial = path, 0, b""
         self.tests: list | None = None   # collected: test (pytest's id), backend, property, dtype
+        self._ids: set = set()
         self.finished: dict = {}         # test id -> its "finished" line
         self.counts: dict[str, int] = {}
         self.current = ""                # the test running now, e.g. rows_sum_to_one[float32]
@@ -65,7 +66,10 @@ class SuiteProgress:
 
     def _take(self, ev: dict) -> None:
         if ev["event"] == "collected":
-            self.tests = ev["tests"]
+            if self.tests is None:  # a pytest the suite itself starts inherits the variable: not ours
+                self.tests, self._ids = ev["tests"], {t["test"] for t in ev["tests"]}
+        elif self.tests is None or ev["test"] not in self._ids:
+            return
         elif ev["event"] == "started":
             self.current = f"{ev['property']}[{ev['dtype']}]"
         elif ev["event"] == "finished":
