@@ -107,6 +107,14 @@ def _batch(q, k, v, call) -> tuple:
     return tuple(np.broadcast_shapes(q.shape[:-2], kv(k), kv(v), *extra))
 
 
+def _unpadded(x, call):
+    """Keys past kv_lengths zeroed: padding is never read (it may hold NaN or garbage)."""
+    if call.kv_lengths is None:
+        return x
+    padded = np.arange(x.shape[-2]) >= np.asarray(call.kv_lengths)[..., None, None]  # (..., 1, Lk)
+    return np.where(padded[..., None], x.dtype.type(0), x)  # (..., Hkv, Lk, D)
+
+
 def _reduce(g, shape):
     """Sum a gradient over broadcast leading axes back to its input's shape."""
     while g.ndim > len(shape):
@@ -157,19 +165,21 @@ class NumpyNaive(Backend):
         return s, lse  # (..., Lq, Lk), (..., Lq)
 
     def native_attention(self, q, k, v, call):
+        k, v = _unpadded(k, call), _unpadded(v, call)
         w, lse = self._weights(q, k, call)
         out = w @ (_expand(v, w.shape[-3]) if call.enable_gqa else v)  # (..., Lq, Ev)
         return (out, lse) if call.return_lse else out
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         sc = _scale(q, call.scale)
+        k, v = _unpadded(k, call), _unpadded(v, call)
         a, _ = self._weights(q, k, call)  # (..., Lq, Lk)
         ke, ve = (_expand(x, a.shape[-3]) for x in (k, v)) if call.enable_gqa else (k, v)
         dv = np.swapaxes(a, -1, -2) @ grad_out  # (..., Hq, Lk, Ev)
         da = grad_out @ np.swapaxes(ve, -1, -2)  # (..., Lq, Lk)
         da -= (da * a).sum(axis=-1, keepdims=True)
         da *= a  # dS, in place: the gradient of the final scores
-        dbias = None if call.bias is None else _reduce(da, call.bias.shape)
+        dbias = None if call.bias is None else _reduce(da, call.bias.shape).copy()  # da changes next
         factor = _softcap_factor(q, k, call)
         if factor is not None:
             da *= factor
@@ -242,13 +252,14 @@ class NumpyTiled(Backend):
         return call if call.bias is None else replace(call, bias=self._widen(call.bias)[0])
 
     def native_attention(self, q, k, v, call):
+        k, v = _unpadded(k, call), _unpadded(v, call)
         out, _, _, lse = self._forward(*self._widen(q, k, v), self._wide_call(call))  # (..., Lq, Ev)
         out = out.astype(q.dtype, copy=False)
         return (out, lse) if call.return_lse else out
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         dtype = q.dtype
-        q, k, v, go = self._widen(q, k, v, grad_out)
+        q, k, v, go = self._widen(q, _unpadded(k, call), _unpadded(v, call), grad_out)
         call = self._wide_call(call)
         sc = _scale(q, call.scale)
         out, shift, total, _ = self._forward(q, k, v, call)  # (..., Lq, Ev), 2 x (..., Lq, 1)

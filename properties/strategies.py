@@ -1,26 +1,31 @@
 """Hypothesis strategies: attention problems as float64 NumPy arrays, exact in the dtype under test.
 
-A `Case` carries its arrays *and* the NumPy statements that rebuild them (``code``):
-small problems are spelled out element by element (``np.array([...])``, so Hypothesis
-shrinks them entry by entry), large ones as a seed plus a distribution
-(``rng = np.random.default_rng(SEED)``).  The statements are executed to make the
-arrays, so the reproducer printed on a failure is, by construction, what was run.
+A `Case` (properties/case.py) carries its arrays *and* the NumPy statements that rebuild them:
+small problems are spelled out element by element (``np.array([...])``, so Hypothesis shrinks
+them entry by entry), large ones as a seed plus a distribution.
 
-Every input value is exactly representable in the dtype under test (a grid of k/8 for
-16-bit formats, float32 values for float32), so the adapter's cast loses nothing and the
-reference sees the very numbers the backend sees.  Score magnitudes are capped per dtype
-(`SCORE_CAP`) so that no correct computation overflows, while still reaching deep into
-softmax saturation (score gaps of hundreds).
+Every input value is exactly representable in the dtype under test (a grid of k/8 for 16-bit
+formats, float32 values for float32) and a normal number of it - no scaling step may push a
+value below the format's normal range - so the adapter's cast loses nothing and the reference
+sees the very numbers the backend sees.
+
+Draws that can fail: the largest score term S is *measured* on the drawn arrays and the
+amplitude of q and k set so that S lands where the draw asks - deep saturation at the dtype's
+cap, a moderate spread, or (rarely) near-uniform rows - instead of a worst-case bound that left
+16-bit rows near-uniform.  An "aligned" distribution (q and k multiples of one direction) puts
+the scores themselves at +-S, so saturated rows are common in every dtype.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from hypothesis import strategies as st
 
-from specs.problem import causal_mask
+from specs.error_budget import round_to
+
+from . import variants as V
+from .case import Case, fields_literal, literal, seed_case  # noqa: F401 - re-exported
 
 LOW_PRECISION = ("float16", "bfloat16")
 SMALL_MAX_LEN, SMALL_MAX_DIM = 5, 4  # element-wise up to these (at most 40 entries an array)
@@ -29,91 +34,77 @@ LARGE_LENGTHS, LARGE_DIMS = (100, 127, 128, 129, 200, 256, 257, 300), (64, 80, 1
 LARGE_WORK = 257 * 257 * 64  # Lq * Lk * max(E, Ev) cap: 257 x 257 x 64 or 257 x 64 x 256, not 300 x 300 x 256
 REGIMES = ("small", "small", "small", "medium", "medium", "large")  # element-wise half the time
 BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3))
-# Compiling backends (JAX) get a fixed menu so a run compiles a bounded set of programs;
-# Ev == Lk so the weight probe (V = identity) reuses the same shapes.
-# E == Ev == Lk also suits backends that need Ev == E (jax.nn.dot_product_attention).
-COMPILED_SHAPES = ((1, 1, 1, 1, 1, 1), (2, 3, 5, 3, 3, 3), (1, 2, 3, 6, 6, 6), (1, 1, 17, 64, 64, 64),
-                   (1, 1, 129, 256, 256, 256))
-# |score| <= 2048 in float32/float64: deep saturation (gaps of hundreds; exp overflows past 88 in
-# float32 without the max subtraction) yet far from overflow.  The 16-bit formats hold the scores
-# themselves (XLA, PyTorch's math path), and one rounding of a score S moves its weight by u*S
-# (specs/error_budget.py puts that in the floor): past u*S ~ 2^-5 the budget could no longer tell
-# a bug from rounding, so float16 stops at 64 (e^-64 is saturation enough) and bfloat16 at 8.
+
+
+class Shape(NamedTuple):
+    B: int
+    H: int
+    Hkv: int
+    Lq: int
+    Lk: int
+    E: int
+    Ev: int
+
+
+# Compiling backends (JAX, compiled flex) get a fixed menu so a run compiles a bounded set of
+# programs; Ev == Lk so the weight probe (V = identity) reuses the same shapes, and
+# E == Ev == Lk also suits backends that need Ev == E.
+COMPILED_SHAPES = (Shape(1, 1, 1, 1, 1, 1, 1), Shape(2, 3, 3, 5, 3, 3, 3), Shape(1, 2, 2, 3, 6, 6, 6),
+                   Shape(1, 1, 1, 17, 64, 64, 64), Shape(1, 1, 1, 129, 256, 256, 256))
+COMPILED_GQA_SHAPES = (Shape(1, 4, 2, 3, 6, 6, 6), Shape(2, 2, 1, 5, 3, 3, 3))
+# The largest score term S = max scale |q|.|k| a dtype's draws may reach.  float32/float64: deep
+# saturation (gaps of hundreds; exp overflows past 88 in float32 without the max subtraction)
+# yet far from overflow.  The 16-bit formats hold the scores themselves (XLA, PyTorch's math
+# path), and one rounding of a score S moves its weight by u*S (specs/error_budget.py puts that
+# in the floor): past u*S ~ 2^-5 the budget could no longer tell a bug from rounding.
 SCORE_CAP = {"float16": 2.0**6, "bfloat16": 2.0**3, "float32": 2.0**11, "float64": 2.0**11}
+# Where S lands: at the cap (saturating), a moderate spread, or near-uniform (log2 targets).
+AMPLITUDES = (("saturating", None), ("saturating", None), ("moderate", 2.0), ("moderate", 3.0), ("tiny", -6.0))
 MASK_KINDS = ("none", "causal", "mask", "empty_rows", "causal_mask")
 SCALES = (None, 0.5, 0.125, 1.0, 2.0, 4.0, 0.25)
+_SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 
 
-@dataclass(frozen=True)
-class Case:
-    """One attention problem (B, H, L, E layout) and the NumPy code that rebuilds it."""
+@st.composite
+def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = False, probe: bool = False,
+           grouped: bool = False):
+    """A Shape; small ones first so shrinking goes there.
 
-    q: np.ndarray  # (B, H, Lq, E)
-    k: np.ndarray  # (B, H, Lk, E)
-    v: np.ndarray  # (B, H, Lk, Ev)
-    mask: np.ndarray | None  # (Lq, Lk) or (B, H, Lq, Lk), True = takes part
-    is_causal: bool
-    scale: float | None
-    code: tuple = ()  # statements defining q, k, v, mask
-    label: str = ""
-
-    @property
-    def dims(self) -> dict:
-        (B, H, Lq, E), Lk, Ev = self.q.shape, self.k.shape[-2], self.v.shape[-1]
-        return dict(B=B, H=H, Lq=Lq, Lk=Lk, E=E, Ev=Ev)
-
-    def visible(self, alignment: str = "top_left") -> np.ndarray:
-        """(B, H, Lq, Lk) bool: pairs that take part under the backend's causal alignment."""
-        d = self.dims
-        vis = np.ones((d["B"], d["H"], d["Lq"], d["Lk"]), dtype=bool)  # (B, H, Lq, Lk)
-        if self.mask is not None:
-            vis = vis & self.mask
-        if self.is_causal:
-            vis = vis & causal_mask(d["Lq"], d["Lk"], alignment)
-        return vis
-
-    def then(self, *lines: str, **extra) -> "Case":
-        """Run more NumPy statements on (q, k, v, mask); the new case records them."""
-        env = {"np": np, "q": self.q.copy(), "k": self.k.copy(), "v": self.v.copy(),
-               "mask": None if self.mask is None else self.mask.copy(), **extra}
-        exec("\n".join(lines), env)  # noqa: S102 - our own generated statements
-        return dataclasses.replace(self, q=env["q"], k=env["k"], v=env["v"], mask=env["mask"],
-                                   code=self.code + tuple(lines))
-
-    def with_identity_values(self) -> "Case":
-        """V = identity (Ev = Lk): the output is then the weight matrix itself."""
-        d = self.dims
-        return self.then(f"v = np.broadcast_to(np.eye({d['Lk']}), ({d['B']}, {d['H']}, {d['Lk']}, {d['Lk']})).copy()")
-
-    def rounded(self, dtype: str) -> "Case":
-        """A hand-written case (the seeds') rounded to dtype, so every input is exact in it."""
-        if dtype == "float64":
-            return self
-        fn = "round_bfloat16(x)" if dtype == "bfloat16" else f"x.astype(np.{dtype})"
-        return self.then(f"q, k, v = (np.asarray({fn}, dtype=np.float64) for x in (q, k, v))",
-                         round_bfloat16=_round_bf16)
-
-    def _repr_pretty_(self, p, cycle):  # Hypothesis' printer: the short form
-        p.text(repr(self))
-
-    def __repr__(self) -> str:
-        d = self.dims
-        mask = "None" if self.mask is None else f"bool{self.mask.shape} ({int((~self.mask).sum())} hidden)"
-        head = f"{self.label}: " if self.label else ""
-        return (f"Case({head}B={d['B']} H={d['H']} Lq={d['Lq']} Lk={d['Lk']} E={d['E']} Ev={d['Ev']}, "
-                f"mask={mask}, is_causal={self.is_causal}, scale={self.scale!r})")
+    equal_dims: the backend needs Ev == E; with probe (V = identity, so Ev becomes Lk) also E == Lk.
+    grouped: fewer KV heads than query heads (Hq % Hkv == 0).
+    """
+    if compiled:  # the largest menu shape only where large problems are drawn at all
+        menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
+        return draw(st.sampled_from(menu), label="shape")
+    if grouped:
+        B = draw(st.sampled_from((1, 2)), label="batch")
+        H, Hkv = draw(st.sampled_from(V.GQA_HEADS), label="query heads, KV heads")
+    else:
+        B, H = draw(st.sampled_from(BATCH_HEADS), label="batch, heads")
+        Hkv = H
+    regime = draw(st.sampled_from(regimes), label="regime")
+    if regime == "small":
+        if not grouped:
+            H = Hkv = min(H, 3 - B)
+        L, D = st.integers(1, SMALL_MAX_LEN), st.integers(1, SMALL_MAX_DIM)
+    elif regime == "medium":
+        L, D = st.sampled_from(MEDIUM_LENGTHS), st.sampled_from(MEDIUM_DIMS)
+    else:  # realistic: one batch element keeps it quick
+        B, L, D = 1, st.sampled_from(LARGE_LENGTHS), st.sampled_from(LARGE_DIMS)
+        H, Hkv = (H, Hkv) if grouped else (1, 1)
+    Lq, Lk = draw(L, label="Lq"), draw(L, label="Lk")
+    if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
+        return Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
+    E = draw(D, label="E")
+    Ev = E if equal_dims else draw(D, label="Ev")
+    if regime == "large" and Lq * Lk * max(E, Ev) * H > LARGE_WORK:  # keep a realistic size quick
+        E, Ev = min(E, 64), min(Ev, 64)
+        Lk = Lk if Lq * Lk * max(E, Ev) * H <= LARGE_WORK else 64
+    return Shape(B, H, Hkv, Lq, Lk, E, Ev)
 
 
-def _round_bf16(x):
-    from specs.error_budget import round_bfloat16
-    return round_bfloat16(x)
-
-
-def literal(name: str, x: np.ndarray) -> str:
-    """``name = np.array([...])``: exact (repr of a float round-trips)."""
-    if x.dtype == bool:
-        return f"{name} = np.array({x.tolist()!r}, dtype=bool)"
-    return f"{name} = np.array({np.asarray(x, dtype=np.float64).tolist()!r})"
+def _is_small(s: Shape) -> bool:
+    return max(s.Lq, s.Lk) <= SMALL_MAX_LEN and max(s.E, s.Ev) <= SMALL_MAX_DIM
 
 
 def _elements(dtype: str):
@@ -124,146 +115,159 @@ def _elements(dtype: str):
     return st.one_of(ties, st.floats(-4, 4, width=width, allow_subnormal=False))
 
 
-def _amplitude_cap(dtype, qmax, kmax, E, scale) -> int:
-    """Powers of two to divide q and k by so max|score| <= SCORE_CAP (before and after scaling)."""
-    eff = max(1.0, scale if scale is not None else 1.0)
-    bound, shift = qmax * kmax * E * eff, 0
-    while bound > SCORE_CAP[dtype]:
-        bound, shift = bound / 4, shift + 1  # q and k each halved
-    return shift
+def _dims(s: Shape) -> dict:
+    return {"q": (s.B, s.H, s.Lq, s.E), "k": (s.B, s.Hkv, s.Lk, s.E), "v": (s.B, s.Hkv, s.Lk, s.Ev)}
 
 
 @st.composite
-def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = False, probe: bool = False):
-    """(B, H, Lq, Lk, E, Ev); small ones first so shrinking goes there.
-
-    equal_dims: the backend needs Ev == E; with probe (V = identity, so Ev becomes Lk) also E == Lk.
-    """
-    if compiled:  # the largest menu shape only where large problems are drawn at all
-        menu = COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1]
-        return draw(st.sampled_from(menu), label="shape")
-    B, H = draw(st.sampled_from(BATCH_HEADS), label="batch, heads")
-    regime = draw(st.sampled_from(regimes), label="regime")
-    if regime == "small":
-        (B, H), L, D = (B, min(H, 3 - B)), st.integers(1, SMALL_MAX_LEN), st.integers(1, SMALL_MAX_DIM)
-    elif regime == "medium":
-        L, D = st.sampled_from(MEDIUM_LENGTHS), st.sampled_from(MEDIUM_DIMS)
-    else:  # realistic: one (batch, head) keeps it quick
-        (B, H), L, D = (1, 1), st.sampled_from(LARGE_LENGTHS), st.sampled_from(LARGE_DIMS)
-    Lq, Lk = draw(L, label="Lq"), draw(L, label="Lk")
-    if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
-        return (B, H, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
-    E = draw(D, label="E")
-    Ev = E if equal_dims else draw(D, label="Ev")
-    if regime == "large" and Lq * Lk * max(E, Ev) > LARGE_WORK:  # keep a realistic size quick
-        E, Ev = min(E, 64), min(Ev, 64)
-        Lk = Lk if Lq * Lk * max(E, Ev) <= LARGE_WORK else 64
-    return (B, H, Lq, Lk, E, Ev)
-
-
-def _is_small(shape) -> bool:
-    B, H, Lq, Lk, E, Ev = shape
-    return max(Lq, Lk) <= SMALL_MAX_LEN and max(E, Ev) <= SMALL_MAX_DIM
-
-
-@st.composite
-def _values_small(draw, shape, dtype):
-    B, H, Lq, Lk, E, Ev = shape
-    el = _elements(dtype)
-    arrays = {}
-    for name, dims in (("q", (B, H, Lq, E)), ("k", (B, H, Lk, E)), ("v", (B, H, Lk, Ev))):
+def _values_small(draw, s: Shape, dtype):
+    lines = []
+    for name, dims in _dims(s).items():
         n = int(np.prod(dims))
-        flat = draw(st.lists(el, min_size=n, max_size=n), label=name)
-        arrays[name] = np.array(flat, dtype=np.float64).reshape(dims)
-    return [literal(n, a) for n, a in arrays.items()]
+        flat = draw(st.lists(_elements(dtype), min_size=n, max_size=n), label=name)
+        lines.append(literal(name, np.array(flat, dtype=np.float64).reshape(dims)))
+    return lines
 
 
 def _recipe(dtype: str, dist: str, dims: tuple) -> str:
-    if dtype in LOW_PRECISION:  # a k/8 grid, exact in every format
-        base = {"normal": f"np.clip(np.round(rng.standard_normal({dims}) * 8), -32, 32) / 8",
-                "ties": f"rng.integers(-2, 3, {dims}) / 1.0"}[dist]
-        return base
-    base = {"normal": f"rng.standard_normal({dims})", "ties": f"rng.integers(-2, 3, {dims}) / 1.0"}[dist]
+    base = {"normal": f"rng.standard_normal({dims})", "ties": f"rng.integers(-2, 3, {dims}) / 1.0",
+            # multiples of one +-1 direction: scores q.k reach +-S itself, rows saturate
+            "aligned": f"rng.integers(-4, 5, {dims[:-1]} + (1,)) * direction / 4"}[dist]
+    if dtype in LOW_PRECISION and dist == "normal":  # a k/8 grid, exact in every format
+        return f"np.clip(np.round({base} * 8), -32, 32) / 8"
     return f"({base}).astype(np.float32).astype(np.float64)" if dtype == "float32" else base
 
 
 @st.composite
-def _values_large(draw, shape, dtype):
-    B, H, Lq, Lk, E, Ev = shape
+def _values_large(draw, s: Shape, dtype):
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     lines = [f"rng = np.random.default_rng({seed})"]
-    for name, dims in (("q", (B, H, Lq, E)), ("k", (B, H, Lk, E)), ("v", (B, H, Lk, Ev))):
-        dist = draw(st.sampled_from(("normal", "ties")), label=f"{name} distribution")
-        lines.append(f"{name} = {_recipe(dtype, dist, dims)}")
+    dists = {name: draw(st.sampled_from(("normal", "normal", "ties", "aligned")) if name != "v"
+                        else st.sampled_from(("normal", "ties")), label=f"{name} distribution")
+             for name in ("q", "k", "v")}
+    if "aligned" in (dists["q"], dists["k"]):
+        dists["q"] = dists["k"] = "aligned"
+        lines.append(f"direction = rng.choice([-1.0, 1.0], {s.E})  # q and k share it")
+    lines += [f"{name} = {_recipe(dtype, dists[name], dims)}" for name, dims in _dims(s).items()]
     return lines
 
 
 @st.composite
-def _mask_lines(draw, kind, shape, compiled, allow_empty_rows, small):
-    B, H, Lq, Lk, _, _ = shape
+def _mask_lines(draw, kind, s: Shape, compiled, allow_empty_rows, small):
     if kind in ("none", "causal"):
         return ["mask = None"]
     full = compiled or draw(st.booleans(), label="mask per batch and head")
-    dims = (B, H, Lq, Lk) if full else (Lq, Lk)
+    dims = (s.B, s.H, s.Lq, s.Lk) if full else (s.Lq, s.Lk)
     if small:  # draw the *hidden* pairs, so shrinking heads for "everything visible"
         n = int(np.prod(dims))
         hidden = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n), label="hidden pairs")).reshape(dims)
         lines = [literal("mask", ~hidden)]
     else:
-        p = draw(st.sampled_from((0.9, 0.5, 0.1)), label="visible fraction")
+        p = draw(st.sampled_from((0.9, 0.5)), label="visible fraction")
         lines = ["rng_mask = np.random.default_rng(%d)" % draw(st.integers(0, 2**31 - 1), label="mask seed"),
                  f"mask = rng_mask.random({dims}) < {p}"]
-    if kind == "empty_rows":
-        rows = draw(st.lists(st.integers(0, Lq - 1), min_size=1, max_size=max(1, Lq // 2), unique=True),
+    if kind == "empty_rows" and s.Lq:
+        rows = draw(st.lists(st.integers(0, s.Lq - 1), min_size=1, max_size=max(1, s.Lq // 2), unique=True),
                     label="fully masked rows")
         lines.append(f"mask[..., {sorted(rows)}, :] = False")
-    if not allow_empty_rows:
+    if not allow_empty_rows and s.Lk:
         lines.append("mask[..., :, 0] = True  # every row sees key 0")
     return lines
 
 
+def score_terms(q, k, scale, group: int = 1) -> float:
+    """The largest scale * |q|.|k| over every (query, key) pair (the budget's S, unmasked)."""
+    kk = np.repeat(np.abs(k), group, axis=-3) if group > 1 else np.abs(k)
+    return float(np.max(np.abs(q) @ np.swapaxes(kk, -1, -2), initial=0.0)) * scale
+
+
+def _exact_after(x: np.ndarray, j: int, dtype: str) -> bool:
+    """Whether every x * 2^j is a normal number of dtype (or zero)."""
+    y = x * 2.0**j
+    nz = np.abs(y[y != 0])
+    return (nz.size == 0 or nz.min() >= _SMALLEST_NORMAL[dtype]) and np.array_equal(
+        np.asarray(round_to(y, dtype), dtype=np.float64), y)
+
+
+def _amplitude(draw, dtype, q, k, scale, group) -> int:
+    """log2 of the factor on q and k (each) that puts the largest score term where the draw asks."""
+    S = score_terms(q, k, scale, group)
+    if S == 0:
+        return 0
+    kind, target = draw(st.sampled_from(AMPLITUDES), label="score size")
+    goal = SCORE_CAP[dtype] if target is None else min(2.0**target, SCORE_CAP[dtype])
+    j = int(np.floor(np.log2(goal / S) / 2))  # q and k each scaled by 2^j: S by 4^j
+    while S * 4.0**j > SCORE_CAP[dtype]:
+        j -= 1
+    while j and not (_exact_after(q, j, dtype) and _exact_after(k, j, dtype)):
+        j += 1 if j < 0 else -1  # toward 1: never leave the format's exact normal numbers
+    return j
+
+
 @st.composite
 def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allow_empty_rows: bool = True,
-          scales=SCALES, shape=None, regimes=REGIMES, equal_dims: bool = False, probe: bool = False):
-    """A Case for `dtype` within the backend's capabilities (masks, causal)."""
-    shape = shape or draw(shapes(compiled, regimes, equal_dims, probe), label="shape")
+          scales=SCALES, shape=None, regimes=REGIMES, equal_dims: bool = False, probe: bool = False,
+          alignments=("top_left",), need=frozenset(), avoid=frozenset()):
+    """A Case for `dtype` within the backend's capabilities (masks, causal, optional features).
+
+    ``alignments``: the causal alignments the backend takes; ``need``/``avoid``: optional fields
+    (names of specs.problem.FEATURES) every draw must / must not use.
+    """
+    supported = getattr(caps, "features", frozenset())
+    use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
+    grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
+                                  and draw(st.integers(0, 3), label="grouped heads") == 0)
+    s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped), label="shape")
+    if not isinstance(s, Shape):
+        s = Shape(s[0], s[1], s[1], *s[2:]) if len(s) == 6 else Shape(*s)
     kinds = [k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)]
     if not allow_empty_rows:
         kinds = [k for k in kinds if k != "empty_rows"]
     kind = draw(st.sampled_from(kinds), label="mask kind")
-    menu = ([s for s in scales if s in (None, 0.5)] or [0.5]) if compiled else scales  # a compile per scale
+    menu = ([x for x in scales if x in (None, 0.5)] or [0.5]) if compiled else scales  # a compile per scale
     scale = draw(st.sampled_from(menu), label="scale")
-    small = _is_small(shape)
-    lines = draw(_values_small(shape, dtype) if small else _values_large(shape, dtype))
-    lines += draw(_mask_lines(kind, shape, compiled, allow_empty_rows, small))
+    small = _is_small(s)
+    lines = draw(_values_small(s, dtype) if small else _values_large(s, dtype))
+    lines += draw(_mask_lines(kind, s, compiled, allow_empty_rows, small))
     env = {"np": np}
     exec("\n".join(lines), env)  # noqa: S102 - our own generated statements
-    qmax, kmax = float(np.abs(env["q"]).max()), float(np.abs(env["k"]).max())
-    amp = draw(st.sampled_from(_amplitudes(dtype)), label="q, k amplitude (log2)")
-    amp -= _amplitude_cap(dtype, qmax * 2.0**amp, kmax * 2.0**amp, shape[4], scale)  # saturate, never overflow
+    group = s.H // s.Hkv
+    used_scale = scale if scale is not None else 1.0 / np.sqrt(s.E)
+    amp = _amplitude(draw, dtype, env["q"], env["k"], used_scale, group)
     if amp:
         lines.append(f"q, k = q * 2.0**{amp}, k * 2.0**{amp}")
-        exec(lines[-1], env)  # noqa: S102
-    return Case(env["q"], env["k"], env["v"], env["mask"], kind in ("causal", "causal_mask"), scale, tuple(lines))
-
-
-def _amplitudes(dtype):
-    """log2 of the q, k multiplier: plain, tiny (scores ~ 0, near-uniform), saturating."""
-    return (0, -6, 3, 6) if dtype == "float16" else (0, -12, 3, 6)
-
-
-def _build(lines, proto: Case) -> Case:
-    env = {"np": np}
-    exec("\n".join(lines), env)  # noqa: S102
-    return dataclasses.replace(proto, q=env["q"], k=env["k"], v=env["v"], mask=env.get("mask"), code=tuple(lines))
-
-
-def seed_case(label: str, q, k, v, mask=None, is_causal=False, scale=None) -> Case:
-    """A hand-written problem (a seed's worked example) as a Case in (B=1, H=1) layout."""
-    arrays = [np.asarray(x, dtype=np.float64).reshape((1, 1) + np.shape(x)[-2:]) for x in (q, k, v)]
-    lines = [literal(n, a) for n, a in zip("qkv", arrays)]
-    if mask is not None:
-        lines.append(literal("mask", np.asarray(mask, dtype=bool)))
+    fields, field_lines = {}, []
+    if group > 1:
+        fields["enable_gqa"] = True
+    positional = kind in ("causal", "causal_mask") or {"window", "alibi"} & use
+    if positional and len(alignments) > 1 and s.Lq != s.Lk:
+        fields["causal_alignment"] = draw(st.sampled_from(alignments), label="causal alignment")
+    elif positional and alignments[0] != "top_left":
+        fields["causal_alignment"] = alignments[0]
+    S = score_terms(env["q"] * 2.0**amp, env["k"] * 2.0**amp, used_scale, group)
+    if "bias" in use:
+        field_lines += draw(V.bias_lines(s, dtype, SCORE_CAP[dtype], allow_empty_rows or kind != "none"))
+        fields["bias"] = None
+    if "window" in use:
+        fields["window"] = draw(V.window_value(compiled))
+    if "seq_lengths" in use:
+        field_lines += draw(V.lengths_lines(s, allow_empty_rows))
+        fields["q_lengths"] = fields["kv_lengths"] = None
+    if "segment_ids" in use:
+        field_lines += draw(V.segment_lines(s))
+        fields["q_segment_ids"] = fields["kv_segment_ids"] = None
+    if "softcap" in use:
+        fields["softcap"] = V.softcap_value(draw, S, compiled)
+    if "alibi" in use:
+        field_lines.append(V.slopes_literal(s.H))
+        fields["alibi_slopes"] = None
+    lines += field_lines
+    env2 = {"np": np}
+    exec("\n".join(lines), env2)  # noqa: S102
+    values = {k: (env2[k] if v is None else v) for k, v in fields.items()}
+    if values:
+        lines.append("fields = " + fields_literal(values))
     else:
-        lines.append("mask = None")
-    return _build(lines, Case(None, None, None, None, bool(is_causal), scale, label=label))
+        lines.append("fields = {}")
+    return Case(env2["q"], env2["k"], env2["v"], env2["mask"], kind in ("causal", "causal_mask"), scale,
+                tuple(lines), fields=values)

@@ -73,10 +73,10 @@ def call_with_limit(backend: Backend, what: str, fn, *args, **kwargs):
     return box["value"]
 
 
-def _guarded(target, call: str, case, fn, *args):
+def _guarded(target, call: str, case, fn, *args, **kwargs):
     """A declined combination is a skip; a misbehaving backend a failure with a reproducer."""
     try:
-        return call_with_limit(target.backend, call, fn, *args)
+        return call_with_limit(target.backend, call, fn, *args, **kwargs)
     except Unsupported as e:  # this problem is declined: another one is drawn (all declined: a skip)
         target.unsupported = f"{target.name}: {e}"
         if target.in_hypothesis:
@@ -87,7 +87,8 @@ def _guarded(target, call: str, case, fn, *args):
 
         from .judge import ConformanceFailure, snippet
         verdict = Verdict("backend_call", False, None, float("nan"), f"the {call} call failed: {e.what}")
-        raise ConformanceFailure(target.current_property, target, verdict, case, snippet(target, case, call)) from e
+        raise ConformanceFailure(target.current_property, target, verdict, case,
+                                 snippet(target, case, call, return_lse=kwargs.get("return_lse", False))) from e
 
 
 _EQUAL_DIMS: dict = {}  # id(backend) -> needs Ev == E
@@ -127,6 +128,9 @@ class Target:
     current_property: str = "?"
     unsupported: str = ""  # the last reason the backend gave for declining a problem
     in_hypothesis: bool = True
+    history: list = field(default_factory=list, repr=False)  # backend calls (see begin_example)
+    example_start: int = 0
+    import_paths: tuple = ()  # sys.path entries a reproducer needs to import the backend
     _available: tuple | None = field(default=None, repr=False)
 
     @property
@@ -142,9 +146,12 @@ class Target:
         return self.backend.capabilities
 
     @property
-    def alignment(self) -> str:
-        """The causal alignment to expect: declared, else the spec's (top-left)."""
-        return self.backend.semantics.causal_alignment or "top_left"
+    def alignments(self) -> tuple:
+        """The causal alignments problems may ask this backend for (when Lq != Lk)."""
+        return self.backend.causal_alignments()
+
+    def supports(self, feature: str) -> bool:
+        return self.backend.supports(feature)
 
     @property
     def compiled(self) -> bool:
@@ -168,23 +175,45 @@ class Target:
     @property
     def budget_dtype(self) -> str:
         """The dtype whose error budget judges results: a declared narrower effective precision
-        (jax-dpa's float32 softmax for float64 input) replaces a wider input dtype."""
-        eff = getattr(self.backend.semantics, "effective_precision", None)
-        if eff in BUDGETS and BUDGETS[eff].unit_roundoff > BUDGETS[self.dtype].unit_roundoff:
-            return eff
-        return self.dtype
+        (jax-dpa's float32 softmax for float64 input), or a declared narrower output dtype,
+        replaces a wider input dtype."""
+        out = self.dtype
+        for narrower in (getattr(self.backend.semantics, "effective_precision", None),
+                         self.backend.output_dtype(self.dtype)):
+            if narrower in BUDGETS and BUDGETS[narrower].unit_roundoff > BUDGETS[out].unit_roundoff:
+                out = narrower
+        return out
 
     @property
     def equal_head_dims(self) -> bool:
         return needs_equal_head_dims(self.backend, self.dtype)
 
-    def forward(self, case, dtype: str | None = None):
-        return _guarded(self, "forward", case, self.backend.forward, case.q, case.k, case.v, case.mask,
-                        case.is_causal, case.scale, dtype or self.dtype)
+    # -- calls, recorded so a failure's snippet can replay them in order ------------------
+    def begin_example(self) -> None:
+        """A new example starts: keep only the call just before it (a stateful backend's context)."""
+        self.history = self.history[-1:]
+        self.example_start = len(self.history)
 
-    def backward(self, case, grad_out, dtype: str | None = None):
-        return _guarded(self, "backward", case, self.backend.backward, case.q, case.k, case.v, grad_out, case.mask,
-                        case.is_causal, case.scale, dtype or self.dtype)
+    def calls_before(self, case) -> list:
+        """Recorded calls before the failing example's first call with `case` (incl. the one before it)."""
+        first = next((i for i, c in enumerate(self.history) if i >= self.example_start and c["case"] is case),
+                     len(self.history))
+        return self.history[max(0, self.example_start - 1):first]
+
+    def _record(self, kind, case, dtype, **extra) -> None:
+        self.history.append(dict(kind=kind, case=case, dtype=dtype, **extra))
+
+    def forward(self, case, dtype: str | None = None, return_lse: bool = False):
+        dtype = dtype or self.dtype
+        self._record("forward", case, dtype, return_lse=return_lse)
+        return _guarded(self, "forward", case, self.backend.forward, case.q, case.k, case.v, dtype=dtype,
+                        return_lse=return_lse, **case.call_kwargs)
+
+    def backward(self, case, grad_out, dtype: str | None = None, grad_line: str = ""):
+        dtype = dtype or self.dtype
+        self._record("backward", case, dtype, grad_line=grad_line)
+        return _guarded(self, "backward", case, self.backend.backward, case.q, case.k, case.v, grad_out,
+                        dtype=dtype, **case.call_kwargs)
 
     def _repr_pretty_(self, p, cycle):  # Hypothesis' printer: the short form
         p.text(repr(self))

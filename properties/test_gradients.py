@@ -44,7 +44,7 @@ _EXAMPLES = settings(max_examples=max(3, settings.default.max_examples // 2))
 
 def _case(data, target) -> Case:
     case = draw_case(data, target, allow_empty_rows=False, regimes=("small", "small", "medium"))
-    assume(judged_rows(case, target.alignment).all())  # bottom-right causal with Lq > Lk hides whole rows
+    assume(judged_rows(case).all())  # bottom-right causal with Lq > Lk, lengths, windows: whole rows hidden
     return case
 
 
@@ -54,10 +54,9 @@ def _case(data, target) -> Case:
 def test_gradients_match_reference(target, data):
     case = _case(data, target)
     g, line = _grad_out(data, case, target.dtype)
-    got = target.backward(case, g)  # (dq, dk, dv)
-    vis = case.visible(target.alignment)  # (B, H, Lq, Lk)
-    verdicts = error_budget.check_backward(got, case.q, case.k, case.v, g, vis, False, case.scale, target.budget_dtype)
-    for name, verdict in zip(("dq", "dk", "dv"), verdicts):
+    got = target.backward(case, g, grad_line=line)  # (dq, dk, dv[, dbias])
+    verdicts = error_budget.check_backward(got, case.problem, None, None, g, dtype=target.budget_dtype)
+    for name, verdict in zip(("dq", "dk", "dv", "dbias"), verdicts):
         fail_unless(verdict, "gradients_match_reference", target, case, call="backward", grad_line=line,
                     checks=(f"print(np.abs({name} - ref_{name}).max())",))
 
@@ -72,18 +71,17 @@ def test_gradient_scaling_law(target, data):
     c = 2.0**j  # a power of two: q/c, k/c and scale*c^2 are exact
     g, line = _grad_out(data, case, target.dtype)
     scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.dims["E"])
-    base = Case(case.q, case.k, case.v, case.mask, case.is_causal, scale, case.code + (f"scale = {scale!r}",))
+    base = dataclasses.replace(case, scale=scale, code=case.code + (f"scale = {scale!r}",))
     moved = base.then(f"q, k = q / {c!r}, k / {c!r}  # c = {c!r}; scale -> scale * c**2")
     moved = dataclasses.replace(moved, scale=scale * c * c)
-    grads = target.backward(base, g)  # (dq, dk, dv) at (q, k, scale)
-    scaled = target.backward(moved, g)  # at (q/c, k/c, scale c^2)
-    vis = case.visible(target.alignment)  # (B, H, Lq, Lk)
-    budgets = error_budget.backward_allowed(base.q, base.k, base.v, g, vis, False, base.scale, target.budget_dtype)
+    grads = target.backward(base, g, grad_line=line)[:3]  # (dq, dk, dv) at (q, k, scale)
+    scaled = target.backward(moved, g, grad_line=line)[:3]  # at (q/c, k/c, scale c^2)
+    budgets = error_budget.backward_allowed(base.problem, None, None, g, dtype=target.budget_dtype)
     # each side is within its budget and the moved problem's budget is c times this one's
     # (same scores; dQ, dK, their plain errors and magnitudes all scale by c): (c + c) x budget
     tol = 2 * c * max(allowed for allowed, _, _ in budgets[:2])
     verdict = gradient_scaling(grads, scaled, c, atol=tol)
     fail_unless(verdict, "gradient_scaling_law", target, base, call="backward", grad_line=line, checks=(
         f"dq2, dk2, dv2 = backend.backward(q / {c!r}, k / {c!r}, v, grad_out, mask, is_causal=is_causal, "
-        f"scale=scale * {c * c!r}, dtype={target.dtype!r})",
+        f"scale=scale * {c * c!r}, dtype={target.dtype!r}, **fields)[:3]",
         f"print(np.abs(dq2 - {c!r} * dq).max(), np.abs(dk2 - {c!r} * dk).max(), np.abs(dv2 - dv).max())"))

@@ -21,7 +21,7 @@ def _probe(target, data):
     """(case with V = I, backend weights, reference Forward, plain weights)."""
     case = draw_case(data, target, probe=True).with_identity_values()
     weights = target.forward(case)  # (B, H, Lq, Lk)
-    return case, weights, expected_forward(case, target.alignment), plain_output(case, target.alignment, target.budget_dtype)
+    return case, weights, expected_forward(case), plain_output(case, target.budget_dtype)
 
 
 @with_seed_examples
@@ -42,7 +42,7 @@ def test_rows_sum_to_one(target, data):
     # its terms (the weights) summing to 1
     atol = error_budget.allowed_error(np.ones(int(rows.sum())), plain.sum(axis=-1, dtype=np.float64)[rows],
                                       target.budget_dtype, reduction_length(case), magnitude=1.0,
-                                      score_size=score_size(case, target.alignment))
+                                      score_size=score_size(case))
     verdict = invariants.rows_sum_to_one(weights, ref.visible, atol)
     fail_unless(verdict, "rows_sum_to_one", target, case,
                 checks=("print(out.sum(axis=-1))  # each row with a visible key must sum to 1",))
@@ -53,7 +53,7 @@ def test_rows_sum_to_one(target, data):
 def test_order_preserved(target, data):
     case, weights, ref, plain = _probe(target, data)
     # a weight may be off by the budget, so a near-tie may flip by that much and no more
-    atol = output_tolerance(case, target.alignment, target.budget_dtype)
+    atol = output_tolerance(case, target.budget_dtype)
     verdict = invariants.order_preserved(ref.scores, weights, ref.visible, atol)
     fail_unless(verdict, "order_preserved", target, case,
                 checks=("scores = (q @ np.swapaxes(k, -1, -2)) * (scale or q.shape[-1] ** -0.5)",

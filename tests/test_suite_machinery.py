@@ -1,4 +1,7 @@
-"""The suite's own machinery: reproducers run, inputs are exact, bad input is refused by name."""
+"""The suite's own machinery: reproducers run, inputs are exact, bad input is refused by name.
+
+These are the harness's self-tests: they live in tests/, never in the user's `pytest properties`
+(a conformance verdict must never depend on them)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,25 +13,31 @@ from backends.base import Capabilities
 from backends.registry import resolve
 from specs.error_budget import round_to
 
-from .judge import snippet
-from .runner import run_suite
-from .strategies import Case, cases, literal
-from .targets import Target
+from properties.judge import snippet
+from properties.runner import run_suite
+from properties.strategies import Case, cases, literal
+from properties.targets import Target
 
-_CAPS = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"))
+_CAPS = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"),
+                     features=frozenset(("gqa", "bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")))
+_SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 
 
-@settings(max_examples=15)
+@settings(max_examples=60, database=None)
 @given(dtype=st.sampled_from(_CAPS.dtypes), data=st.data())
 def test_case_code_rebuilds_exact_inputs(dtype, data):
-    """The printed statements rebuild the very arrays run, and every input is exact in dtype."""
+    """The printed statements rebuild the very arrays run, and every input is a normal number of dtype."""
     case = data.draw(cases(dtype, _CAPS), label="problem")
     env = {"np": np}
     exec("\n".join(case.code), env)  # noqa: S102
     for name in ("q", "k", "v"):
-        assert np.array_equal(env[name], getattr(case, name)), name
-        assert np.array_equal(np.asarray(round_to(env[name], dtype), dtype=np.float64), env[name]), name
+        x = env[name]
+        assert np.array_equal(x, getattr(case, name)), name
+        assert np.array_equal(np.asarray(round_to(x, dtype), dtype=np.float64), x), name
+        nonzero = np.abs(x[x != 0])
+        assert nonzero.size == 0 or nonzero.min() >= _SMALLEST_NORMAL[dtype], f"{name} has a subnormal {nonzero.min()}"
     assert (env["mask"] is None) == (case.mask is None)
+    assert env["fields"].keys() == case.fields.keys()
 
 
 def test_reproducer_runs_and_matches():
@@ -36,9 +45,10 @@ def test_reproducer_runs_and_matches():
     target = Target(resolve("numpy-naive"), "float32")
     target.spec = "numpy-naive"
     q = np.arange(6.0).reshape(1, 1, 2, 3) / 4  # (B, H, Lq, E)
-    case = Case(q, q, q, None, True, 0.5, (literal("q", q), "k = q.copy()", "v = q.copy()", "mask = None"))
+    case = Case(q, q, q, None, True, 0.5, (literal("q", q), "k = q.copy()", "v = q.copy()", "mask = None",
+                                           "fields = {}"))
     env: dict = {}
-    exec(snippet(target, case, checks=("err = np.abs(out - expected).max()",)), env)  # noqa: S102
+    exec(snippet(target, case, checks=("err = np.abs(out - expected.output).max()",)), env)  # noqa: S102
     assert env["err"] < 1e-6
     assert np.array_equal(env["out"], target.backend.forward(q, q, q, None, True, 0.5, "float32"))
 

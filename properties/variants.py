@@ -1,0 +1,105 @@
+"""Drawing the optional problem fields: bias, window, lengths, segment ids, softcap, ALiBi.
+
+Each draw returns NumPy statements (recorded in the Case, so the reproducer rebuilds them)
+and the field values.  Only fields the backend declares are drawn (`Capabilities.features`);
+a test may require some (``need``) or rule some out (``avoid``).  Values are exact in the
+dtype under test, like the inputs.  Backends that compile per shape and per static argument
+(JAX, compiled flex) get small menus for the static fields (window, softcap).
+"""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from specs.problem import alibi_slopes
+
+from .case import literal
+
+# fields a drawn problem may carry, with how often each is drawn when the backend supports it
+OPTIONAL = ("bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")
+DRAW_RATE = 0.25  # each supported optional field independently; tests needing one force it
+WINDOW_SIDES = (None, 0, 1, 2, 3, 8)
+COMPILED_WINDOWS = ((2, 1), (None, 0), (3, None))
+GQA_HEADS = ((2, 1), (4, 2), (4, 1), (6, 3), (6, 2))  # (Hq, Hkv)
+
+
+@st.composite
+def chosen_features(draw, supported, need=frozenset(), avoid=frozenset()) -> frozenset:
+    """Which optional fields this problem uses: those needed, plus each supported one at DRAW_RATE."""
+    chosen = set(need)
+    for name in OPTIONAL:
+        if name in supported and name not in avoid and name not in chosen:
+            if draw(st.integers(0, 99), label=f"use {name}") < DRAW_RATE * 100:
+                chosen.add(name)
+    return frozenset(chosen)
+
+
+def _grid_values(draw, dims, dtype, amplitude: float, label: str):
+    """Exact values: k/8 steps for 16-bit formats, float32 values for float32; |x| <= amplitude."""
+    seed = draw(st.integers(0, 2**31 - 1), label=f"{label} seed")
+    rng = np.random.default_rng(seed)
+    raw = rng.uniform(-amplitude, amplitude, dims)
+    if dtype in ("float16", "bfloat16"):
+        return f"np.round(np.random.default_rng({seed}).uniform(-{amplitude!r}, {amplitude!r}, {dims}) * 8) / 8", \
+            np.round(raw * 8) / 8
+    if dtype == "float32":
+        return (f"np.random.default_rng({seed}).uniform(-{amplitude!r}, {amplitude!r}, {dims})"
+                ".astype(np.float32).astype(np.float64)"), raw.astype(np.float32).astype(np.float64)
+    return f"np.random.default_rng({seed}).uniform(-{amplitude!r}, {amplitude!r}, {dims})", raw
+
+
+@st.composite
+def bias_lines(draw, shape, dtype, cap: float, allow_hidden: bool) -> list:
+    """``bias = ...``: a broadcastable float array, |bias| <= cap/4, sometimes with -inf entries."""
+    B, H, Lq, Lk = shape.B, shape.H, shape.Lq, shape.Lk
+    dims = draw(st.sampled_from(((Lq, Lk), (B, H, Lq, Lk), (1, H, 1, Lk), (B, 1, Lq, Lk))), label="bias shape")
+    amplitude = float(2.0 ** np.floor(np.log2(max(cap / 4, 0.25))))
+    expr, _ = _grid_values(draw, dims, dtype, amplitude, "bias")
+    lines = [f"bias = {expr}  # {dims}, added to the scaled scores"]
+    if allow_hidden and draw(st.booleans(), label="bias hides keys (-inf)"):
+        lines.append(f"bias[np.random.default_rng({draw(st.integers(0, 2**31 - 1), label='hidden seed')})"
+                     f".random({dims}) < 0.3] = -np.inf  # -inf: hidden")
+        lines.append("bias[..., 0] = np.where(np.isneginf(bias[..., 0]), 0.0, bias[..., 0])  # key 0 stays")
+    return lines
+
+
+@st.composite
+def window_value(draw, compiled: bool):
+    if compiled:
+        return draw(st.sampled_from(COMPILED_WINDOWS), label="window")
+    left = draw(st.sampled_from(WINDOW_SIDES), label="window left")
+    right = draw(st.sampled_from(WINDOW_SIDES), label="window right")
+    return (left, right) if (left, right) != (None, None) else (2, 2)
+
+
+@st.composite
+def lengths_lines(draw, shape, allow_empty: bool) -> list:
+    lo_q, lo_k = (0, 0) if allow_empty else (shape.Lq, 1)
+    q_len = draw(st.lists(st.integers(lo_q, shape.Lq), min_size=shape.B, max_size=shape.B), label="q_lengths")
+    kv_len = draw(st.lists(st.integers(lo_k, shape.Lk), min_size=shape.B, max_size=shape.B), label="kv_lengths")
+    return [f"q_lengths = np.array({q_len})  # query rows at or past it are padding",
+            f"kv_lengths = np.array({kv_len})  # keys at or past it are hidden"]
+
+
+@st.composite
+def segment_lines(draw, shape) -> list:
+    """Packed sequences: sorted segment ids per batch element, the same segments on both sides."""
+    n = draw(st.integers(1, 3), label="segments")
+    rows = []
+    for side, L in (("q", shape.Lq), ("kv", shape.Lk)):
+        ids = np.sort(np.array([draw(st.lists(st.integers(0, n - 1), min_size=L, max_size=L), label=f"{side} ids")
+                                for _ in range(shape.B)]).reshape(shape.B, L), axis=-1)  # (B, L)
+        rows.append(literal(f"{side}_segment_ids", ids.astype(np.int64)))
+    return rows
+
+
+def softcap_value(draw, score_size: float, compiled: bool) -> float:
+    """A cap below, near or above the largest score (a power of two: exact in every format)."""
+    if compiled:
+        return 4.0
+    j = draw(st.sampled_from((-2, -1, 0, 1)), label="softcap vs largest score (log2)")
+    return float(2.0 ** (np.floor(np.log2(max(score_size, 2.0**-4))) + j))
+
+
+def slopes_literal(H: int) -> str:
+    return f"alibi_slopes = np.array({alibi_slopes(H).tolist()!r})  # the standard slopes for {H} heads"
