@@ -15,6 +15,8 @@ What the op's spec says and ORT 1.32 does, as measured here (tests/test_backends
 - ``is_causal`` without ``past_key`` is top-left (offset = past_sequence_length = 0).
 - a fully masked row gives zeros (the opset's errata), in every dtype.
 - no bfloat16 kernel on the CPU EP; no log-sum-exp output.
+- float32/float16 refuse a mask that broadcasts over the query axis (the spec allows it; float64
+  takes it): the adapter expands that axis, as it flattens batch axes.
 """
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ class OnnxRuntimeAttention(Backend):
                "is True, -inf elsewhere (the op's own rule for composing them)",
                "no bfloat16: ORT's CPU EP has no bfloat16 Attention kernel (the function-body fallback "
                "fails: no bfloat16 Expand)",
-               "no log-sum-exp output (qk_matmul_output gives scores or weights)"))
+               "no log-sum-exp output (qk_matmul_output gives scores or weights)",
+               "float32/float16 refuse an attn_mask broadcast over queries (shape (..., 1, Lk)): 'inconsistent "
+               "q_sequence_length'; the spec says broadcastable, float64 takes it: the adapter expands that axis"))
 
     def load(self):
         try:
@@ -100,5 +104,8 @@ class OnnxRuntimeAttention(Backend):
             feed["attn_mask"], kind = pack.scores(scores), "float"  # (B|1, Hq|1, Lq, Lk)
         elif mask is not None:
             feed["attn_mask"], kind = pack.scores(mask), "bool"
+        if kind is not None:  # ORT's float32/float16 kernels refuse a mask broadcast over queries (see notes)
+            m = feed["attn_mask"]
+            feed["attn_mask"] = np.ascontiguousarray(np.broadcast_to(m, m.shape[:-2] + (q.shape[-2], m.shape[-1])))
         y = self.session(call.dtype, kind, call.is_causal, call.scale, call.softcap).run(None, feed)[0]
         return pack.output(y)  # (..., Lq, Ev)

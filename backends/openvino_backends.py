@@ -16,6 +16,10 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
 - no grouped KV heads: K/V heads broadcast NumPy-style only (Hkv = 1 or Hq).
 - the scale input must have the query's element type, so a bfloat16 call rounds it to bfloat16.
 - the CPU plugin has no float64 kernels: float64 is computed in float32 and returned as float64.
+- a finding: when the kernel runs in bfloat16 (the default here, or bfloat16 inputs), a call with
+  head size E = 1 corrupts later calls of the same compiled model with E >= 16 (NaN or wrong rows).
+  The adapter keeps one dynamic-shape model per configuration, as a deployment does, so the suite
+  sees it; a model compiled per shape would hide it.
 bfloat16 travels as uint16 bit patterns (NumPy has no bfloat16; OpenVINO's Python API takes them).
 """
 from __future__ import annotations
@@ -33,7 +37,10 @@ _NOTES = ("attention_mask is ignored when causal is set (documented): a mask or 
           "float64 inputs give the mean of V (disagrees with the spec)",
           "no grouped KV heads (SDPA-13 broadcasts K/V heads NumPy-style only)",
           "the scale input has the query's element type: bfloat16 and float16 calls round it",
-          "float64 is computed in float32 by the CPU plugin and returned as float64")
+          "float64 is computed in float32 by the CPU plugin and returned as float64",
+          "bfloat16 kernels (default precision, or bfloat16 inputs): after a call with head size 1, later calls "
+          "of the same compiled model with head size >= 16 give NaN or wrong rows (a finding)",
+          "results below float32's smallest normal come back as 0 (exp underflows early)")
 
 
 def _bf16_bits(x) -> np.ndarray:
