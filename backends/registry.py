@@ -28,6 +28,8 @@ BUILTINS = {
     "torch-sdpa-cuda-efficient": _T + "TorchSdpaCudaEfficient",
     "torch-sdpa-cuda-cudnn": _T + "TorchSdpaCudaCudnn",
     "torch-sdpa-cuda-math": _T + "TorchSdpaCudaMath",
+    "torch-flex": "backends.flex_backends:TorchFlex",
+    "torch-flex-compiled": "backends.flex_backends:TorchFlexCompiled",
     "jax-naive": _J + "JaxNaive",
     "jax-dpa": _J + "JaxDpa",
     "jax-dpa-cudnn": _J + "JaxDpaCudnn",

@@ -1,0 +1,149 @@
+"""PyTorch FlexAttention backends: torch-flex (eager) and torch-flex-compiled.
+
+``torch.nn.attention.flex_attention`` is a programmable kernel: the problem's fields are
+written as its own two hooks, so every field is native here.  ``score_mod(score, b, h, q_idx,
+kv_idx)`` receives the *scaled* score and applies, in the spec's order, the softcap, the bias
+and ALiBi (``-slope_h * |q_idx + o - kv_idx|``); ``mask_mod(b, h, q_idx, kv_idx)`` says which
+pairs take part (mask, causal and window on the diagonal ``q_idx + o`` with o = Lk - Lq when
+bottom-right aligned, lengths, segment ids) and becomes a ``BlockMask``.  Grouped heads:
+``enable_gqa=True``.  The LSE: ``return_aux=AuxRequest(lse=True)`` (natural log, float32 for
+16-bit inputs; -inf on a fully masked row).
+
+Measured on torch 2.13 CPU: flex_attention has no backward on CPU ("FlexAttention does not
+support backward on CPU"), so neither backend declares gradients.  Eager flex materialises the
+scores (it warns so; that one warning is silenced here) and takes float64.  Compiled flex
+(``torch.compile(flex_attention, dynamic=False)``, one compiled callable per backend) takes
+float16/bfloat16/float32 only, inference only and no LSE ("torch.compile on CPU only
+supports inference and `return_lse` is not supported yet"); its first call at a new shape,
+dtype or static field (softcap, window, scale...) compiles, 15-45 s here, later calls reuse it.
+"""
+from __future__ import annotations
+
+import warnings
+
+from .base import BackendUnavailable, Capabilities, Semantics
+from .torch_backends import TorchBackend, _fold
+
+_ALL = ("float16", "bfloat16", "float32", "float64")
+_EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
+                            "softcap", "alibi", "lse"))
+_EAGER_WARNING = "flex_attention called without torch.compile"
+_RECOMPILE_LIMIT = 1024  # dynamo's default (8 per function) would run flex eagerly after 8 shapes
+
+
+class TorchFlex(TorchBackend):
+    """flex_attention, eager: the scores are materialised, every dtype runs."""
+
+    name = "torch-flex"
+    compiled = False
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False, features=_EVERY_FEATURE)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
+                          notes=("eager flex_attention materialises the scores (its warning is silenced)",
+                                 "no gradients: FlexAttention has no backward on CPU (torch 2.13)"))
+
+    def load(self):
+        super().load()
+        try:
+            from torch.nn.attention import flex_attention as fa
+        except ImportError as e:
+            raise BackendUnavailable(f"this torch has no FlexAttention ({e})") from None
+        self._fa = fa
+        self._memo = getattr(self, "_memo", None)
+
+    def _attention(self, q, k, v, call):
+        Lq, Ev = q.shape[-2], v.shape[-1]
+        q, k, v, batch = _fold(q, k, v, call)  # (B, N, L, ·)
+        score_mod, block_mask = self._mods(call, batch, q.shape[0], q.shape[1], Lq, k.shape[-2], q.device)
+        aux = self._fa.AuxRequest(lse=True) if call.return_lse else None
+        with warnings.catch_warnings():
+            # compiled: running eagerly (dynamo gave up) must fail loudly, never pass as compiled
+            warnings.filterwarnings("error" if self.compiled else "ignore", message=_EAGER_WARNING)
+            y = self._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale,
+                             enable_gqa=call.enable_gqa, return_aux=aux)  # (B, N, Lq, Ev)
+        if aux is None:
+            return y.reshape(*batch, Lq, Ev)  # (..., Lq, Ev)
+        return y[0].reshape(*batch, Lq, Ev), y[1].lse.reshape(*batch, Lq)  # (..., Lq, Ev), (..., Lq)
+
+    def _flex(self):
+        return self._fa.flex_attention
+
+    def _mods(self, call, batch, B, H, Lq, Lk, device):
+        """(score_mod, block_mask) for this call; the last call's are reused (benchmarks repeat one)."""
+        if self._memo is not None and self._memo[0] is call and self._memo[1] == (B, H, Lq, Lk):
+            return self._memo[2]
+        torch = self.torch
+        o = Lk - Lq if call.causal_alignment == "bottom_right" else 0  # query i's diagonal is key i + o
+
+        def per_head(x):  # mask or bias (..., Lq, Lk) -> (B, H, Lq, Lk), a view where it can be
+            return None if x is None else x.expand(*batch, Lq, Lk).reshape(B, H, Lq, Lk)
+
+        def per_sequence(x, *tail):  # lengths (...,) or segment ids (..., L) -> (B, ·)
+            return None if x is None else x.expand(*batch[:-1], *tail).reshape(B, *tail)
+
+        bias, mask = per_head(call.bias), per_head(call.mask)
+        cap, slopes = call.softcap, call.alibi_slopes
+        q_len, kv_len = per_sequence(call.q_lengths), per_sequence(call.kv_lengths)
+        q_seg, kv_seg = per_sequence(call.q_segment_ids, Lq), per_sequence(call.kv_segment_ids, Lk)
+        left, right = call.window if call.window is not None else (None, None)
+        causal = call.is_causal
+
+        def score_mod(score, b, h, q_idx, kv_idx):  # score: already scaled
+            if cap is not None:
+                score = torch.tanh(score / cap) * cap
+            if bias is not None:
+                score = score + bias[b, h, q_idx, kv_idx]
+            if slopes is not None:
+                score = score - (slopes[h] * (q_idx + o - kv_idx).abs()).to(score.dtype)
+            return score
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = q_idx >= 0  # True, as a tensor
+            if causal:
+                keep = keep & (kv_idx <= q_idx + o)
+            if right is not None:
+                keep = keep & (kv_idx <= q_idx + o + right)
+            if left is not None:
+                keep = keep & (kv_idx >= q_idx + o - left)
+            if mask is not None:
+                keep = keep & mask[b, h, q_idx, kv_idx]
+            if kv_len is not None:
+                keep = keep & (kv_idx < kv_len[b])
+            if q_len is not None:
+                keep = keep & (q_idx < q_len[b])
+            if q_seg is not None:
+                keep = keep & (q_seg[b, q_idx] == kv_seg[b, kv_idx])
+            return keep
+
+        scored = cap is not None or bias is not None or slopes is not None
+        per_batch = any(x is not None for x in (mask, q_len, kv_len, q_seg))
+        hides = causal or call.window is not None or per_batch
+        block_mask = self._fa.create_block_mask(mask_mod, B if per_batch else None, H if mask is not None else None,
+                                                Lq, Lk, device=device) if hides else None
+        mods = (score_mod if scored else None, block_mask)
+        self._memo = (call, (B, H, Lq, Lk), mods)
+        return mods
+
+
+class TorchFlexCompiled(TorchFlex):
+    """torch.compile(flex_attention): the fused CPU kernel users deploy; compiles per shape."""
+
+    name = "torch-flex-compiled"
+    compiled = True
+    compiles_per_shape = True  # the suite gives it a bounded shape menu
+    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cpu", gradients=False,
+                                features=_EVERY_FEATURE - {"lse"})
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
+                          notes=("torch.compile(flex_attention): the first call at a new shape, dtype or static "
+                                 "field compiles (15-45 s on 2 CPU cores)",
+                                 "CPU: float16/bfloat16/float32 only, inference only, no LSE (torch 2.13)"))
+
+    def load(self):
+        super().load()
+        if getattr(self, "_compiled_flex", None) is None:
+            config = self.torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, _RECOMPILE_LIMIT)
+            config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, _RECOMPILE_LIMIT)
+            self._compiled_flex = self.torch.compile(self._fa.flex_attention, dynamic=False)
+
+    def _flex(self):
+        return self._compiled_flex
