@@ -12,6 +12,11 @@ from ..errors import UserError
 
 _COLUMNS = ("name", "available", "device", "dtypes", "gradients", "masks", "causal",
             "fully_masked", "causal_alignment")
+# The features table: (column, feature name of specs.problem.FEATURES or a row key)
+_FEATURE_COLUMNS = (("gqa", "gqa"), ("bias", "bias"), ("dbias", "bias_gradient"),
+                    ("bottom_right", "causal_bottom_right"), ("window", "window"), ("seq_lengths", "seq_lengths"),
+                    ("segment_ids", "segment_ids"), ("softcap", "softcap"), ("alibi", "alibi"), ("lse", "lse"),
+                    ("padded_rows", "padded_rows"))
 
 
 def add_parser(sub):
@@ -27,7 +32,7 @@ def add_parser(sub):
 def _rows(extra_names) -> list[dict]:
     from backends import registry
 
-    rows = [registry.resolve(n).describe() for n in registry.builtin_names()]
+    rows = [_with_support(registry.resolve(n).describe()) for n in registry.builtin_names()]
     listed = set(registry.builtin_names())
     for name in registry.entry_points():
         if name in listed:
@@ -36,10 +41,11 @@ def _rows(extra_names) -> list[dict]:
         try:
             rows.append(_describe(registry.resolve(name), name))
         except registry.BackendSelectionError as e:
-            rows.append({"name": name, "available": False, "reason": str(e), "device": "?", "dtypes": [],
-                         "gradients": False, "masks": False, "causal": False, "equal_head_dims": False,
-                         "fully_masked": None,
-                         "causal_alignment": None, "effective_precision": None, "notes": []})
+            rows.append(_with_support({"name": name, "available": False, "reason": str(e), "device": "?",
+                                       "dtypes": [], "gradients": False, "masks": False, "causal": False,
+                                       "equal_head_dims": False, "features": [], "bias_gradient": False,
+                                       "fully_masked": None, "causal_alignment": None, "padded_rows": None,
+                                       "effective_precision": None, "notes": []}))
     for name in extra_names:
         if name in listed:
             continue
@@ -54,10 +60,39 @@ def _rows(extra_names) -> list[dict]:
 
 def _describe(backend, name: str) -> dict:
     """describe(), listed under the name that selects it (results report backend.name)."""
-    row = backend.describe()
+    row = _with_support(backend.describe())
     if row["name"] != name:
         row["notes"] = [f"reports results as {row['name']!r}"] + row["notes"]
     return {**row, "name": name}
+
+
+def _with_support(row: dict) -> dict:
+    """Adds "supports": every feature of specs.problem.FEATURES -> declared natively or not."""
+    from specs.problem import FEATURES
+
+    return {**row, "supports": {f: f in (row.get("features") or ()) for f in FEATURES}}
+
+
+def _feature_cell(row, key) -> str:
+    if key == "padded_rows":
+        return row.get("padded_rows") or "-"
+    if key == "bias_gradient":
+        return "yes" if row.get("bias_gradient") and "bias" in row["supports"] and row["supports"]["bias"] else "."
+    return "yes" if row["supports"].get(key) else "."
+
+
+def _aligned(header, cells) -> list:
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
+    return lines + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+
+
+def format_features(rows) -> str:
+    """One line per backend, one column per optional feature: what it takes natively."""
+    header = ("name",) + tuple(c for c, _ in _FEATURE_COLUMNS)
+    cells = [[r["name"]] + [_feature_cell(r, key) for _, key in _FEATURE_COLUMNS] for r in rows]
+    return "\n".join(["features declared (taken natively; '.' = Unsupported, never emulated):"]
+                     + _aligned(header, cells))
 
 
 def _cell(row, col) -> str:
@@ -72,11 +107,8 @@ def _cell(row, col) -> str:
 
 
 def format_table(rows) -> str:
-    cells = [[_cell(r, c) for c in _COLUMNS] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(_COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines = _aligned(_COLUMNS, [[_cell(r, c) for c in _COLUMNS] for r in rows])
+    lines += ["", format_features(rows)]
     notes = [(r["name"], n) for r in rows for n in (
         ([f"effective precision {r['effective_precision']}"] if r.get("effective_precision") else [])
         + (["needs Ev == E (value's last dimension equal to query's)"] if r.get("equal_head_dims") else [])
@@ -84,7 +116,9 @@ def format_table(rows) -> str:
     if notes:
         lines += ["", "notes:"] + [f"  {name}: {note}" for name, note in notes]
     lines += ["", "dtypes: f16 float16, bf16 bfloat16, f32 float32, f64 float64; "
-                  "'-' under a semantics column: not declared (recorded, never failed)"]
+                  "'-' under a semantics column: not declared (recorded, never failed); "
+                  "dbias: the backward returns the bias gradient; padded_rows: what a query row past "
+                  "q_lengths outputs"]
     return "\n".join(lines)
 
 
