@@ -26,6 +26,8 @@ import numpy as np
 from specs.problem import FEATURE_TEXT, FEATURES, causal_mask, validate  # the definition; never the reference
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
+# Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.
+LAYOUTS = ("contiguous", "transposed", "offset", "permuted", "expanded")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 OPS = ("forward", "forward_backward")
 
@@ -58,6 +60,7 @@ class Capabilities:
     features: frozenset = frozenset()  # optional features supported natively: specs.problem.FEATURES
     bias_gradient: bool = False    # the backward returns dBias too (with gradients and "bias")
     mask_with_causal: bool = True  # takes a mask together with is_causal (PyTorch's SDPA does not)
+    layouts: tuple = ("contiguous",)  # memory layouts `relayout` can produce (LAYOUTS)
 
     def __post_init__(self):
         unknown = sorted(set(self.features) - set(FEATURES))
@@ -151,6 +154,18 @@ class Backend:
 
     def sync(self, y) -> None:
         """Wait until y is computed (CUDA synchronize, JAX block_until_ready)."""
+
+    def relayout(self, x, layout: str):
+        """The same values as native x in another memory layout (a view with other strides).
+
+        transposed: the last two axes swapped in memory (a non-contiguous innermost axis);
+        offset: a view starting 7 elements into a larger buffer; permuted: stored as
+        (B, L, H, E), viewed as (B, H, L, E); expanded: batch stride 0 (x's batch slices must be
+        equal).  The default handles NumPy arrays; other adapters override it.
+        """
+        if layout == "contiguous" or not isinstance(x, np.ndarray):
+            return x
+        return numpy_layout(x, layout)
 
     # -- declarations -------------------------------------------------------------
     def supports(self, feature: str) -> bool:
@@ -252,15 +267,18 @@ class Backend:
             raise BackendFailure(self.name, f"{what} raised {type(e).__name__}: {e}") from e
 
     def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", *, return_lse=False,
-                **fields):
+                layout="contiguous", **fields):
         """Output (..., Lq, Ev) as NumPy in `dtype` (bfloat16 -> float32); with return_lse, (output, lse).
 
-        Inputs: float64 NumPy; ``fields``: the optional problem fields of `specs.problem.validate`.
+        Inputs: float64 NumPy; ``fields``: the optional problem fields of `specs.problem.validate`;
+        ``layout``: the memory layout q, k, v reach the native call in (LAYOUTS).
         """
         p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
         self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
         self._check_shapes(q, v)
-        qn, kn, vn = self._natives(dtype, q, k, v)
+        if layout not in self.capabilities.layouts:
+            raise Unsupported(f"{self.name} cannot be handed {layout} inputs (declares {self.capabilities.layouts})")
+        qn, kn, vn = (self.relayout(x, layout) for x in self._natives(dtype, q, k, v))
         call = self._call_of(p, dtype, return_lse, scale)
         y = self._call("forward", self.native_attention, qn, kn, vn, call)
         out_shape = p.batch_shape + (p.Lq, p.Ev)
@@ -322,12 +340,31 @@ class Backend:
                 "equal_head_dims": c.equal_head_dims,
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
+                "layouts": list(c.layouts),
                 "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
                 "padded_rows": s.padded_rows, "output_dtypes": [list(x) for x in s.output_dtypes],
                 "effective_precision": s.effective_precision, "notes": list(s.notes)}
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"
+
+
+def numpy_layout(x: np.ndarray, layout: str) -> np.ndarray:
+    """A NumPy view of x's values in `layout` (see Backend.relayout)."""
+    if layout == "transposed":
+        return np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -1, -2)), -1, -2)
+    if layout == "offset":
+        buf = np.empty(x.size + 7, dtype=x.dtype)
+        view = buf[7:].reshape(x.shape)
+        view[...] = x
+        return view
+    if layout == "permuted":
+        return np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -3, -2)), -3, -2) if x.ndim >= 3 else x
+    if layout == "expanded":
+        if x.ndim < 3 or not (x == x[:1]).all():
+            raise ValueError("an expanded layout needs equal batch slices")
+        return np.broadcast_to(x[:1], x.shape)
+    raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
 
 
 def _overrides(backend, hook: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Backend, Capabilities, Semantics
+from .base import LAYOUTS, Backend, Capabilities, Semantics
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
 _ALL_FEATURES = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
@@ -148,7 +148,7 @@ class NumpyNaive(Backend):
 
     name = "numpy-naive"
     capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
-                                bias_gradient=True)
+                                bias_gradient=True, layouts=LAYOUTS)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
     def _weights(self, q, k, call):
@@ -201,7 +201,7 @@ class NumpyTiled(Backend):
 
     name = "numpy-tiled"
     capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
-                                bias_gradient=True)
+                                bias_gradient=True, layouts=LAYOUTS)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",))
 

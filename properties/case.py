@@ -63,7 +63,7 @@ class Case:
                "mask": None if self.mask is None else self.mask.copy(), "fields": dict(self.fields), **extra}
         exec("\n".join(lines), env)  # noqa: S102 - our own generated statements
         return dataclasses.replace(self, q=env["q"], k=env["k"], v=env["v"], mask=env["mask"],
-                                   fields=env["fields"], code=self.code + tuple(lines))
+                                   fields=env["fields"], code=self.code + _imports(extra) + tuple(lines))
 
     def with_identity_values(self) -> "Case":
         """V = identity (Ev = Lk): the output is then the weight matrix itself."""
@@ -99,6 +99,12 @@ class Case:
         extra = "".join(f", {k}={_short(v)}" for k, v in self.fields.items() if k != "enable_gqa")
         return (f"Case({head}B={d['B']} {heads} Lq={d['Lq']} Lk={d['Lk']} E={d['E']} Ev={d['Ev']}, "
                 f"mask={mask}, is_causal={self.is_causal}, scale={self.scale!r}{extra})")
+
+
+def _imports(extra: dict) -> tuple:
+    """Import statements for the functions `then` lent its statements, so the code runs on its own."""
+    return tuple(f"from {f.__module__} import {f.__name__}" + ("" if f.__name__ == name else f" as {name}")
+                 for name, f in extra.items() if callable(f) and getattr(f, "__module__", None))
 
 
 def _short(x) -> str:

@@ -89,7 +89,8 @@ def reject_unless(condition: bool) -> None:
 
 
 def _call_line(call: dict, target, result: str) -> list:
-    kw = f"dtype={call['dtype']!r}, **call_kwargs" + (", return_lse=True" if call.get("return_lse") else "")
+    kw = f"dtype={call['dtype']!r}, **call_kwargs" + (", return_lse=True" if call.get("return_lse") else "") + (
+        f", layout={call['layout']!r}" if call.get("layout", "contiguous") != "contiguous" else "")
     if call["kind"] == "backward":
         return [call.get("grad_line") or "grad_out = np.ones(q.shape[:-1] + v.shape[-1:])  # d(sum of outputs)",
                 f"{result} = backend.backward(q, k, v, grad_out, {kw})"]

@@ -1,113 +1,211 @@
-"""The pytest plugin behind `pytest properties`: backends, Hypothesis profiles, skips, JSON.
+"""The pytest plugin of attnspec's conformance suite: backends, profiles, verdicts, JSON, output.
 
-Loaded from the repository's root conftest.py (``pytest_plugins = ["properties.plugin"]``)
-or with ``-p properties.plugin``.  Options:
+Registered as the pytest plugin ``attnspec`` (a ``pytest11`` entry point), so with attnspec
+installed ``pytest --pyargs properties --backend mypkg.attn:sdpa`` runs the suite from any
+folder; `properties.install` runs it inside a project's own tests; attnspec's checkout loads
+it from its root conftest.py when the entry point did not.  Options:
 
-  --backend NAME          built-in, entry point or package.module:attr; repeatable or
-                          comma-separated.  Default: $ATTNSPEC_BACKENDS, else every built-in.
+  --backend NAME, --attnspec-backend NAME
+                          built-in, entry point or package.module:attr; repeatable or comma-
+                          separated.  Default: $ATTNSPEC_BACKENDS, else every built-in.
+                          (--backend only where no other plugin or conftest of the run defines it.)
   --attnspec-json PATH    write the results as JSON (also $ATTNSPEC_JSON).
+  --attnspec-tb block|long  one block per failure (default) or pytest's traceback (-v: long).
+  --attnspec-repro DIR    where reproducers go (default: beside the JSON, else .attnspec/repro).
 
-Tests take a ``target`` argument (one backend at one dtype; ids like
-``numpy-naive-float32``) or ``backend_target`` (one per backend, for the semantics profile).
+Inert in other test suites: importing it loads no framework and no Hypothesis profile; it
+parametrizes only attnspec's own property tests (never a user's fixture that happens to be
+called ``target``); profiles load only for runs of the suite (properties/profiles.py).
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.errors import Unsatisfiable
 
-from backends import registry
-from specs.error_budget import BUDGETS
-from specs.problem import FLOAT_DTYPE_NAMES
+from . import output, profiles
 
-from .judge import ConformanceFailure
-from .targets import Target, is_compiled
-
-_COMMON = dict(deadline=None,  # JAX compiles on first sight of a shape; our own per-call limit guards hangs
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                      HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
-# report_multiple_bugs off in dev/ci: shrink the first bug only (each distinct bug costs a full shrink)
-settings.register_profile("dev", max_examples=6, report_multiple_bugs=False, **_COMMON)
-settings.register_profile("ci", max_examples=6, derandomize=True, print_blob=True, database=None,
-                          report_multiple_bugs=False, **_COMMON)
-settings.register_profile("thorough", max_examples=250, **_COMMON)
-PROFILES = ("dev", "ci", "thorough")
-SHRINK_SECONDS = 20  # dev and ci: at most this long shrinking each failure
+ENTRY_POINT = "attnspec"              # the pytest11 name: -p no:attnspec turns the plugin off
+INSTALLED = "__attnspec_backends__"   # set by properties.install in a user's test module
+PACKAGE = __package__ or "properties"
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 JAX_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "attnspec", "jax")
+PROFILES = tuple(profiles.EXAMPLES)
 
 _ROWS: dict = {"conformance": [], "semantics": []}
 
 
-def pytest_addoption(parser):
+# ---- options ------------------------------------------------------------------------------
+
+def pytest_addoption(parser, pluginmanager):
     g = parser.getgroup("attnspec", "attnspec conformance suite")
-    g.addoption("--backend", action="append", dest="attnspec_backend", default=None, metavar="NAME",
+    g.addoption("--attnspec-backend", action="append", dest="attnspec_backend", default=None, metavar="NAME",
                 help="backend to check: built-in name, entry point or package.module:attr (repeatable, or "
                      "comma-separated); default $ATTNSPEC_BACKENDS, else every built-in")
     g.addoption("--attnspec-json", dest="attnspec_json", default=None, metavar="PATH",
                 help="write per backend x property x dtype results as JSON (also $ATTNSPEC_JSON)")
+    g.addoption("--attnspec-tb", dest="attnspec_tb", default=None, choices=("block", "long"),
+                help="a failure as one block with its reproducer's path (default), or pytest's traceback "
+                     "(long; also with -v)")
+    g.addoption("--attnspec-repro", dest="attnspec_repro", default=None, metavar="DIR",
+                help="folder for reproducer files (default: <json>-repro/ beside the JSON, else .attnspec/repro)")
+    if pluginmanager.get_plugin(ENTRY_POINT) is not sys.modules[__name__]:
+        _add_backend_alias(parser)  # loaded on request (-p, a conftest): not in someone else's suite
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Loaded by the entry point (in every pytest run): --backend after the run's conftests, if free."""
+    yield
+    _add_backend_alias(parser)
+
+
+def _add_backend_alias(parser) -> None:
+    """--backend, unless a plugin or conftest of this run already defines it (--attnspec-backend always works)."""
+    try:
+        options = list(parser._anonymous.options) + [o for g in parser._groups for o in g.options]
+        taken = {name for o in options for name in o.names()}
+    except AttributeError:  # another pytest's parser: assume it is free
+        taken = set()
+    if "--backend" not in taken:
+        parser.getgroup("attnspec").addoption(
+            "--backend", action="append", dest="attnspec_backend", default=None, metavar="NAME",
+            help="same as --attnspec-backend")
 
 
 def _names(config) -> list[str]:
+    from backends import registry
+
     names = [n.strip() for raw in (config.getoption("attnspec_backend") or []) for n in raw.split(",") if n.strip()]
     return names or registry.names_from_env() or registry.builtin_names()
 
 
-def _targets(config) -> list[list[Target]]:
-    """Per backend, its Targets (one per dtype it declares and the error budget covers)."""
-    if not hasattr(config, "_attnspec_targets"):
-        out = []
-        for name in dict.fromkeys(_names(config)):
-            try:
-                backend = registry.resolve(name)
-            except registry.BackendSelectionError as e:
-                raise pytest.UsageError(f"--backend: {e}") from None
-            dtypes = [d for d in FLOAT_DTYPE_NAMES if d in backend.capabilities.dtypes and d in BUDGETS]
-            targets = []
-            for d in dtypes:
-                t = Target(backend, d)
-                t.spec = name  # what `resolve` takes, for the reproducer
-                targets.append(t)
-            out.append(targets)
-        config._attnspec_targets = out
-    return config._attnspec_targets
+def runs_suite(config) -> bool:
+    """Whether this run is the suite's: backends named, or a path or --pyargs name inside properties/."""
+    if config.getoption("attnspec_backend", None) or os.environ.get("ATTNSPEC_BACKENDS", "").strip():
+        return True
+    here = str(config.invocation_params.dir)
+    for arg in config.args:
+        arg = str(arg).split("::")[0]
+        if config.option.pyargs and (arg == PACKAGE or arg.startswith(PACKAGE + ".")):
+            return True
+        path = os.path.abspath(os.path.join(here, arg))
+        if path == PACKAGE_DIR or path.startswith(PACKAGE_DIR + os.sep) or PACKAGE_DIR.startswith(path + os.sep):
+            return True
+    return False
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_gradients: the test calls Backend.backward (skipped without)")
     _ROWS["conformance"].clear()  # pytest.main() may run twice in one process
     _ROWS["semantics"].clear()
-    config.addinivalue_line("markers", "needs_gradients: the test calls Backend.backward (skipped without)")
-    if not config.getoption("hypothesis_profile", None):
-        profile = os.environ.get("HYPOTHESIS_PROFILE", "dev")
-        if profile not in PROFILES:
-            raise pytest.UsageError(f"HYPOTHESIS_PROFILE must be one of {', '.join(PROFILES)}; got {profile!r}")
-        settings.load_profile(profile)
-        if profile != "thorough":
-            _bound_shrinking(SHRINK_SECONDS)
-    if config.getoption("attnspec_backend") or registry.names_from_env():
-        _targets(config)  # a bad name is a usage error now, not a collection error per module
-
-
-def _bound_shrinking(seconds: int) -> None:
-    """Cap the time Hypothesis spends shrinking one failure (its default is 300 s a test).
-
-    A failing backend shrinks in every test it fails; dev and ci runs should report within
-    minutes.  Hypothesis has no setting for this, so its engine constant is lowered; the
-    shrunk example is then less minimal, never wrong.
-    """
+    config._attnspec_tb = config.getoption("attnspec_tb", None) or ("long" if config.getoption("verbose") > 0 else "block")
+    json_path = config.getoption("attnspec_json", None) or os.environ.get("ATTNSPEC_JSON")
+    config._attnspec_repro = os.path.abspath(config.getoption("attnspec_repro", None) or
+                                             output.repro_dir(json_path, str(config.rootpath)))
+    config._attnspec_suite = runs_suite(config)
     try:
-        from hypothesis.internal.conjecture import engine
-        engine.MAX_SHRINKING_SECONDS = min(engine.MAX_SHRINKING_SECONDS, seconds)
-    except (ImportError, AttributeError):  # another Hypothesis: its own limit applies
-        pass
+        config._attnspec_profile = profiles.choose()
+    except ValueError as e:
+        if config._attnspec_suite:
+            raise pytest.UsageError(str(e)) from None
+        config._attnspec_profile = "dev"  # not this run's business; install() says so if it runs
+    if not config._attnspec_suite:
+        return
+    if not config.getoption("hypothesis_profile", None):  # an explicit --hypothesis-profile wins
+        profiles.load(config._attnspec_profile)
+    if config.getoption("attnspec_backend") or os.environ.get("ATTNSPEC_BACKENDS", "").strip():
+        _targets(config, _names(config))  # a bad name is a usage error now, not a collection error per module
 
 
-def _enable_jax_cache(targets) -> None:
+def pytest_report_header(config):
+    if getattr(config, "_attnspec_suite", False):
+        name = getattr(config, "_attnspec_profile", "dev")
+        return [f"attnspec: profile {name} ({profiles.EXAMPLES[name]} drawn examples a test); "
+                f"reproducers in {output.shown_path(config._attnspec_repro)}"]
+    return None
+
+
+# ---- targets ------------------------------------------------------------------------------
+
+def import_paths(spec: str) -> tuple:
+    """Folders a fresh interpreter needs on sys.path to resolve `spec` (a package.module:attr
+    outside site-packages: the folder holding its top package), and attnspec's own root when
+    attnspec is not installed."""
+    import site
+    import sysconfig
+    from importlib import metadata
+
+    paths = []
+    module_name = spec.partition(":")[0] if ":" in spec else ""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if file:
+        root = os.path.dirname(os.path.abspath(file))
+        if os.path.basename(file).startswith("__init__."):
+            root = os.path.dirname(root)
+        for _ in range(module_name.count(".")):
+            root = os.path.dirname(root)
+        installed = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages(),
+                                                   *sysconfig.get_paths().values()] if p}
+        if root not in installed:
+            paths.append(root)
+    try:
+        metadata.distribution("attnspec")
+    except metadata.PackageNotFoundError:
+        paths.append(os.path.dirname(PACKAGE_DIR))  # the checkout, run without installing
+    return tuple(paths)
+
+
+def make_targets(spec: str) -> list:
+    """One Target per dtype the backend declares and the error budget covers."""
+    from backends import registry
+    from specs.error_budget import BUDGETS
+    from specs.problem import FLOAT_DTYPE_NAMES
+
+    from .targets import Target
+
+    backend = registry.resolve(spec)
+    paths = import_paths(spec)
+    targets = []
+    for d in FLOAT_DTYPE_NAMES:
+        if d in backend.capabilities.dtypes and d in BUDGETS:
+            t = Target(backend, d, import_paths=paths)
+            t.spec = spec  # what `resolve` takes, for the reproducer
+            targets.append(t)
+    return targets
+
+
+def _targets(config, names) -> list:
+    """Per backend, its Targets; resolved once per run."""
+    from backends import registry
+
+    cache = config.__dict__.setdefault("_attnspec_targets", {})
+    key = tuple(dict.fromkeys(names))
+    if key not in cache:
+        out = []
+        for name in key:
+            try:
+                out.append(make_targets(name))
+            except registry.BackendSelectionError as e:
+                raise pytest.UsageError(f"--backend: {e}") from None
+        cache[key] = out
+    return cache[key]
+
+
+def is_property(fn) -> bool:
+    """attnspec's own property tests (also where `install` put them), never a user's."""
+    return (getattr(fn, "__module__", None) or "").startswith(PACKAGE + ".test_")
+
+
+def _enable_jax_cache(per_backend) -> None:
     """JAX's persistent compilation cache: later runs skip the per-shape compiles."""
-    if not any(is_compiled(t[0].backend) for t in targets if t):
+    from .targets import is_compiled
+
+    if not any(is_compiled(t[0].backend) for t in per_backend if t):
         return
     try:
         import jax
@@ -120,23 +218,36 @@ def _enable_jax_cache(targets) -> None:
 
 
 def pytest_generate_tests(metafunc):
-    if "target" in metafunc.fixturenames or "backend_target" in metafunc.fixturenames:
-        per_backend = _targets(metafunc.config)
-        if not getattr(metafunc.config, "_attnspec_jax_cache", False):
-            _enable_jax_cache(per_backend)
-            metafunc.config._attnspec_jax_cache = True
-    if "target" in metafunc.fixturenames:
+    wanted = {"target", "backend_target"} & set(metafunc.fixturenames)
+    if not wanted or not is_property(metafunc.function):
+        return
+    installed = getattr(metafunc.module, INSTALLED, None)
+    if installed:
+        try:
+            per_backend = _targets(metafunc.config, installed)
+        except pytest.UsageError as e:
+            pytest.fail(f"properties.install: {e}".replace("--backend: ", ""), pytrace=False)
+    else:
+        per_backend = _targets(metafunc.config, _names(metafunc.config))
+    if not getattr(metafunc.config, "_attnspec_jax_cache", False):
+        _enable_jax_cache(per_backend)
+        metafunc.config._attnspec_jax_cache = True
+    if "target" in wanted:
         flat = [t for ts in per_backend for t in ts]
         metafunc.parametrize("target", flat, ids=[t.id for t in flat])
-    if "backend_target" in metafunc.fixturenames:  # the semantics profile: float64 where offered
+    if "backend_target" in wanted:  # one per backend: its widest dtype
+        from specs.problem import FLOAT_DTYPE_NAMES
         firsts = [max(ts, key=lambda t: FLOAT_DTYPE_NAMES.index(t.dtype)) for ts in per_backend if ts]
         metafunc.parametrize("backend_target", firsts, ids=[t.name for t in firsts])
 
 
 def _target_of(item):
+    targets = sys.modules.get(PACKAGE + ".targets")
+    if targets is None:  # the suite's targets were never made: not an attnspec test
+        return None
     params = getattr(getattr(item, "callspec", None), "params", {})
     found = params.get("target") or params.get("backend_target")
-    return found if isinstance(found, Target) else None  # no target at all: pytest's NOTSET placeholder
+    return found if isinstance(found, targets.Target) else None  # pytest's NOTSET placeholder, or a user's own
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -152,6 +263,15 @@ def pytest_runtest_setup(item):
         pytest.skip(reason)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if _target_of(item) is None or getattr(item.config, "_attnspec_profile", None) == "thorough":
+        yield
+        return
+    with profiles.bounded_shrinking():
+        yield
+
+
 @pytest.fixture
 def record_semantics(request):
     """record_semantics(question, observed, declared, agrees): one row of the semantics profile."""
@@ -159,17 +279,64 @@ def record_semantics(request):
 
     def record(question, observed, declared, agrees):
         request.node.user_properties.append(("attnspec_semantics", dict(
-            backend=target.name, question=question, observed=observed, declared=declared, agrees=agrees)))
+            backend=target.name, question=question, dtype=target.dtype, observed=observed, declared=declared,
+            agrees=agrees)))
     return record
 
 
-def _failure(exc) -> tuple:
-    """(counterexample, message) out of what Hypothesis re-raised."""
-    leaves = list(getattr(exc, "exceptions", ())) or [exc]
-    for e in leaves:
+# ---- verdicts -----------------------------------------------------------------------------
+
+def _leaves(exc) -> list:
+    return list(getattr(exc, "exceptions", ())) or [exc]
+
+
+def _conformance_failures(exc) -> list:
+    from .judge import ConformanceFailure
+
+    found, todo = [], _leaves(exc)
+    while todo:
+        e = todo.pop(0)
         if isinstance(e, ConformanceFailure):
-            return e.snippet, str(e).split("\nReproduce:")[0]
-    return None, f"{type(leaves[0]).__name__}: {leaves[0]}"[:4000]
+            found.append(e)
+        elif getattr(e, "exceptions", None):  # nested groups (Hypothesis' flaky and multiple-bug reports)
+            todo += list(e.exceptions)
+    return found
+
+
+class _Crash:
+    """What pytest's -ra and --tb=line show of a failure: where, and its first line."""
+
+    def __init__(self, path: str, lineno: int, message: str):
+        self.path, self.lineno, self.message = path, lineno, message
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.lineno}: {self.message}"
+
+
+class _Block:
+    """A failure as pytest prints it: our block instead of the traceback."""
+
+    def __init__(self, text: str, first: str, item):
+        self.text = text
+        self.reprcrash = _Crash(str(item.path), (item.location[1] or 0) + 1, first)
+
+    def toterminal(self, tw) -> None:
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _status(report, item, exc, failures) -> str:
+    if report.passed:
+        rows = [v for k, v in item.user_properties if k == "attnspec_semantics"]
+        return "recorded" if rows and all(r["agrees"] is None for r in rows) else "passed"
+    if report.skipped:
+        return "skipped"
+    if failures or (report.when == "call" and all(isinstance(e, AssertionError) for e in _leaves(exc))):
+        return "failed"
+    return "error"  # a fault of the test itself (the harness), or a setup error
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -178,25 +345,56 @@ def pytest_runtest_makereport(item, call):
     target = _target_of(item)
     if target is None or not (report.when == "call" or (report.when == "setup" and not report.passed)):
         return
+    from hypothesis.errors import Unsatisfiable
+
     exc = call.excinfo.value if call.excinfo else None
     if report.failed and isinstance(exc, Unsatisfiable) and target.unsupported:  # every problem declined
         report.outcome, report.longrepr = "skipped", (str(item.path), item.location[1] or 0,
                                                       f"Skipped: every drawn problem was declined: {target.unsupported}")
-    counterexample = message = None
-    if report.passed:
-        status = "passed"
+    failures = _conformance_failures(exc) if report.failed else []
+    status = _status(report, item, exc, failures)
+    prop = item.originalname.removeprefix("test_")
+    folder = item.config._attnspec_repro
+    counterexample = message = path = None
+    if failures:
+        paths = []
+        for n, f in enumerate(failures):
+            try:
+                paths.append(output.write_reproducer(folder, f, n))
+            except OSError:  # a read-only folder: the JSON still holds the snippet
+                paths.append(None)
+        counterexample, message, path = failures[0].snippet, failures[0].headline, paths[0]
+        if item.config._attnspec_tb == "block":
+            text = "\n\n".join(output.failure_block(f, p) for f, p in zip(failures, paths))
+            report.longrepr = _Block(f"{text}\n{output.LONG_HINT}", failures[0].headline.splitlines()[0], item)
+    elif report.failed:
+        leaf = _leaves(exc)[0]
+        message = f"{type(leaf).__name__}: {leaf}"[:4000]
     elif report.skipped:
-        status = "skipped"
         longrepr = report.longrepr
         message = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-    else:
-        leaves = list(getattr(exc, "exceptions", ())) or [exc]
-        status = "failed" if report.when == "call" and all(isinstance(e, AssertionError) for e in leaves) else "error"
-        counterexample, message = _failure(exc)
-    row = dict(backend=target.name, property=item.originalname.removeprefix("test_"),
-               dtype=target.dtype, status=status, examples=target.examples, seconds=round(report.duration, 4),
-               counterexample=counterexample, message=message)
+    if status in ("passed", "recorded"):
+        output.forget_reproducers(folder, target.name, target.dtype, prop)
+    row = dict(backend=target.name, property=prop, dtype=target.dtype, status=status, examples=target.examples,
+               seconds=round(report.duration, 4), counterexample=counterexample, message=message, reproducer=path)
     report.user_properties.append(("attnspec_conformance", row))
+
+
+def _row_of(report):
+    return next((v for k, v in getattr(report, "user_properties", ()) if k == "attnspec_conformance"), None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report, config):
+    """pytest counts as the suite does: 'recorded' is its own word; a harness fault is an error."""
+    row = _row_of(report)
+    if row is None or report.when != "call":
+        return None
+    if row["status"] == "recorded":
+        return "recorded", "r", "RECORDED"
+    if row["status"] == "error" and report.failed:
+        return "error", "E", "ERROR"
+    return None
 
 
 def pytest_runtest_logreport(report):
@@ -207,9 +405,10 @@ def pytest_runtest_logreport(report):
             _ROWS["semantics"].append(row)
 
 
-# The progress channel: JSON lines appended to $ATTNSPEC_PROGRESS while the suite runs, so that
-# `attnspec run` (reports/runner.py) knows what ran, what finished with which rows, and when a
-# backend hung (then it ends this process and records the rest as not attempted).
+# ---- the progress channel -----------------------------------------------------------------
+# JSON lines appended to $ATTNSPEC_PROGRESS while the suite runs, so that `attnspec run`
+# (reports/suites.py) knows what ran, what finished with which rows, and when a backend hung
+# (then it ends this process and records the rest as not attempted).
 PROGRESS_ENV = "ATTNSPEC_PROGRESS"
 
 
@@ -247,33 +446,32 @@ def pytest_runtest_protocol(item, nextitem):
                        hung=_HUNG.get(id(target.backend))))
 
 
+# ---- the end of the run -------------------------------------------------------------------
+
 def pytest_terminal_summary(terminalreporter, config):
     rows = _ROWS["conformance"]
     if not rows:
         return
     tr = terminalreporter
     tr.section("attnspec: per backend")
-    per: dict = {}
-    for r in rows:
-        s = per.setdefault(r["backend"], {"passed": 0, "failed": 0, "skipped": 0, "error": 0, "seconds": 0.0})
-        s[r["status"]] += 1
-        s["seconds"] += r["seconds"]
-    for name, s in per.items():
-        tr.write_line(f"{name:28s} {s['passed']:4d} passed {s['failed']:3d} failed {s['error']:3d} error "
-                      f"{s['skipped']:4d} skipped {s['seconds']:7.1f} s")
+    for line in output.backend_lines(rows):
+        tr.write_line(line)
     if _ROWS["semantics"]:
-        tr.section("attnspec: semantics profile (observed / declared)")
-        for r in _ROWS["semantics"]:
-            flag = {True: "ok", False: "CONTRADICTS DECLARATION", None: "(nothing declared)"}[r["agrees"]]
-            tr.write_line(f"{r['backend']:28s} {r['question']:22s} {str(r['observed']):26s} "
-                          f"{str(r['declared']):14s} {flag}")
+        from specs.problem import FLOAT_DTYPE_NAMES
+        tr.section("attnspec: semantics profile (observed per dtype; 'ok' = as declared, blank = nothing declared)")
+        for line in output.semantics_lines(_ROWS["semantics"], list(reversed(FLOAT_DTYPE_NAMES))):
+            tr.write_line(line)
+    if any(r["reproducer"] for r in rows):
+        tr.write_line(f"reproducers: {output.shown_path(config._attnspec_repro)}/ (python <file>)")
 
 
 def pytest_sessionfinish(session):
     config = session.config
     if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the file
         return
-    path = config.getoption("attnspec_json", None) or os.environ.get("ATTNSPEC_JSON")
+    path = config.getoption("attnspec_json", None)
+    if not path and (getattr(config, "_attnspec_suite", False) or _ROWS["conformance"]):
+        path = os.environ.get("ATTNSPEC_JSON")  # the variable only where the suite ran
     if not path:
         return
     path = os.path.abspath(path)

@@ -13,7 +13,8 @@ Draws that can fail: the largest score term S is *measured* on the drawn arrays 
 amplitude of q and k set so that S lands where the draw asks - deep saturation at the dtype's
 cap, a moderate spread, or (rarely) near-uniform rows - instead of a worst-case bound that left
 16-bit rows near-uniform.  An "aligned" distribution (q and k multiples of one direction) puts
-the scores themselves at +-S, so saturated rows are common in every dtype.
+the scores themselves at +-S, and a "needle" one (each query row equal to one key) one score per
+row far above the others, so saturated rows are common in every dtype.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ LARGE_LENGTHS, LARGE_DIMS = (100, 127, 128, 129, 200, 256, 257, 300), (64, 80, 1
 LARGE_WORK = 257 * 257 * 64  # Lq * Lk * max(E, Ev) cap: 257 x 257 x 64 or 257 x 64 x 256, not 300 x 300 x 256
 REGIMES = ("small", "small", "small", "medium", "medium", "large")  # element-wise half the time
 BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3))
+SMALL_GQA_HEADS = ((2, 1), (3, 1), (4, 2))
 
 
 class Shape(NamedTuple):
@@ -59,7 +61,7 @@ COMPILED_GQA_SHAPES = (Shape(1, 4, 2, 3, 6, 6, 6), Shape(2, 2, 1, 5, 3, 3, 3))
 # in the floor): past u*S ~ 2^-5 the budget could no longer tell a bug from rounding.
 SCORE_CAP = {"float16": 2.0**6, "bfloat16": 2.0**3, "float32": 2.0**11, "float64": 2.0**11}
 # Where S lands: at the cap (saturating), a moderate spread, or near-uniform (log2 targets).
-AMPLITUDES = (("saturating", None), ("saturating", None), ("moderate", 2.0), ("moderate", 3.0), ("tiny", -6.0))
+AMPLITUDES = (("saturating", None),) * 5 + (("moderate", 2.0), ("moderate", 3.0)) * 2 + (("tiny", -6.0),)
 MASK_KINDS = ("none", "causal", "mask", "empty_rows", "causal_mask")
 SCALES = (None, 0.5, 0.125, 1.0, 2.0, 4.0, 0.25)
 _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
@@ -83,16 +85,20 @@ def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = Fal
         B, H = draw(st.sampled_from(BATCH_HEADS), label="batch, heads")
         Hkv = H
     regime = draw(st.sampled_from(regimes), label="regime")
-    if regime == "small":
-        if not grouped:
+    if regime == "small":  # at most a few dozen entries an array: element-wise draws are slow
+        if grouped:
+            B, (H, Hkv) = 1, draw(st.sampled_from(SMALL_GQA_HEADS), label="small query heads, KV heads")
+        else:
             H = Hkv = min(H, 3 - B)
         L, D = st.integers(1, SMALL_MAX_LEN), st.integers(1, SMALL_MAX_DIM)
+        # Hypothesis favours the simplest value (the first one here): a row of two keys, not one
+        L = Lk_small = st.sampled_from((2, 3, 4, 5))  # one key (weight exactly 1): the edge grid's
     elif regime == "medium":
         L, D = st.sampled_from(MEDIUM_LENGTHS), st.sampled_from(MEDIUM_DIMS)
     else:  # realistic: one batch element keeps it quick
         B, L, D = 1, st.sampled_from(LARGE_LENGTHS), st.sampled_from(LARGE_DIMS)
         H, Hkv = (H, Hkv) if grouped else (1, 1)
-    Lq, Lk = draw(L, label="Lq"), draw(L, label="Lk")
+    Lq, Lk = draw(L, label="Lq"), draw(Lk_small if regime == "small" else L, label="Lk")
     if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
         return Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
     E = draw(D, label="E")
@@ -142,9 +148,15 @@ def _recipe(dtype: str, dist: str, dims: tuple) -> str:
 def _values_large(draw, s: Shape, dtype):
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     lines = [f"rng = np.random.default_rng({seed})"]
-    dists = {name: draw(st.sampled_from(("normal", "normal", "ties", "aligned")) if name != "v"
+    dists = {name: draw(st.sampled_from(("needle", "normal", "aligned", "needle", "ties")) if name != "v"
                         else st.sampled_from(("normal", "ties")), label=f"{name} distribution")
              for name in ("q", "k", "v")}
+    if "needle" in (dists["q"], dists["k"]):  # each query row has one key equal to it: one score
+        n, g = min(s.Lq, s.Lk), s.H // s.Hkv  # stands out by ~sqrt(E) spreads, the row saturates
+        return lines + [f"q = rng.choice([-1.0, 1.0], {_dims(s)['q']})",
+                        f"k = rng.choice([-0.25, 0.25], {_dims(s)['k']})",
+                        f"k[..., rng.permutation({s.Lk})[:{n}], :] = q[:, ::{g}, :{n}, :]  # the needles",
+                        f"v = {_recipe(dtype, dists['v'], _dims(s)['v'])}"]
     if "aligned" in (dists["q"], dists["k"]):
         dists["q"] = dists["k"] = "aligned"
         lines.append(f"direction = rng.choice([-1.0, 1.0], {s.E})  # q and k share it")
@@ -160,7 +172,10 @@ def _mask_lines(draw, kind, s: Shape, compiled, allow_empty_rows, small):
     dims = (s.B, s.H, s.Lq, s.Lk) if full else (s.Lq, s.Lk)
     if small:  # draw the *hidden* pairs, so shrinking heads for "everything visible"
         n = int(np.prod(dims))
-        hidden = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n), label="hidden pairs")).reshape(dims)
+        # about a quarter hidden; shrinks towards visible.  Hypothesis favours the ends of a range,
+        # so the rare outcome is a middle value
+        one = st.integers(0, 7).map(lambda i: i in (3, 4))
+        hidden = np.array(draw(st.lists(one, min_size=n, max_size=n), label="hidden pairs")).reshape(dims)
         lines = [literal("mask", ~hidden)]
     else:
         p = draw(st.sampled_from((0.9, 0.5)), label="visible fraction")

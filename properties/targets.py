@@ -186,7 +186,14 @@ class Target:
 
     @property
     def equal_head_dims(self) -> bool:
-        return needs_equal_head_dims(self.backend, self.dtype)
+        probed = id(self.backend) in _EQUAL_DIMS
+        needs = needs_equal_head_dims(self.backend, self.dtype)
+        if not probed and not needs:  # the probe was a call too: a stateful backend's reproducer replays it
+            from .case import build, Case
+            self._record("forward", build(["q, k, v = np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 2)), np.zeros((1, 1, 3, 3))",
+                                           "mask = None", "fields = {}"], Case(None, None, None, None, False, None)),
+                         self.dtype)
+        return needs
 
     # -- calls, recorded so a failure's snippet can replay them in order ------------------
     def begin_example(self) -> None:
@@ -203,11 +210,12 @@ class Target:
     def _record(self, kind, case, dtype, **extra) -> None:
         self.history.append(dict(kind=kind, case=case, dtype=dtype, **extra))
 
-    def forward(self, case, dtype: str | None = None, return_lse: bool = False):
+    def forward(self, case, dtype: str | None = None, return_lse: bool = False, layout: str = "contiguous"):
         dtype = dtype or self.dtype
-        self._record("forward", case, dtype, return_lse=return_lse)
+        self._record("forward", case, dtype, return_lse=return_lse, layout=layout)
+        extra = {} if layout == "contiguous" else {"layout": layout}
         return _guarded(self, "forward", case, self.backend.forward, case.q, case.k, case.v, dtype=dtype,
-                        return_lse=return_lse, **case.call_kwargs)
+                        return_lse=return_lse, **extra, **case.call_kwargs)
 
     def backward(self, case, grad_out, dtype: str | None = None, grad_line: str = ""):
         dtype = dtype or self.dtype

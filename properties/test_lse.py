@@ -71,6 +71,7 @@ def test_split_merge_identity(target, data):
         f"for lo, hi in ((0, {c}), ({c}, k.shape[-2])):",
         "    kw = dict(call_kwargs, mask=None if mask is None else mask[..., lo:hi])",
         "    if 'bias' in kw and kw['bias'].shape[-1] > 1: kw['bias'] = kw['bias'][..., lo:hi]",
+        "    if 'kv_segment_ids' in kw: kw['kv_segment_ids'] = kw['kv_segment_ids'][..., lo:hi]",
         f"    parts.append(backend.forward(q, k[..., lo:hi, :], v[..., lo:hi, :], dtype={target.dtype!r}, "
         "return_lse=True, **kw))",
         "merged, _ = reference.merge(parts)",

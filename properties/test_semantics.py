@@ -1,145 +1,217 @@
-"""The semantics profile: what each backend does where the spec leaves the choice.
+"""The semantics profile: what each backend does where the spec leaves a choice, in every dtype.
 
-Recorded for every backend (JSON "semantics" rows, and the terminal summary); a test fails
-only where the backend contradicts its own declaration (`backends.base.Semantics`).  A
-plain-function plug-in declares nothing, so it is recorded and never failed.
+One test per question and dtype (``test_fully_masked_rows[numpy-naive-float32]``).  A declared
+answer (`backends.base.Semantics`, or `backends.declare` for a plain function) is judged: a
+contradiction fails.  An undeclared one is *recorded* - status ``recorded`` in the JSON, the
+terminal summary and pytest's count - and never fails.  Answers are decided with that dtype's
+error budget (`specs.error_budget`), never a fixed tolerance; the output's dtype is a question
+of its own (``output_dtype``), so a backend returning float32 for float64 input still answers
+every other question.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 import pytest
 
-from backends.base import BackendFailure, Unsupported
-from specs import reference
-from specs.problem import causal_mask
+from specs import error_budget
+from specs.error_budget import BUDGETS, round_to
 
-from .targets import call_with_limit
+from .case import Case, build, fields_literal, literal
+from .judge import ConformanceFailure
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and inf are fed on purpose
 
 _SHAPE = (1, 2, 3, 4)  # B, H, Lq (= 3), Lk (= 4)
+_E = 4  # E = Ev = Lk: suits backends that need Ev == E
 
 
-def _problem(E=2, Ev=2, seed=0):
+def _problem(seed=0, value_offset=0.0):
+    """q, k, v on a grid of k/8 (exact in every format); values offset so a mean is far from zero."""
     rng = np.random.default_rng(seed)
     B, H, Lq, Lk = _SHAPE
-    q = np.round(rng.standard_normal((B, H, Lq, E)) * 8) / 8  # (B, H, Lq, E) exact in every format
-    k = np.round(rng.standard_normal((B, H, Lk, E)) * 8) / 8  # (B, H, Lk, E)
-    v = np.round(rng.standard_normal((B, H, Lk, Ev)) * 8) / 8  # (B, H, Lk, Ev)
+    q = np.round(rng.standard_normal((B, H, Lq, _E)) * 8) / 8  # (B, H, Lq, E)
+    k = np.round(rng.standard_normal((B, H, Lk, _E)) * 8) / 8  # (B, H, Lk, E)
+    v = np.round(rng.standard_normal((B, H, Lk, _E)) * 8) / 8 + value_offset  # (B, H, Lk, Ev)
     return q, k, v
 
 
-def _run(target, q, k, v, mask=None, is_causal=False, scale=None):
-    """The output, or "error" when the backend raised (a choice some make for these inputs)."""
-    target.examples += 1
+@contextlib.contextmanager
+def _any_output_dtype(backend, seen: dict):
+    """Backend.forward without its dtype check, noting the dtype the output came back in."""
+    native_dtype = backend.native_dtype
+
+    def noting(y):
+        seen["dtype"] = native_dtype(y)
+        return seen["dtype"]
     try:
-        return call_with_limit(target.backend, "forward", target.backend.forward, q, k, v, mask, is_causal, scale,
-                               target.dtype)
-    except Unsupported as e:
-        pytest.skip(f"{target.name}: {e}")
-    except BackendFailure:
-        return "error"
+        backend.output_dtype, backend.native_dtype = (lambda dtype: None), noting
+    except AttributeError:  # __slots__: the dtype check stays (a mismatch is then an error)
+        yield
+        return
+    try:
+        yield
+    finally:
+        del backend.output_dtype, backend.native_dtype
+
+
+def _case(q, k, v, mask=None, is_causal=False, **fields) -> Case:
+    """The probe as a Case: its code rebuilds it, so a later failure's reproducer can replay this call."""
+    lines = [line for n, x in (("q", q), ("k", k), ("v", v)) for line in _literal(n, x)]
+    lines.append("mask = None" if mask is None else literal("mask", mask))
+    lines += [literal(n, x) for n, x in fields.items() if isinstance(x, np.ndarray)]
+    lines.append(f"fields = {fields_literal(fields)}")
+    return build(lines, Case(None, None, None, None, is_causal, None, label="semantics probe"))
+
+
+def _literal(name: str, x: np.ndarray) -> list:
+    """``name = np.array([...])`` with the NaN and inf entries set afterwards (there are few)."""
+    bad = ~np.isfinite(x)
+    return [literal(name, np.where(bad, 0.0, x))] + [
+        f"{name}[{tuple(int(i) for i in at)}] = {'np.nan' if np.isnan(x[tuple(at)]) else repr(float(x[tuple(at)])).replace('inf', 'np.inf')}"
+        for at in np.argwhere(bad)]
+
+
+def _run(target, q, k, v, mask=None, is_causal=False, **fields):
+    """(output as float64, the dtype it came back in), or ("error", None) when the backend raised."""
+    target.examples += 1
+    seen: dict = {}
+    try:
+        with _any_output_dtype(target.backend, seen):
+            out = target.forward(_case(q, k, v, mask, is_causal, **fields))  # recorded, declines skip
+    except ConformanceFailure:  # the backend raised (or hung): a choice some make for these inputs
+        return "error", None
+    return np.asarray(out, dtype=np.float64), seen.get("dtype", target.dtype)
 
 
 def _judge(record, target, question, observed, declared):
     agrees = None if declared is None else observed == declared
     record(question, observed, declared, agrees)
     # an AssertionError (not pytest.fail) so the JSON records a contradiction as "failed"
-    assert agrees is not False, f"{target.name} declares {question} = {declared!r} but does {observed!r}"
+    assert agrees is not False, (f"{target.name} declares {question} = {declared!r} but at {target.dtype} "
+                                 f"does {observed!r}")
 
 
-def _needs(target, masks=False, causal=False):
+def _needs(target, masks=False, causal=False, feature=None):
     if masks and not target.caps.masks:
         pytest.skip(f"{target.name} takes no boolean mask")
     if causal and not target.caps.causal:
         pytest.skip(f"{target.name} has no causal mode")
+    if feature and not target.supports(feature):
+        pytest.skip(f"{target.name} does not declare {feature}")
 
 
-def test_fully_masked_rows(backend_target, record_semantics):
-    _needs(backend_target, masks=True)
+def _row_answer(target, out, row: int, q, k, v, computed=None) -> str:
+    """What query `row` holds: nan, zeros, mean_of_values (uniform weights over every key),
+    computed (the row as if nothing hid it), or other - each within the dtype's row budget."""
+    got = out[..., row, :]  # (B, H, Ev)
+    if np.isnan(got).all():
+        return "nan"
+    if not np.isfinite(got).all():
+        return "other"
+    q_flat = q.copy()
+    q_flat[..., row, :] = 0  # equal scores: the reference row is the mean of the values
+    allowed, uniform, _ = error_budget.forward_allowed_rows(q_flat, k, v, dtype=target.budget_dtype)
+    limit = allowed[..., row, None]  # (B, H, 1): that row's allowance
+    if np.all(np.abs(got) <= limit):
+        return "zeros"
+    if computed is not None and np.all(np.abs(got - computed[..., row, :]) <= limit):
+        return "computed"
+    if np.all(np.abs(got - uniform[..., row, :]) <= limit):
+        return "mean_of_values"
+    return "other"
+
+
+def test_output_dtype(target, record_semantics):
+    """The dtype results come back in: the input's, unless a policy is declared (output_dtypes)."""
     q, k, v = _problem()
+    _, returned = _run(target, q, k, v)
+    observed = returned or "error"
+    _judge(record_semantics, target, "output_dtype", observed, target.backend.output_dtype(target.dtype))
+
+
+def test_fully_masked_rows(target, record_semantics):
+    _needs(target, masks=True)
+    q, k, v = _problem(value_offset=2.0)
     mask = np.ones(_SHAPE, dtype=bool)  # (B, H, Lq, Lk)
     mask[..., 1, :] = False  # query 1 sees nothing
-    out = _run(backend_target, q, k, v, mask)
+    out, _ = _run(target, q, k, v, mask)
+    observed = out if isinstance(out, str) else _row_answer(target, out, 1, q, k, v)
+    _judge(record_semantics, target, "fully_masked", observed, target.backend.semantics.fully_masked)
+
+
+def test_padded_rows(target, record_semantics):
+    """A query row past q_lengths (backends that take sequence lengths): what it outputs."""
+    _needs(target, feature="seq_lengths")
+    q, k, v = _problem(value_offset=2.0)
+    out, _ = _run(target, q, k, v, q_lengths=np.array([2]))  # query 2 is padding
     if isinstance(out, str):
         observed = out
     else:
-        row = out[..., 1, :]  # (B, H, Ev)
-        if np.isnan(row).all():
-            observed = "nan"
-        elif np.all(row == 0):
-            observed = "zeros"
-        elif np.allclose(row, v.mean(axis=-2), rtol=1e-2, atol=1e-2):  # uniform weights over all keys
-            observed = "mean_of_values"
-        else:
-            observed = "other"
-    _judge(record_semantics, backend_target, "fully_masked", observed, backend_target.backend.semantics.fully_masked)
+        computed = error_budget.forward_allowed_rows(q, k, v, dtype=target.budget_dtype)[1]  # (B, H, Lq, Ev)
+        observed = _row_answer(target, out, 2, q, k, v, computed)
+    _judge(record_semantics, target, "padded_rows", observed, getattr(target.backend.semantics, "padded_rows", None))
 
 
-def test_causal_alignment(backend_target, record_semantics):
-    """Lq=3 < Lk=4 with V = identity: top-left lets query 0 see key 0 only; bottom-right keys 0..1."""
-    _needs(backend_target, causal=True)
-    q, k, _ = _problem(E=4)  # E = Ev = Lk: fits backends that need Ev == E
-    v = np.broadcast_to(np.eye(4), _SHAPE[:2] + (4, 4)).copy()  # (B, H, Lk, Lk)
-    w = _run(backend_target, q, k, v, None, True)
-    if isinstance(w, str):
-        observed = w
-    else:
-        seen = w != 0  # (B, H, Lq, Lk)
-        observed = "other"
-        for name in ("top_left", "bottom_right"):
-            if np.array_equal(seen, np.broadcast_to(causal_mask(3, 4, name), seen.shape)):
-                observed = name
-    _judge(record_semantics, backend_target, "causal_alignment", observed,
-           backend_target.backend.semantics.causal_alignment)
+def test_causal_alignment(target, record_semantics):
+    """Lq=3 < Lk=4: top-left lets query i see keys 0..i; bottom-right keys 0..i+1."""
+    _needs(target, causal=True)
+    if target.supports("causal_bottom_right"):
+        pytest.skip(f"{target.name} takes the causal alignment as a parameter "
+                    "(both are asked for and judged by test_causal_alignment_as_asked)")
+    q, k, v = _problem()
+    out, _ = _run(target, q, k, v, None, True, causal_alignment=target.alignments[0])
+    observed = out if isinstance(out, str) else "other"
+    for name in ("top_left", "bottom_right"):
+        if not isinstance(out, str) and error_budget.check_forward(out, q, k, v, None, True, dtype=target.budget_dtype,
+                                                                   causal_alignment=name):
+            observed = name
+            break
+    _judge(record_semantics, target, "causal_alignment", observed, target.backend.semantics.causal_alignment)
 
 
-def _leak(target, record, bad: float, where: str):
+@pytest.mark.parametrize("where", ["key", "value"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+def test_non_finite_in_masked_pair(target, record_semantics, bad, where):
+    """A NaN/inf in a key or value no query may see: does it reach the output? (0 * NaN = NaN)"""
     _needs(target, masks=True)
     q, k, v = _problem()
     mask = np.ones(_SHAPE, dtype=bool)  # (B, H, Lq, Lk)
     mask[..., 2] = False  # key 2 hidden from every query
     (k if where == "key" else v)[..., 2, :] = bad
-    out = _run(target, q, k, v, mask)
+    out, _ = _run(target, q, k, v, mask)
     observed = out if isinstance(out, str) else ("leaks" if not np.isfinite(out).all() else "no_leak")
-    _judge(record, target, f"masked_{'nan' if math.isnan(bad) else 'inf'}_{where}", observed, None)
+    _judge(record_semantics, target, f"masked_{'nan' if math.isnan(bad) else 'inf'}_{where}", observed, None)
 
 
-@pytest.mark.parametrize("where", ["key", "value"])
-@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
-def test_non_finite_in_masked_pair(backend_target, record_semantics, bad, where):
-    """A NaN/inf in a key or value no query may see: does it reach the output? (0 * NaN = NaN)"""
-    _leak(backend_target, record_semantics, bad, where)
-
-
-def test_nan_in_unmasked_query(backend_target, record_semantics):
+def test_nan_in_unmasked_query(target, record_semantics):
     """NaN in query 0: only row 0 should be NaN; does it spread to other rows or vanish?"""
     q, k, v = _problem()
     q[0, 0, 0, 0] = math.nan
-    out = _run(backend_target, q, k, v)
+    out, _ = _run(target, q, k, v)
     if isinstance(out, str):
         observed = out
     else:
         nan = np.isnan(out).any(axis=-1)  # (B, H, Lq)
-        observed = ("row_only" if nan[0, 0, 0] and nan.sum() == 1 else "spreads" if nan.sum() > 1
-                    else "swallowed")
-    _judge(record_semantics, backend_target, "nan_query", observed, None)
+        observed = "row_only" if nan[0, 0, 0] and nan.sum() == 1 else "spreads" if nan.sum() > 1 else "swallowed"
+    _judge(record_semantics, target, "nan_query", observed, None)
 
 
-def test_float64_effective_precision(backend_target, record_semantics):
-    """Bits of agreement with the reference when asked for float64 (~50: float64; ~22: float32 inside)."""
-    if backend_target.dtype != "float64":
-        pytest.skip(f"{backend_target.name} does not take float64")
+def test_effective_precision(target, record_semantics):
+    """The widest format whose error budget the results meet (float64 input computed in float32: float32)."""
     rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal((1, 2, 64, 64)) for _ in range(3))  # (B, H, L, E)
-    out = _run(backend_target, q, k, v)
-    if isinstance(out, str):
-        observed = out
-    else:
-        err = float(np.max(np.abs(out - reference.attention(q, k, v)))) / float(np.max(np.abs(v)))
-        bits = 53 if err == 0 else min(53, int(-math.log2(err)))  # float64 ~50, float32 ~22, 16-bit < 12
-        observed = "float64" if bits > 40 else "float32" if bits > 18 else "bfloat16" if bits < 9 else "float16"
-    declared = getattr(backend_target.backend.semantics, "effective_precision", None)
-    _judge(record_semantics, backend_target, "float64_precision", observed, declared)
+    q, k, v = (np.asarray(round_to(rng.standard_normal((1, 2, 64, 64)), target.dtype), dtype=np.float64)
+               for _ in range(3))  # (B, H, L, E), exact in the dtype
+    out, _ = _run(target, q, k, v)
+    observed = out if isinstance(out, str) else "worse than bfloat16"
+    if not isinstance(out, str):
+        u = BUDGETS[target.dtype].unit_roundoff
+        for fmt in sorted((d for d in BUDGETS if BUDGETS[d].unit_roundoff >= u), key=lambda d: BUDGETS[d].unit_roundoff):
+            if error_budget.check_forward(out, q, k, v, dtype=fmt):
+                observed = fmt
+                break
+    semantics = target.backend.semantics
+    declared_any = getattr(semantics, "effective_precision", None) or target.backend.output_dtype(target.dtype) != target.dtype
+    _judge(record_semantics, target, "effective_precision", observed, target.budget_dtype if declared_any else None)

@@ -20,7 +20,7 @@ def sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None):
     if is_causal:
         vis = vis & np.tri(*s.shape[-2:], dtype=bool)  # (..., Lq, Lk)
     s = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
-    e = np.exp(s - np.nan_to_num(s.max(-1, keepdims=True), neginf=0))  # (..., Lq, Lk)
+    e = np.exp(s - np.nan_to_num(s.max(-1, keepdims=True, initial=-np.inf), neginf=0))  # (..., Lq, Lk) Lk = 0 too
     total = e.sum(-1, keepdims=True)  # (..., Lq, 1)
     return (e / np.where(total == 0, 1, total)) @ value  # (..., Lq, Ev)
 

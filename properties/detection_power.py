@@ -1,0 +1,283 @@
+"""Detection power: the smallest defect the conformance suite rejects, per dtype, and kill rates.
+
+    python -m properties.detection_power [--dtype D ...] [--defect K ...] [--runs K] [--out DIR]
+    python -m properties.detection_power --kill-rates [--runs K] [--examples N ...] [--out DIR]
+    python -m properties.detection_power --controls [--runs K] [--out DIR]
+
+Detection power: each defect of tests/defects.py (torch-math with one error of relative size d)
+runs through the whole suite (`properties.runner.run_suite`, profile dev) in one dtype, once
+per seed (``--hypothesis-seed``): the same seed draws the same problems for every d, so a
+bisection over the grid (1e-1, 3e-2, 1e-2, ... per dtype) finds, per seed, the smallest d
+rejected ("rejected": at least one property *failed*; harness errors are counted apart).
+The rate at d is the share of seeds whose threshold is at most d (a larger defect on the same
+draws is assumed to fail too).  The same runs under flash-attention's rule
+(``ATTNSPEC_BUDGET_RULE=flash``: 2 x the plain error over the tensor, no floor) give its
+thresholds; torch-math itself (d = 0) runs in every batch, so a rule's false alarms show.
+Writes detection_power.csv (per dtype and defect), detection_rates.csv (per d) and .md tables.
+
+Kill rates: every planted bug of tests/broken/ under K seeds with N examples per property; a
+bug is killed in a run when a property fails.  From the rate r at N, the per-example kill
+probability p = 1 - (1 - r)^(1/N) gives the examples a profile needs for 99 % per run.
+Controls: the CPU built-ins, the correct kernels of tests/broken/ and the defects at d = 0 in
+every dtype they declare, K seeds: any failure is a false alarm.
+
+Measurement runs load this module as a pytest plugin (``-p properties.detection_power``):
+it drops the example database (a replayed failure would make runs dependent) and the shrink
+phase (shrinking makes a counterexample smaller, never decides whether a run fails), and
+``ATTNSPEC_MEASURE_EXAMPLES`` overrides max_examples.  Timing (2 cores, quiet): see --help.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .runner import ROOT, run_suite
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+DEFECTS = ("temperature", "gain", "tail", "rescale")
+# per dtype: the grid (largest first, steps of ~3x) and the issue's targets (temperature, gain)
+GRIDS = {"float16": (-1, -5), "bfloat16": (-1, -4), "float32": (-3, -8), "float64": (-4, -13)}
+TARGETS = {"float16": {"temperature": 1e-2, "gain": 3e-3}, "bfloat16": {"temperature": 3e-2, "gain": 3e-2},
+           "float32": {"temperature": 1e-5, "gain": 1e-5}, "float64": {"temperature": 1e-6, "gain": 1e-6}}
+RULE_ENV, EXAMPLES_ENV = "ATTNSPEC_BUDGET_RULE", "ATTNSPEC_MEASURE_EXAMPLES"
+CPU_BUILTINS = ("numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "torch-sdpa-cpu-math",
+                "torch-sdpa-cpu-flash", "jax-naive", "jax-dpa")
+
+
+def grid(dtype: str) -> list:
+    """Defect sizes for dtype, largest first: 1e-1, 3e-2, 1e-2, ... down to the dtype's end."""
+    hi, lo = GRIDS[dtype]
+    return [float(f"{m}e{e}") for e in range(hi, lo - 1, -1) for m in (3, 1) if not (e == hi and m == 3)]
+
+
+# ---- the pytest plugin of measurement runs ---------------------------------------------
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    from hypothesis import Phase, settings
+    extra = dict(database=None, phases=(Phase.explicit, Phase.generate))
+    if os.environ.get(EXAMPLES_ENV):
+        extra["max_examples"] = int(os.environ[EXAMPLES_ENV])
+    if config.getoption("hypothesis_seed", None) is not None:
+        extra["derandomize"] = False  # ci's fixed draws would ignore the seed
+    settings.register_profile("attnspec-measure", parent=settings.default, **extra)
+    settings.load_profile("attnspec-measure")
+
+
+# ---- one measured suite run --------------------------------------------------------------
+
+WORKERS = os.environ.get("ATTNSPEC_MEASURE_WORKERS", "")  # pytest-xdist workers per suite run ("" = none)
+
+
+def suite_run(names, seed: int, rule: str = "attnspec", profile: str = "dev", examples: int | None = None,
+              timeout: float | None = 3600) -> dict:
+    """{backend name: (failed properties, errored properties)} of one suite run."""
+    env = dict(os.environ, **{RULE_ENV: rule})
+    env.pop(EXAMPLES_ENV, None)
+    if examples:
+        env[EXAMPLES_ENV] = str(examples)
+    env.pop("ATTNSPEC_BACKENDS", None)
+    result = run_suite(list(names), profile=profile, env=env, timeout=timeout,
+                       extra_args=["-p", "properties.detection_power", f"--hypothesis-seed={seed}"]
+                       + (["-n", WORKERS] if WORKERS not in ("", "0") else []), pythonpath=[ROOT])
+    if not result.conformance:
+        raise RuntimeError(f"the suite reported nothing (exit {result.returncode}):\n{result.output[-3000:]}")
+    out: dict = {}
+    for row in result.conformance:
+        failed, errored = out.setdefault(row["backend"], (set(), set()))
+        (failed if row["status"] == "failed" else errored if row["status"] == "error" else set()).add(row["property"])
+    return out
+
+
+def _defect(kind, d, dtype):
+    from tests.defects import make, spec
+    return spec(kind, d, dtype), make(kind, d, dtype).name
+
+
+# ---- detection power -------------------------------------------------------------------------
+
+def thresholds(dtype: str, kinds, seed: int, rule: str, log=print) -> dict:
+    """{kind: the largest index into grid(dtype) rejected on this seed (-1: not even the largest d)},
+    plus 'control': the properties torch-math itself (d = 0) failed on these draws - those say
+    nothing about a defect, so they are left out of its verdict.  Bisection: each step is one
+    suite run with every unfinished kind at the middle of its interval."""
+    sizes = grid(dtype)
+    rej = {k: -1 for k in kinds}          # largest index known rejected
+    acc = {k: len(sizes) for k in kinds}  # smallest index known accepted
+    control_name = _defect("gain", 0, dtype)
+    control = None
+    while control is None or any(acc[k] - rej[k] > 1 for k in kinds):
+        todo = {k: (rej[k] + acc[k]) // 2 for k in kinds if acc[k] - rej[k] > 1}
+        specs = {k: _defect(k, sizes[i], dtype) for k, i in todo.items()}
+        start = time.perf_counter()
+        got = suite_run([s for s, _ in specs.values()] + ([control_name[0]] if control is None else []), seed, rule)
+        if control is None:
+            control = sorted(got.get(control_name[1], (set(), set()))[0])
+        for k, i in todo.items():
+            failed, errored = got.get(specs[k][1], (set(), set()))
+            failed = failed - set(control)
+            rej[k], acc[k] = (i, acc[k]) if failed else (rej[k], i)
+            log(f"  {dtype} seed {seed} {rule}: {k} d={sizes[i]:g} " + (f"rejected ({', '.join(sorted(failed))})"
+                if failed else "passed") + (f"; harness errors: {', '.join(sorted(errored))}" if errored else ""))
+        log(f"  ({time.perf_counter() - start:.0f} s{'; control d=0 failed ' + ', '.join(control) if control else ''})")
+    return dict(rej, control=control)
+
+
+def detection_power(dtypes, kinds, seeds, rules=("attnspec", "flash"), log=print) -> list:
+    """Rows of detection_rates.csv: dtype, defect, rule, d, rate, runs."""
+    rows = []
+    for dtype in dtypes:
+        sizes = grid(dtype)
+        for rule in rules:
+            per_seed = [thresholds(dtype, kinds, s, rule, log) for s in seeds]
+            alarms = sum(bool(t["control"]) for t in per_seed)
+            for kind in kinds:
+                for i, d in enumerate(sizes):
+                    rate = sum(t[kind] >= i for t in per_seed) / len(seeds)
+                    rows.append(dict(dtype=dtype, defect=kind, rule=rule, d=d, rate=rate, runs=len(seeds),
+                                     control_false_alarms=alarms))
+    return rows
+
+
+def summarize(rates: list) -> list:
+    """Per dtype and defect: the smallest d rejected in every run, and where it was sometimes, per rule."""
+    out = []
+    keys = dict.fromkeys((r["dtype"], r["defect"]) for r in rates)
+    for dtype, kind in keys:
+        row = dict(dtype=dtype, defect=kind)
+        for rule, tag in (("attnspec", ""), ("flash", "flash_rule_")):
+            pts = sorted((r for r in rates if (r["dtype"], r["defect"], r["rule"]) == (dtype, kind, rule)),
+                         key=lambda r: -r["d"])
+            if not pts:
+                continue
+            always = [r["d"] for r in pts if r["rate"] == 1.0]
+            some = [r["d"] for r in pts if r["rate"] > 0]
+            row[f"{tag}smallest_d_rejected"] = min(always) if always else ""
+            row[f"{tag}smallest_d_sometimes"] = min(some) if some else ""
+            row[f"{tag}rate_at_target"] = next((r["rate"] for r in pts if _close(r["d"], TARGETS[dtype].get(kind))), "")
+            row[f"{tag}false_alarm_runs"] = pts[0]["control_false_alarms"]
+            row["runs"] = pts[0]["runs"]
+        target = TARGETS[dtype].get(kind)
+        row["target"] = target or ""
+        d = row.get("smallest_d_rejected")
+        row["meets_target"] = "" if target is None else bool(d != "" and d <= target * (1 + 1e-9))
+        out.append(row)
+    return out
+
+
+def _close(a, b) -> bool:
+    return b is not None and abs(a - b) <= 1e-9 * b
+
+
+# ---- kill rates and controls ------------------------------------------------------------------
+
+def kill_rates(seeds, examples=(2, 6), profiles=("dev", "ci"), log=print) -> list:
+    """Rows: bug, profile, examples, killed runs, runs, rate, per-example p, examples for 99 %."""
+    from tests.broken import BROKEN
+    rows = []
+    for profile in profiles:
+        for n in examples:
+            killed = {e.label: 0 for e in BROKEN}
+            for seed in seeds:
+                start = time.perf_counter()
+                got = suite_run([e.spec for e in BROKEN], seed, profile=profile, examples=n)
+                for e in BROKEN:
+                    killed[e.label] += any(got.get(name, (set(), set()))[0] for name in _names(e))
+                log(f"  kill rates: {profile} N={n} seed {seed}: {time.perf_counter() - start:.0f} s")
+            for label, k in killed.items():
+                rate = k / len(seeds)
+                p = 1 - (1 - rate) ** (1 / n) if rate < 1 else 1 - (0.5 / len(seeds)) ** (1 / n)
+                need = math.ceil(math.log(0.01) / math.log(1 - p)) if 0 < p < 1 else ("" if p >= 1 else "inf")
+                rows.append(dict(bug=label, profile=profile, examples=n, killed=k, runs=len(seeds), rate=rate,
+                                 per_example=round(p, 4), examples_for_99=need))
+    return rows
+
+
+def _names(entry) -> set:
+    from backends.registry import resolve
+    return {entry.spec, getattr(resolve(entry.spec), "name", entry.spec)}
+
+
+def controls(seeds, log=print) -> list:
+    """Rows: backend, seed, failed properties - every correct kernel in every dtype it declares."""
+    from tests.broken import CORRECT
+    names = list(CPU_BUILTINS) + [e.spec for e in CORRECT] + [f"tests.defects:{k}_0" for k in DEFECTS]
+    rows = []
+    for seed in seeds:
+        got = suite_run(names, seed)
+        rows += [dict(backend=b, seed=seed, failed=" ".join(sorted(f)), errors=" ".join(sorted(e)))
+                 for b, (f, e) in sorted(got.items())]
+        log(f"  controls seed {seed}: {sum(bool(f) for f, _ in got.values())} backends with a failure")
+    return rows
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+def write_csv(path: Path, rows: list) -> None:
+    if not rows:
+        return
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def markdown(rows: list) -> str:
+    if not rows:
+        return ""
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    fmt = lambda x: f"{x:g}" if isinstance(x, float) else str(x)  # noqa: E731
+    return "\n".join(["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)] +
+                     ["| " + " | ".join(fmt(r.get(k, "")) for k in fields) + " |" for r in rows]) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=(
+        "Cost: a suite run per bisection step (4 defects each), ~4 steps per dtype, seed and rule; "
+        "measured on 2 cores (see the report for the figure)."))
+    ap.add_argument("--dtype", action="append", choices=DTYPES)
+    ap.add_argument("--defect", action="append", choices=DEFECTS)
+    ap.add_argument("--rule", action="append", choices=("attnspec", "flash"))
+    ap.add_argument("--runs", type=int, default=3, help="seeds per measurement (default 3)")
+    ap.add_argument("--first-seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("detection-power"))
+    ap.add_argument("--kill-rates", action="store_true", help="measure tests/broken/ kill rates instead")
+    ap.add_argument("--examples", type=int, action="append", help="--kill-rates: examples per property (2, 6)")
+    ap.add_argument("--controls", action="store_true", help="run every correct kernel instead (false alarms)")
+    ap.add_argument("--workers", default=None, help="pytest-xdist workers per suite run (-n; default none)")
+    args = ap.parse_args(argv)
+    global WORKERS
+    WORKERS = args.workers if args.workers is not None else WORKERS
+    args.out.mkdir(parents=True, exist_ok=True)
+    seeds = list(range(args.first_seed, args.first_seed + args.runs))
+    start = time.perf_counter()
+    if args.kill_rates:
+        rows = kill_rates(seeds, tuple(args.examples or (2, 6)))
+        write_csv(args.out / "kill_rates.csv", rows)
+        print(markdown(rows))
+    elif args.controls:
+        rows = controls(seeds)
+        write_csv(args.out / "controls.csv", rows)
+        bad = [r for r in rows if r["failed"]]
+        print(markdown(bad) or f"no false alarm: {len(rows)} backend runs")
+    else:
+        rates = detection_power(args.dtype or DTYPES, args.defect or DEFECTS, seeds, tuple(args.rule or ("attnspec", "flash")))
+        summary = summarize(rates)
+        write_csv(args.out / "detection_rates.csv", rates)
+        write_csv(args.out / "detection_power.csv", summary)
+        (args.out / "detection_power.md").write_text(markdown(summary))
+        print(markdown(summary))
+    print(f"({time.perf_counter() - start:.0f} s; written to {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
