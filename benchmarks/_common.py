@@ -1,104 +1,65 @@
-"""What every attention benchmark shares: the parameter grid, the inputs and the prepared call.
+"""What every attention benchmark shares: backends, workloads, inputs and the prepared call.
 
-asv runs each parameter combination in a fresh process (launch_method "spawn") and, with a
-`setup` hook present, re-runs `setup` before every timed call (asv-runner >= 0.3), so
-`prepared()` caches the converted inputs and the warmed-up callable per combination: the
-re-run is a dict lookup and conversion, compilation and warm-up stay out of the timed region.
-Importing this module loads no framework; a backend imports its own when first prepared.
+asv runs each parameter combination in its own process (forked from asv's server, see
+benchmarks/__init__.py) and, with a `setup` hook present, re-runs `setup` before every timed
+call (asv-runner >= 0.3), so `prepared()` caches the converted inputs and the warmed-up callable
+per combination: the re-run is a dict lookup; conversion, compilation and warm-up stay out of
+the timed region.  Importing this module loads no framework; a backend loads its own.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
+from dataclasses import dataclass
 
-# Thread counts are fixed before NumPy (through backends) is imported, so every process of a
-# run uses the same pools. Default 1: on a shared 2-core VM two BLAS/OpenMP threads stall at
-# every barrier while another process holds a core (torch at T=16: 16 ms a call instead of
-# 70 us; numpy-naive at T=512: 5x slower, 30x spread), one thread only slows in proportion.
-# On a dedicated machine set ATTNSPEC_THREADS=$(nproc).
-THREADS = int(os.environ.get("ATTNSPEC_THREADS") or 1)
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, str(THREADS))
-if THREADS == 1:  # asks XLA's CPU client for one intra-op thread too (read when jax loads)
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+from . import _threads  # noqa: I001 - first: thread variables before NumPy loads
+from ._grid import BATCH, HEADS, FIRST_CALL_BUDGET_SECONDS, MAX_CALL_SECONDS  # noqa: F401 - re-exported
 
 import numpy as np  # noqa: E402
 
+THREADS = _threads.THREADS
+_threads.limit()
 
-def blas_threads(set_to: int | None = None) -> int | None:
-    """OpenBLAS's thread count (set first if asked), through the loaded library.
-
-    OpenBLAS reads OPENBLAS_NUM_THREADS once, when it loads, and asv-runner has usually loaded
-    NumPy before this module (its mem_ support imports pympler, which imports NumPy), so the
-    variable above is not enough: without this call a "1-thread" run used 2 BLAS threads."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line})
-    except OSError:  # not Linux: leave BLAS alone, report unknown
-        return None
-    count = None
-    for path in paths:
-        lib = ctypes.CDLL(path)
-        for prefix in ("scipy_openblas_", "openblas_"):
-            for suffix in ("64_", ""):
-                getter = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
-                setter = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
-                if getter is None or setter is None:
-                    continue
-                if set_to is not None:
-                    setter(ctypes.c_int(set_to))
-                count = int(getter())
-    return count
-
-
-blas_threads(THREADS)
-
-# asv (environment "existing") installs nothing: measure the checkout these benchmarks sit in,
-# not whatever copy of attnspec the interpreter has installed.
+# With environment_type "existing" asv installs nothing: measure the checkout these benchmarks
+# sit in, not whatever copy the interpreter has.  In an environment asv builds per commit
+# (virtualenv) the installed package *is* the commit under test: leave sys.path alone.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
+if (os.environ.get("ASV_ENV_TYPE") in (None, "existing") and os.path.isfile(os.path.join(REPO_ROOT, "asv.conf.json"))
+        and REPO_ROOT not in sys.path):
     sys.path.insert(0, REPO_ROOT)
 
 from backends import registry  # noqa: E402
 from backends.base import BackendUnavailable, Unsupported  # noqa: E402
 
-# The clock of time_attention. "process" = the process's CPU time (time.process_time): with one
-# thread it is the call's compute time, blind to waiting for a core, which on a shared VM under
-# load 6-8 made wall-clock medians of numpy-naive flat from T=256 to 2048. "wall" = perf_counter,
-# the latency, right on a quiet machine and for GPU backends (CPU time misses device work).
+# The clock of the time_ benchmarks. "process" = the process's CPU time: with one thread it is
+# the call's compute time, blind to waiting for a core (on the shared 2-core VM, under load 6-8,
+# wall-clock medians of numpy-naive were flat from T=256 to 2048). "wall" = perf_counter, the
+# latency: right on a quiet machine and for GPU backends (CPU time misses device work).
 CLOCKS = ("process", "wall")
 CLOCK = os.environ.get("ATTNSPEC_CLOCK") or ("process" if THREADS == 1 else "wall")
 if CLOCK not in CLOCKS:
     raise ValueError(f"ATTNSPEC_CLOCK={CLOCK!r}: expected one of {', '.join(CLOCKS)}")
-
-BATCH, HEADS = 1, 8  # fixed so T and E are the only size axes; recorded as one-value params
 SEED = 20240601
 
 
-def _int_list(var: str, default: list[int]) -> list[int]:
-    """A comma-separated list of positive ints from `var` (to shrink the grid for smoke runs)."""
-    text = os.environ.get(var)
-    if not text:
-        return default
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{var}={text!r}: expected comma-separated integers, e.g. 4,64") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{var}={text!r}: expected positive integers")
-    return values
+def log(message: str) -> None:
+    """asv keeps a benchmark's stderr in its log: say why a combination is skipped."""
+    print(f"attnspec-bench: {message}", file=sys.stderr)
+
+
+def skip(why: str):
+    """asv's skip: NotImplementedError in setup (the result is n/a; the reason is in the log)."""
+    log(f"skip: {why}")
+    raise NotImplementedError(why)
 
 
 def _installed_builtins() -> list[str]:
     """Every built-in whose framework is installed and whose device seems present.
 
-    Checked without importing a framework: asv imports this module in every spawned process,
-    and importing torch and jax there would add seconds to each of the sweep's ~600 processes.
-    The device check is a cheap look for an NVIDIA device node; where it guesses wrong, the
-    backend's setup still raises NotImplementedError with the real reason (a skip).
+    Checked without importing a framework (find_spec only).  The device check is a cheap look
+    for an NVIDIA device node; where it guesses wrong, the backend's setup still raises
+    NotImplementedError with the real reason (a skip).
     """
     import importlib.util
     import inspect
@@ -107,38 +68,54 @@ def _installed_builtins() -> list[str]:
     names = []
     for name in registry.builtin_names():
         module, _, attr = registry.BUILTINS[name].partition(":")
-        cls = getattr(importlib.import_module(module), attr)  # adapters import no framework
-        framework = {"torch_backends": "torch", "jax_backends": "jax"}.get(module.rsplit(".", 1)[-1], "numpy")
+        try:
+            cls = getattr(importlib.import_module(module), attr)  # adapters import no framework
+        except (ImportError, AttributeError) as e:  # a built-in this checkout lacks
+            log(f"built-in {name} not importable: {e}")
+            continue
         device = cls.capabilities.device if inspect.isclass(cls) else "cpu"
-        if importlib.util.find_spec(framework) is not None and (device == "cpu" or gpu):
+        frameworks = _threads.frameworks_of([name])
+        if all(importlib.util.find_spec(f) is not None for f in frameworks) and (device == "cpu" or gpu):
             names.append(name)
     return names
 
 
 def backend_names() -> list[str]:
-    """ATTNSPEC_BACKENDS (the plug-in contract), else every installed built-in.
-
-    The full sweep over the 8 CPU built-ins took 13 min 6 s on the 2-core dev VM (asv spawns a
-    process per combination; a torch or jax process costs ~1.5 s before it measures anything).
-    """
+    """ATTNSPEC_BACKENDS (the plug-in contract), else every installed built-in."""
     names = registry.names_from_env()
     return list(names or _installed_builtins())
 
 
-T_VALUES = _int_list("ATTNSPEC_BENCH_T", [2 ** i for i in range(2, 12)])  # 4 ... 2048
-E_VALUES = _int_list("ATTNSPEC_BENCH_E", [16, 64, 128])
-OPS = [x.strip() for x in os.environ.get("ATTNSPEC_BENCH_OPS", "forward,forward_backward").split(",") if x.strip()]
-DTYPES = [x.strip() for x in os.environ.get("ATTNSPEC_BENCH_DTYPES", "float32").split(",") if x.strip()]
+@dataclass(frozen=True)
+class Workload:
+    """One problem shape: q (B, Hq, Lq, E), k and v (B, Hkv, Lk, E); a mask kind."""
 
-PARAM_NAMES = ["backend", "batch", "heads", "T", "E", "op", "dtype"]
+    batch: int = BATCH
+    hq: int = HEADS
+    hkv: int = HEADS
+    lq: int = 1
+    lk: int = 1
+    e: int = 64
+    mask: str = "none"  # none | causal | window-N (N keys, own included) | decode (causal, bottom-right)
 
+    def fields(self) -> dict:
+        """Backend.prepare's keyword arguments for this problem."""
+        out = {}
+        if self.hkv != self.hq:
+            out["enable_gqa"] = True
+        if self.mask.startswith("window-"):
+            out["window"] = (int(self.mask[7:]) - 1, 0)
+        if self.mask == "decode" and self.lq > 1:  # new tokens see the cache and each other causally
+            out["causal_alignment"] = "bottom_right"
+        return out
 
-# Extra memory hardly depends on E (the O(T^2) score block does not); one E halves the spawns.
-MEMORY_E_VALUES = [64] if 64 in E_VALUES else E_VALUES[:1]
+    @property
+    def is_causal(self) -> bool:
+        return self.mask == "causal" or (self.mask == "decode" and self.lq > 1)
 
-
-def params(e_values=None) -> list[list]:
-    return [backend_names(), [BATCH], [HEADS], T_VALUES, e_values or E_VALUES, OPS, DTYPES]
+    def scaled(self, t: int) -> "Workload":
+        """The same problem at Lq = Lk = t (to predict a large call's time from a small one)."""
+        return Workload(self.batch, self.hq, self.hkv, t, t, self.e, self.mask)
 
 
 def timer_for(backend, clock: str):
@@ -148,28 +125,27 @@ def timer_for(backend, clock: str):
     return time.perf_counter
 
 
-def log(message: str) -> None:
-    """asv keeps a benchmark's stderr in its log: say why a combination is skipped."""
-    print(f"attnspec-bench: {message}", file=sys.stderr)
-
-
 class Prepared:
     """One combination, converted and warmed up: `run()` is the timed call."""
 
-    def __init__(self, backend, inputs: tuple, run, call_seconds: float):
+    def __init__(self, backend, inputs: tuple, run, call_seconds: float, workload: Workload):
         self.backend = backend
         self.inputs = inputs  # float64 NumPy (q, k, v, grad_out)
         self.run = run
         self.call_seconds = call_seconds  # a warm call, to size asv's `number`
+        self.workload = workload
 
 
 _CACHE: dict[tuple, Prepared] = {}
 _BACKENDS: dict[str, object] = {}
 
 
-def inputs(batch: int, heads: int, T: int, E: int) -> tuple:
+def inputs(w: Workload) -> tuple:
     rng = np.random.default_rng(SEED)
-    q, k, v, grad_out = (rng.standard_normal((batch, heads, T, E)) for _ in range(4))  # (B, H, T, E)
+    q = rng.standard_normal((w.batch, w.hq, w.lq, w.e))  # (B, Hq, Lq, E)
+    k = rng.standard_normal((w.batch, w.hkv, w.lk, w.e))  # (B, Hkv, Lk, E)
+    v = rng.standard_normal((w.batch, w.hkv, w.lk, w.e))  # (B, Hkv, Lk, E)
+    grad_out = rng.standard_normal((w.batch, w.hq, w.lq, w.e))  # (B, Hq, Lq, E)
     return q, k, v, grad_out
 
 
@@ -177,50 +153,123 @@ def get_backend(name: str):
     """The backend, loaded; NotImplementedError (asv's skip) with the reason if it cannot load."""
     if name not in _BACKENDS:
         backend = registry.resolve(name)
+        if "jax" in sys.modules or "jax" in _threads.frameworks_of([name]):
+            import importlib.util
+
+            if importlib.util.find_spec("jax") is not None:
+                import jax  # noqa: F401 - pin before the backend's load() creates the client
+                _threads.pin_xla()
         ok, why = backend.availability()
         if not ok:
-            log(f"skip {name}: {why}")
-            raise NotImplementedError(f"{name} unavailable: {why}")
-        _fix_framework_threads()
+            skip(f"{name} unavailable: {why}")
+        _threads.limit()  # the framework may have loaded its own OpenMP runtime
         _BACKENDS[name] = backend
     return _BACKENDS[name]
 
 
-def _fix_framework_threads() -> None:
-    """Frameworks with their own pool get the same thread count as BLAS."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.get_num_threads() != THREADS:
-        torch.set_num_threads(THREADS)
+def _declines(backend, w: Workload, op: str, dtype: str) -> str | None:
+    """A reason from the class's declarations alone: no framework loads to skip these."""
+    caps = backend.capabilities
+    if dtype not in caps.dtypes:
+        return f"{backend.name} declares dtypes {', '.join(caps.dtypes)}"
+    if op == "forward_backward" and not caps.gradients:
+        return f"{backend.name} computes no gradients"
+    if w.is_causal and not caps.causal:
+        return f"{backend.name} has no causal mode"
+    needed = {"gqa": w.hkv != w.hq, "window": w.mask.startswith("window-"),
+              "causal_bottom_right": w.mask == "decode" and w.lq > 1 and w.lq != w.lk}
+    for feature, used in needed.items():
+        if used and feature not in caps.features and not (
+                feature == "causal_bottom_right" and backend.semantics.causal_alignment == "bottom_right"):
+            return f"{backend.name} does not declare {feature!r}"
+    return None
 
 
-def prepared(name, batch, heads, T, E, op, dtype, time_warm_call=True) -> Prepared:
+def _first_call(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def prepared(name: str, w: Workload, op: str, dtype: str, time_warm_call: bool = True) -> Prepared:
     """Converted, warmed up and cached; `time_warm_call=False` skips the second (sizing) call."""
-    key = (name, batch, heads, T, E, op, dtype)
+    key = (name, w, op, dtype)
     if key in _CACHE:
         return _CACHE[key]
-    backend = registry.resolve(name) if name not in _BACKENDS else _BACKENDS[name]
-    caps = backend.capabilities  # declared on the class: no framework import to skip a combination
-    if dtype not in caps.dtypes or (op == "forward_backward" and not caps.gradients):
-        why = f"{name} declares dtypes {caps.dtypes}, gradients={caps.gradients}"
-        log(f"skip {name} {op} {dtype}: {why}")
-        raise NotImplementedError(why)
+    backend = _BACKENDS.get(name) or registry.resolve(name)
+    why = _declines(backend, w, op, dtype) or _over_budget(name)
+    if why:
+        skip(f"{name} {op} {dtype}: {why}")
     backend = get_backend(name)
-    q, k, v, grad_out = inputs(batch, heads, T, E)
+    q, k, v, grad_out = inputs(w)
     try:
-        run = backend.prepare(q, k, v, None, False, None, dtype=dtype, op=op)
-    except Unsupported as e:  # includes BackendUnavailable
-        log(f"skip {name} {op} {dtype}: {e}")
-        raise NotImplementedError(str(e)) from None
-    start = time.perf_counter()
-    run()  # first call: compilation, lazy allocation, first touch - never timed
-    call_seconds = time.perf_counter() - start
+        run = backend.prepare(q, k, v, None, w.is_causal, None, dtype=dtype, op=op, **w.fields())
+        if MAX_CALL_SECONDS and w.lq == w.lk and w.lq > 256 and dtype in ("bfloat16", "float16"):
+            _check_predicted_time(backend, w, op, dtype)
+        call_seconds = _first_call(run)  # compilation, lazy allocation, first touch: never timed
+    except Unsupported as e:  # includes BackendUnavailable; raised by prepare or the first call
+        skip(f"{name} {op} {dtype}: {e}")
+    if FIRST_CALL_BUDGET_SECONDS:
+        _spend_first_call(name, call_seconds)
     if time_warm_call and call_seconds < 1.0:  # the first call may hold one-off init: time a warm one
-        start = time.perf_counter()
-        run()
-        call_seconds = time.perf_counter() - start
-    _CACHE[key] = Prepared(backend, (q, k, v, grad_out), run, call_seconds)
+        call_seconds = _first_call(run)
+    _CACHE[key] = Prepared(backend, (q, k, v, grad_out), run, call_seconds, w)
     return _CACHE[key]
 
 
-__all__ = ["BATCH", "HEADS", "THREADS", "PARAM_NAMES", "params", "prepared", "get_backend", "inputs",
-           "log", "BackendUnavailable"]
+def _run_folder() -> str:
+    """A folder shared by the processes of one asv run: keyed by their parent (asv's server)."""
+    import tempfile
+
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/stat") as stat:
+            started = stat.read().rsplit(")", 1)[1].split()[19]  # the parent's start time: pids recycle
+    except OSError:
+        started = "0"
+    return os.path.join(tempfile.gettempdir(), f"attnspec-bench-{parent}-{started}")
+
+
+def _marker(name: str) -> str:
+    return os.path.join(_run_folder(), "".join(c if c.isalnum() or c in "-_." else "_" for c in name))
+
+
+def _spent(name: str) -> float:
+    try:
+        with open(_marker(name)) as f:
+            return float(f.read() or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _over_budget(name: str) -> str | None:
+    """Why this run leaves `name` out: its first calls used up the grid's budget."""
+    spent = _spent(name) if FIRST_CALL_BUDGET_SECONDS else 0.0
+    if spent <= (FIRST_CALL_BUDGET_SECONDS or float("inf")):
+        return None
+    return (f"its first calls (compilation, lazy initialisation) took {spent:.0f} s so far in this run, over the "
+            f"grid's {FIRST_CALL_BUDGET_SECONDS:g} s per backend: left out of the rest of this run "
+            "(ATTNSPEC_BENCH_GRID=full measures it)")
+
+
+def _spend_first_call(name: str, seconds: float) -> None:
+    """Add a first call's seconds to the backend's account for this run (asv runs one at a time)."""
+    os.makedirs(_run_folder(), exist_ok=True)
+    with open(_marker(name), "w") as f:
+        f.write(repr(_spent(name) + seconds))
+
+
+def _check_predicted_time(backend, w: Workload, op: str, dtype: str) -> None:
+    """Skip a call the grid's budget cannot afford, predicted from the same problem at T = 256."""
+    small = w.scaled(256)
+    q, k, v, _ = inputs(small)
+    run = backend.prepare(q, k, v, None, small.is_causal, None, dtype=dtype, op=op, **small.fields())
+    _first_call(run)
+    predicted = _first_call(run) * (w.lq / 256) ** 2  # attention's work grows as T^2
+    if predicted > MAX_CALL_SECONDS:
+        skip(f"{backend.name} {op} {dtype} T={w.lq}: predicted {predicted:.0f} s per call from T=256 "
+             f"(x(T/256)^2), over this grid's {MAX_CALL_SECONDS:g} s; ATTNSPEC_BENCH_GRID=full measures it")
+
+
+__all__ = ["BATCH", "HEADS", "THREADS", "CLOCK", "CLOCKS", "Workload", "prepared", "get_backend", "inputs",
+           "log", "skip", "BackendUnavailable", "backend_names", "timer_for"]

@@ -8,6 +8,12 @@ the peak while it runs minus what was live before it (inputs excluded, the outpu
 - JAX arrays: XLA's compiled memory analysis of the same computation under `jax.jit`:
   temp + output - aliased bytes, i.e. what the executable allocates beyond its arguments.
   (The CPU client has no allocator statistics; this is XLA's plan, not a sampled peak.)
+- PyTorch on CUDA: torch.cuda.reset_peak_memory_stats, then max_memory_allocated after the call
+  minus memory_allocated before it (the caching allocator's own count: exact, device memory).
+- JAX on a GPU: the device's memory_stats(): peak_bytes_in_use after the call minus bytes_in_use
+  before it.  JAX cannot reset the peak, but setup already ran the same call, so the peak holds
+  this call's; without stats (the CPU client has none) XLA's plan above.
+  (These two run only with a GPU: none on the dev VM, so they are untested there.)
 - Anything else (PyTorch CPU, third-party backends): Linux peak-RSS reset. Free heap goes back
   to the OS (malloc_trim), writing "5" to /proc/self/clear_refs resets VmHWM to the current RSS,
   then VmHWM after the call minus the RSS before it. Page-granular (4 KiB) and it sees every
@@ -22,7 +28,8 @@ import tracemalloc
 
 import numpy as np
 
-METHODS = ("tracemalloc", "xla-memory-analysis", "rss-peak-reset")
+METHODS = ("tracemalloc", "xla-memory-analysis", "rss-peak-reset", "cuda-max-memory-allocated",
+           "jax-device-memory-stats")
 
 
 def native_kind(backend, dtype: str) -> str:
@@ -36,7 +43,12 @@ def native_kind(backend, dtype: str) -> str:
 
 
 def method_for(backend, dtype: str) -> str:
-    return {"numpy": "tracemalloc", "jax": "xla-memory-analysis"}.get(native_kind(backend, dtype), "rss-peak-reset")
+    kind, device = native_kind(backend, dtype), backend.capabilities.device
+    if device == "cuda" and "torch" in sys.modules:
+        return "cuda-max-memory-allocated"
+    if kind == "jax" and device == "gpu":
+        return "jax-device-memory-stats"
+    return {"numpy": "tracemalloc", "jax": "xla-memory-analysis"}.get(kind, "rss-peak-reset")
 
 
 def extra_bytes(backend, run, inputs: tuple, op: str, dtype: str) -> int:
@@ -44,6 +56,13 @@ def extra_bytes(backend, run, inputs: tuple, op: str, dtype: str) -> int:
     method = method_for(backend, dtype)
     if method == "tracemalloc":
         return traced_peak(run)
+    if method == "cuda-max-memory-allocated":
+        return cuda_peak(run)
+    if method == "jax-device-memory-stats":
+        measured = jax_device_peak(backend, run)
+        if measured is not None:
+            return measured
+        method = "xla-memory-analysis"
     if method == "xla-memory-analysis":
         measured = xla_extra(backend, inputs, op, dtype)
         if measured is not None:
@@ -79,6 +98,26 @@ def xla_extra(backend, inputs: tuple, op: str, dtype: str) -> int | None:
     if analysis is None:
         return None
     return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+
+
+def cuda_peak(run) -> int:
+    torch = sys.modules["torch"]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = run()  # noqa: F841 - run() syncs; the output stays alive, as the other methods count it
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - before)
+
+
+def jax_device_peak(backend, run) -> int | None:
+    device = getattr(backend, "jax_device", None)
+    stats = device.memory_stats() if device is not None else None
+    if not stats or "peak_bytes_in_use" not in stats:
+        return None
+    before = stats["bytes_in_use"]
+    result = run()  # noqa: F841
+    return int(device.memory_stats()["peak_bytes_in_use"] - before)
 
 
 def _status_kib(field: str) -> int:

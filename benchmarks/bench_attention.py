@@ -1,57 +1,54 @@
-"""Time and extra memory of one attention call, per backend x T x E x op x dtype.
+"""The T sweep: time of one call, Lq = Lk = T, per backend x T x E x op x dtype.
 
-Backends come from ATTNSPEC_BACKENDS (comma-separated, the plug-in contract) or every built-in.
-A combination a backend declines (no gradients, dtype, framework missing) raises
-NotImplementedError in setup: asv records it as skipped and the reason goes to the log.
-GFLOP/s is not measured separately: the loader (reports/asv_results.py) divides the cost model
-(specs.cost) by the recorded time, so rate and time come from the same samples.
+Backends come from ATTNSPEC_BACKENDS (comma-separated, the plug-in contract) or every installed
+built-in.  A combination a backend declines (dtype, no gradients, framework missing) or the grid
+leaves out raises NotImplementedError in setup: asv records it as skipped (n/a), the reason goes
+to the log.  GFLOP/s is not measured separately: the loader (reports/asv_results.py) divides the
+cost model (specs.cost) by the recorded time, so rate and time come from the same samples.
 """
 from __future__ import annotations
 
-from . import _common, _memory
+from . import _common, _grid
 
-SAMPLE_SECONDS = 0.01  # one asv sample holds this much calling time at least
+SAMPLE_SECONDS = 0.005  # one asv sample holds this much calling time at least
 
 
-class TimeAttention:
-    """Seconds per call; inputs converted and the call warmed up (compiled) in setup."""
+def sweep(T: int, E: int) -> _common.Workload:
+    return _common.Workload(_grid.BATCH, _grid.HEADS, _grid.HEADS, T, T, E, "none")
 
-    params = _common.params() + [[_common.CLOCK]]
-    param_names = _common.PARAM_NAMES + ["clock"]
-    rounds = 1  # one process per combination already; a second round doubles the spawns
-    # At least 3 samples, at most 10, stop adding once 0.2 s is spent: tiny T gets 10 samples
-    # of ~10 ms each, T=2048 gets 3 single calls. The sweep's cost is the ~330 processes asv
-    # spawns (one per combination; 1-3 s each with torch or jax) and the calls at T >= 1024.
-    repeat = (3, 10, 0.2)
+
+class Timed:
+    """What every time_ benchmark shares: asv's sampling and the clock."""
+
+    rounds = 1  # one process per combination already; a second round doubles the processes
+    # At least 3 samples, at most 7, stop adding once 0.05 s is spent: tiny T gets ~7 samples
+    # of ~5 ms of calls each, T=2048 gets 3 single calls.  The default grid has ~50 combinations
+    # per backend: sampling, not the calls, would dominate its time with more.
+    repeat = (3, 7, 0.05)
     min_run_count = 1
     warmup_time = 0  # setup already made the first (compiling) and a warm call
     timeout = 600
 
-    def setup(self, backend, batch, heads, T, E, op, dtype, clock):
-        self.prepared = _common.prepared(backend, batch, heads, T, E, op, dtype)
+    def _prepare(self, backend, workload, op, dtype, clock):
+        self.prepared = _common.prepared(backend, workload, op, dtype)
         self.timer = _common.timer_for(self.prepared.backend, clock)  # asv reads it after setup
         # asv-runner >= 0.3 re-runs setup before each timed call and times calls one by one
         # when number > 1, so a sample of a 10 us call still holds ~SAMPLE_SECONDS of calls.
         self.number = max(1, int(SAMPLE_SECONDS / max(self.prepared.call_seconds, 1e-7)))
 
+
+class TimeAttention(Timed):
+    """Seconds per call; inputs converted and the call warmed up (compiled) in setup."""
+
+    params = [_common.backend_names(), [_grid.BATCH], [_grid.HEADS], _grid.T_VALUES, _grid.E_VALUES, _grid.OPS,
+              _grid.DTYPES, [_common.CLOCK]]
+    param_names = ["backend", "batch", "heads", "T", "E", "op", "dtype", "clock"]
+
+    def setup(self, backend, batch, heads, T, E, op, dtype, clock):
+        why = _grid.left_out("sweep", T=T, op=op, dtype=dtype)
+        if why:
+            _common.skip(why)
+        self._prepare(backend, sweep(T, E), op, dtype, clock)
+
     def time_attention(self, backend, batch, heads, T, E, op, dtype, clock):
         self.prepared.run()
-
-
-class MemoryAttention:
-    """Extra bytes one call needs (see benchmarks/_memory.py for the method per framework)."""
-
-    params = _common.params(_common.MEMORY_E_VALUES)
-    param_names = _common.PARAM_NAMES
-    timeout = 600
-
-    def setup(self, backend, batch, heads, T, E, op, dtype):
-        self.prepared = _common.prepared(backend, batch, heads, T, E, op, dtype, time_warm_call=False)
-        method = _memory.method_for(self.prepared.backend, dtype)
-        _common.log(f"memory of {backend} {op} T={T} E={E}: {method}")
-
-    def track_extra_bytes(self, backend, batch, heads, T, E, op, dtype):
-        p = self.prepared
-        return _memory.extra_bytes(p.backend, p.run, p.inputs, op, dtype)
-
-    track_extra_bytes.unit = "bytes"

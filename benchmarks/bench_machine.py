@@ -1,4 +1,5 @@
-"""The machine around the attention numbers: matmul peak, thread counts, timing fidelity."""
+"""The machine around the attention numbers: matmul peaks per dtype, memory bandwidth, thread
+counts, timing fidelity.  Same process layout and thread count as the attention benchmarks."""
 from __future__ import annotations
 
 import os
@@ -6,71 +7,136 @@ import statistics
 import sys
 import time
 
-from . import _common, bench_attention  # a module, not its classes: asv would collect those twice
+from . import _common, _grid, _threads, bench_attention  # modules, not classes: asv would collect those twice
 
-MATMUL_N = 1024  # 2.1 GFLOP per product: ~50 ms here, long enough to swamp call overhead
-FIDELITY = dict(backend="torch-sdpa-cpu", batch=_common.BATCH, heads=_common.HEADS, T=2048, E=64,
-                op="forward", dtype="float32")
+MATMUL_N = 1024  # 2.1 GFLOP per product: 10-50 ms here, long enough to swamp call overhead
+FIDELITY = dict(backend="torch-sdpa-cpu", T=2048, E=64, op="forward", dtype="float32")
+STREAM_MIB = [16, 512]  # per array: inside the last-level cache, and well past it (300 MiB here)
 
 
 def _import(library: str):
     try:
         return __import__(library)
     except ImportError as e:
-        _common.log(f"skip {library}: {e}")
-        raise NotImplementedError(f"{library} is not installed: {e}") from None
+        _common.skip(f"{library} is not installed: {e}")
+
+
+def _best_seconds(fn, budget: float = 1.0, at_least: int = 3) -> float:
+    """Best of repeated calls for ~`budget` seconds: a peak, not a typical value."""
+    best, count = float("inf"), 0
+    deadline = time.perf_counter() + budget
+    while count < at_least or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+        count += 1
+    return best
+
+
+def _matmul(library: str, dtype: str):
+    """A no-argument n x n product in `library` and `dtype` (synchronised), or a skip."""
+    lib = _import(library)
+    n = MATMUL_N
+    if library == "numpy":
+        if dtype != "float32":  # bfloat16 does not exist; float16 has no BLAS kernel (10 s a product)
+            _common.skip(f"numpy {dtype}: no BLAS kernel, so no peak to measure")
+        rng = lib.random.default_rng(0)
+        a, b = (rng.standard_normal((n, n), dtype=lib.float32) for _ in range(2))  # (n, n) each
+        return lambda: a @ b  # (n, n)
+    if library == "torch":
+        _threads.limit()
+        a, b = (lib.randn(n, n, dtype=getattr(lib, dtype)) for _ in range(2))  # (n, n) each
+        return lambda: lib.mm(a, b)  # (n, n)
+    import jax.numpy as jnp
+
+    _threads.pin_xla()  # one thread, as the attention benchmarks run it
+    a, b = (jnp.ones((n, n), dtype=dtype) for _ in range(2))  # (n, n) each
+    product = lib.jit(lambda x, y: x @ y)
+    return lambda: product(a, b).block_until_ready()  # (n, n)
 
 
 class PeakMatmul:
-    """Best float32 n x n matmul rate, GFLOP/s: the roofline's compute ceiling.
+    """Best n x n matmul rate per library and dtype, GFLOP/s: the roofline's compute ceiling.
 
-    OPENBLAS_CORETYPE is a one-value parameter so the results say which OpenBLAS kernel NumPy
-    used (forcing an older core type slows NumPy's BLAS; torch uses its own)."""
+    The report's roof for a dtype is the best library's rate.  OPENBLAS_CORETYPE is a one-value
+    parameter so results say which OpenBLAS kernel NumPy used (an older core type slows NumPy's
+    BLAS; torch and XLA bring their own kernels)."""
 
-    params = [["numpy", "torch"], [os.environ.get("OPENBLAS_CORETYPE", "unset")], [_common.THREADS]]
-    param_names = ["library", "openblas_coretype", "threads"]
+    params = [["numpy", "torch", "jax"], ["float32", *_grid.SIXTEEN_BIT], [os.environ.get("OPENBLAS_CORETYPE", "unset")],
+              [_common.THREADS]]
+    param_names = ["library", "dtype", "openblas_coretype", "threads"]
     timeout = 120
 
-    def setup(self, library, openblas_coretype, threads):
-        lib = _import(library)
-        if library == "torch":
-            lib.set_num_threads(threads)
-            a, b = lib.randn(MATMUL_N, MATMUL_N), lib.randn(MATMUL_N, MATMUL_N)  # (n, n)
-            self.product = lambda: lib.mm(a, b)  # (n, n)
-        else:
-            rng = lib.random.default_rng(0)
-            a = rng.standard_normal((MATMUL_N, MATMUL_N), dtype=lib.float32)  # (n, n)
-            b = rng.standard_normal((MATMUL_N, MATMUL_N), dtype=lib.float32)  # (n, n)
-            self.product = lambda: a @ b  # (n, n)
-        self.product()  # warm: thread pool start, first touch
+    def setup(self, library, dtype, openblas_coretype, threads):
+        try:
+            self.product = _matmul(library, dtype)
+            self.product()  # warm: thread pool start, compilation, first touch
+        except NotImplementedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. a dtype a library's CPU kernels lack
+            _common.skip(f"{library} {dtype} matmul failed: {type(e).__name__}: {e}")
 
-    def track_peak_gflops(self, library, openblas_coretype, threads):
-        best = float("inf")
-        deadline = time.perf_counter() + 1.0
-        while time.perf_counter() < deadline:  # best of ~1 s of products: a peak, not a typical
-            start = time.perf_counter()
-            self.product()
-            best = min(best, time.perf_counter() - start)
-        return 2 * MATMUL_N ** 3 / best / 1e9
+    def track_peak_gflops(self, library, dtype, openblas_coretype, threads):
+        return 2 * MATMUL_N ** 3 / _best_seconds(self.product) / 1e9
 
     track_peak_gflops.unit = "GFLOP/s"
 
 
-class Threads:
-    """The thread counts every benchmark process ran with (fixed in benchmarks/_common.py)."""
+class Bandwidth:
+    """STREAM-style memory bandwidth, GB/s (1e9 bytes), one thread: the decode roof.
 
-    params = [["blas", "torch"]]
+    copy: a = b (NumPy's copyto), 2 x 8 bytes per element moved; triad: a = b + s*c in one pass
+    (torch.add with alpha; NumPy has no single-pass triad), 3 x 8 bytes.  STREAM's counting:
+    write-allocate traffic is not counted.  Arrays of 16 MiB sit in the last-level cache, those of
+    512 MiB do not (the VM's L3 is 300 MiB): a decode step's KV cache may be either."""
+
+    params = [["copy", "triad"], STREAM_MIB, [_common.THREADS]]
+    param_names = ["kernel", "array_mib", "threads"]
+    timeout = 120
+
+    def setup(self, kernel, array_mib, threads):
+        n = array_mib * 2 ** 20 // 8
+        if kernel == "copy":
+            import numpy as np
+
+            a, b = np.zeros(n), np.ones(n)  # (n,) float64 each, pages touched
+            self.kernel, self.bytes = (lambda: np.copyto(a, b)), 2 * 8 * n
+        else:
+            torch = _import("torch")
+            _threads.limit()
+            a, b, c = torch.zeros(n, dtype=torch.float64), torch.ones(n, dtype=torch.float64), torch.ones(
+                n, dtype=torch.float64)  # (n,) each
+            self.kernel, self.bytes = (lambda: torch.add(b, c, alpha=3.0, out=a)), 3 * 8 * n
+        self.kernel()
+
+    def track_bandwidth(self, kernel, array_mib, threads):
+        return self.bytes / _best_seconds(self.kernel, budget=0.5) / 1e9
+
+    track_bandwidth.unit = "GB/s"
+
+
+class Threads:
+    """The threads every benchmark process computes with, as measured, not as asked for.
+
+    blas / openmp: threadpoolctl's count for the loaded runtimes; torch: its intra-op pool;
+    xla: how many threads accumulated CPU time during a jitted 1024^2 matmul (1 = the pin binds)."""
+
+    params = [["blas", "openmp", "torch", "xla"]]
     param_names = ["library"]
 
     def track_threads(self, library):
-        if library == "blas":  # what OpenBLAS reports, not what the environment asked for
-            count = _common.blas_threads()
-            if count is None:
-                raise NotImplementedError("no OpenBLAS loaded (or not Linux): BLAS threads unknown")
-            return count
-        torch = _import("torch")
-        _common._fix_framework_threads()
-        return torch.get_num_threads()
+        if library == "torch":
+            torch = _import("torch")
+            _threads.limit()
+            return torch.get_num_threads()
+        if library == "xla":
+            product = _matmul("jax", "float32")
+            product()
+            return _threads.busy_threads(product)
+        counts = _threads.limit()
+        if library not in counts:
+            _common.skip(f"no {library} runtime loaded (threadpoolctl sees {sorted(counts) or 'none'})")
+        return counts[library]
 
     track_threads.unit = "threads"
 
@@ -78,7 +144,8 @@ class Threads:
 class _FidelityTime(bench_attention.TimeAttention):
     """The harness's own timing benchmark, pinned to the fidelity combination (not collected)."""
 
-    params = [[v] for v in FIDELITY.values()] + [list(_common.CLOCKS)]
+    params = [[FIDELITY["backend"]], [_grid.BATCH], [_grid.HEADS], [FIDELITY["T"]], [FIDELITY["E"]], [FIDELITY["op"]],
+              [FIDELITY["dtype"]], list(_common.CLOCKS)]
 
 
 def _harness_seconds(clock: str) -> float:
@@ -90,7 +157,7 @@ def _harness_seconds(clock: str) -> float:
     bench = TimeBenchmark("bench_machine._FidelityTime.time_attention", func, [func, instance, sys.modules[__name__]])
     bench.set_param_idx(_common.CLOCKS.index(clock))
     if bench.do_setup():
-        raise NotImplementedError(f"{FIDELITY['backend']} skipped (see log)")
+        _common.skip(f"{FIDELITY['backend']} skipped (see log)")
     try:
         return statistics.median(bench.do_run()["samples"])
     finally:
@@ -102,18 +169,20 @@ class Fidelity:
 
     Both time the same prepared callable in the same process with the same clock (CPU time or
     wall), interleaved three times so a load change on the machine hits both; the ratio is
-    harness / Timer (1.0 = agreement)."""
+    harness / Timer (1.0 = agreement).  The default grid checks the clock it times with."""
 
-    params = [[FIDELITY["backend"]], [FIDELITY["T"]], [FIDELITY["E"]], list(_common.CLOCKS)]
+    params = [[FIDELITY["backend"]], [FIDELITY["T"]], [FIDELITY["E"]],
+              list(_common.CLOCKS) if _grid.GRID == "full" else [_common.CLOCK]]
     param_names = ["backend", "T", "E", "clock"]
     timeout = 300
 
     def setup(self, backend, T, E, clock):
-        self.prepared = _common.prepared(*FIDELITY.values())
+        workload = bench_attention.sweep(T, E)
+        self.prepared = _common.prepared(backend, workload, FIDELITY["op"], FIDELITY["dtype"])
         import torch.utils.benchmark as torch_benchmark  # the backend loaded torch already
 
         self.torch_timer = torch_benchmark.Timer(
-            stmt="run()", globals={"run": self.prepared.run}, num_threads=_common.THREADS,  # default: 1
+            stmt="run()", globals={"run": self.prepared.run}, num_threads=_common.THREADS,
             timer=_common.timer_for(self.prepared.backend, clock))
 
     def _timer_seconds(self) -> float:

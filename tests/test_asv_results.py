@@ -185,16 +185,20 @@ def test_import_reports_loads_no_pandas():
 # -- the benchmarks' own helpers ---------------------------------------------------------------
 
 def test_grid_env_vars_reject_bad_values(monkeypatch):
-    from benchmarks import _common
+    from benchmarks import _grid
 
     monkeypatch.setenv("ATTNSPEC_BENCH_T", "4,abc")
     with pytest.raises(ValueError, match="ATTNSPEC_BENCH_T='4,abc': expected comma-separated integers"):
-        _common._int_list("ATTNSPEC_BENCH_T", [4])
+        _grid._ints("ATTNSPEC_BENCH_T", [4])
     monkeypatch.setenv("ATTNSPEC_BENCH_T", "0,8")
     with pytest.raises(ValueError, match="positive integers"):
-        _common._int_list("ATTNSPEC_BENCH_T", [4])
+        _grid._ints("ATTNSPEC_BENCH_T", [4])
     monkeypatch.setenv("ATTNSPEC_BENCH_T", "8, 16")
-    assert _common._int_list("ATTNSPEC_BENCH_T", [4]) == [8, 16]
+    assert _grid._ints("ATTNSPEC_BENCH_T", [4]) == [8, 16]
+    monkeypatch.setenv("ATTNSPEC_BENCH_OPS", "forward,backward")
+    with pytest.raises(ValueError, match="ATTNSPEC_BENCH_OPS='forward,backward': expected comma-separated values "
+                                         "from forward, forward_backward"):
+        _grid._words("ATTNSPEC_BENCH_OPS", ["forward"], _grid.OP_NAMES)
 
 
 def test_backend_names_follow_the_plugin_env_var(monkeypatch):
@@ -224,26 +228,26 @@ def plain_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
     raise AssertionError("a declined combination must not be called")
 
 
-def test_blas_thread_count_is_set_through_the_library():
-    """The env variable is read only when OpenBLAS loads; the count must be set in the library."""
-    from benchmarks import _common
-
-    before = _common.blas_threads()
-    if before is None:
-        pytest.skip("no OpenBLAS loaded in this process (or not Linux)")
-    try:
-        assert _common.blas_threads(set_to=1) == 1
-    finally:
-        _common.blas_threads(set_to=before)
-    assert _common.blas_threads() == before
+def test_thread_pools_are_limited_through_threadpoolctl():
+    """OPENBLAS_NUM_THREADS is read only when OpenBLAS loads: the count is set in the library."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    code = ("import numpy, threadpoolctl; from benchmarks import _threads; counts = _threads.limit(); "
+            "print(counts); assert counts.get('blas') == 1, counts; "
+            "assert all(p['num_threads'] == 1 for p in threadpoolctl.threadpool_info()), threadpoolctl.threadpool_info()")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2")  # NumPy loads with 2 first
+    env.pop("ATTNSPEC_THREADS", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert threadpoolctl.__version__
 
 
 def test_declined_combination_is_an_asv_skip():
     """A backend without gradients: NotImplementedError (asv's skip), before loading anything."""
     from benchmarks import _common
 
-    with pytest.raises(NotImplementedError, match="gradients=False"):
-        _common.prepared(f"{__name__}:plain_attention", 1, 8, 4, 16, "forward_backward", "float32")
+    with pytest.raises(NotImplementedError, match="computes no gradients"):
+        _common.prepared(f"{__name__}:plain_attention", _common.Workload(1, 8, 8, 4, 4, 16), "forward_backward",
+                         "float32")
 
 
 @pytest.mark.parametrize("method", ["traced_peak", "rss_peak"])

@@ -244,22 +244,10 @@ def test_a_missing_report_dependency_exits_2_naming_it(capsys, monkeypatch, tmp_
     assert not (tmp_path / "o").exists()
 
 
-def test_the_default_benchmark_selection_keeps_memory_for_the_forward_only():
-    """asv matches --bench against "name(param, ...)"; checked on the sample's benchmark list."""
-    import itertools
-    import json
-    import re
-
-    with open(os.path.join(SAMPLE, "asv_results", "benchmarks.json")) as f:
-        listed = {k: v for k, v in json.load(f).items() if isinstance(v, dict)}
-    _, regexes = run_cmd.MODES["default"]
-    chosen = {name: [ps for ps in itertools.product(*b["params"])
-                     if any(re.search(r, f"{name}({', '.join(ps)})") for r in regexes)] for name, b in listed.items()}
-    memory = [ps for name, pss in chosen.items() if "MemoryAttention" in name for ps in pss]
-    assert memory and all("'forward'" in ps for ps in memory)
-    time_ops = {p for name, pss in chosen.items() if "TimeAttention" in name for ps in pss for p in ps if "forward" in p}
-    assert time_ops == {"'forward'", "'forward_backward'"}
-    assert any("PeakMatmul" in name and pss for name, pss in chosen.items())  # the roofline is measured
+def test_each_mode_runs_the_benchmark_grid_of_its_name():
+    """The grids themselves are benchmarks/_grid.py's (tests/test_bench_grid.py checks them)."""
+    assert {mode: env["ATTNSPEC_BENCH_GRID"] for mode, env in run_cmd.MODES.items()} == {
+        "quick": "quick", "default": "default", "full": "full"}
 
 
 @pytest.mark.parametrize("command", ["run", "report"])

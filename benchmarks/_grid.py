@@ -1,0 +1,108 @@
+"""Which problems are measured: one grid per question, three sizes (ATTNSPEC_BENCH_GRID).
+
+- quick:   a smoke test (`attnspec run --quick`): a few sizes, float32, forward.
+- default: what `asv run` and `attnspec run` measure; the default `attnspec run` (suites, asv,
+           report) fits in 6 minutes on a 2-core VM with the CPU built-ins.
+- full:    every axis at every value (`attnspec run --full`, or ATTNSPEC_BENCH_GRID=full asv run).
+
+asv parameters are a product; the default grid leaves some corners of it out (16-bit dtypes
+only at T in {4, 256, 2048} forward, for instance).  A left-out combination is skipped in setup
+before anything loads (asv shows n/a); each costs one fork of asv's server, ~10 ms.
+Single axes can be overridden with comma lists: ATTNSPEC_BENCH_T, _E, _OPS, _DTYPES (sweep),
+_LK, _HKV (decode), _MASKS (masked problems).  An axis given explicitly is measured in full.
+"""
+from __future__ import annotations
+
+import os
+
+GRIDS = ("quick", "default", "full")
+GRID = os.environ.get("ATTNSPEC_BENCH_GRID") or "default"
+if GRID not in GRIDS:
+    raise ValueError(f"ATTNSPEC_BENCH_GRID={GRID!r}: expected one of {', '.join(GRIDS)}")
+
+BATCH, HEADS = 1, 8  # B x Hq fixed, so sizes are the only axes; recorded as one-value params
+E_DEFAULT = 64
+SIXTEEN_BIT = ("bfloat16", "float16")
+SIXTEEN_BIT_T = (4, 256, 2048)  # the default grid's 16-bit sizes: overhead, mid, large
+# Default grid: a 16-bit call predicted (from T = 256) to take longer than this is skipped with
+# the prediction as the reason (NumPy's float16 matmul has no BLAS kernel: ~29 s at T = 2048).
+MAX_CALL_SECONDS = {"quick": 2.0, "default": 5.0, "full": None}[GRID]
+# Default grid: what one backend may spend on first calls (compilation, lazy initialisation;
+# never timed) in one run.  asv runs every combination in a fresh process, so a backend that
+# compiles per shape pays it every time: torch.compile'd flex attention 15-45 s a shape here,
+# eager flex ~2-4 s a process (tracing).  Past the budget, its remaining combinations are left
+# out with the reason; JAX's compiles (0.1-0.5 s) and everything else stay well inside it.
+FIRST_CALL_BUDGET_SECONDS = {"quick": 20.0, "default": 30.0, "full": None}[GRID]
+
+
+def _ints(var: str, default) -> list[int]:
+    """A comma-separated list of positive ints from `var` (to shrink or widen an axis)."""
+    text = os.environ.get(var)
+    if not text:
+        return list(default)
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{var}={text!r}: expected comma-separated integers, e.g. 4,64") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{var}={text!r}: expected positive integers")
+    return values
+
+
+def _words(var: str, default, allowed=None) -> list[str]:
+    text = os.environ.get(var)
+    if not text:
+        return list(default)
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if allowed is not None and v not in allowed]
+    if not values or bad:
+        raise ValueError(f"{var}={text!r}: expected comma-separated values from {', '.join(allowed)}")
+    return values
+
+
+def explicit(var: str) -> bool:
+    return bool(os.environ.get(var))
+
+
+_Q, _D, _F = GRID == "quick", GRID == "default", GRID == "full"
+OP_NAMES = ("forward", "forward_backward")
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+
+# -- the T sweep (prefill / self-attention, Lq = Lk = T) --------------------------------------
+T_VALUES = _ints("ATTNSPEC_BENCH_T", [64, 256, 1024] if _Q else [4, 16, 64, 256, 1024, 2048] if _D
+                 else [2 ** i for i in range(2, 12)])
+E_VALUES = _ints("ATTNSPEC_BENCH_E", [E_DEFAULT] if not _F else [16, 64, 128])
+OPS = _words("ATTNSPEC_BENCH_OPS", ["forward"] if _Q else OP_NAMES, OP_NAMES)
+DTYPES = _words("ATTNSPEC_BENCH_DTYPES", ["float32"] if _Q else ["float32", *SIXTEEN_BIT], DTYPE_NAMES)
+MEMORY_T = [t for t in T_VALUES if t >= 64] if _D and not explicit("ATTNSPEC_BENCH_T") else T_VALUES
+MEMORY_OPS = ["forward"] if not _F and not explicit("ATTNSPEC_BENCH_OPS") else OPS
+MEMORY_E = [E_DEFAULT] if E_DEFAULT in E_VALUES else E_VALUES[:1]  # extra memory hardly depends on E
+
+# -- decode: Lq new queries against a KV cache of Lk, Hq = 8 query heads over Hkv KV heads ------
+DECODE_LQ = [1] if _Q else [1, 4]
+DECODE_LK = _ints("ATTNSPEC_BENCH_LK", [2048] if _Q else [256, 2048] if _D else [256, 1024, 2048, 8192, 32768])
+DECODE_HKV = _ints("ATTNSPEC_BENCH_HKV", [8] if _Q else [8, 2, 1])
+DECODE_DTYPES = _words("ATTNSPEC_BENCH_DTYPES", ["float32"] if _Q else ["float32", *SIXTEEN_BIT], DTYPE_NAMES)
+
+# -- causal and sliding-window prefill (Lq = Lk = T): rates over the visible pairs only -------
+MASK_NAMES = ("causal", "window-256")  # window-N: each query sees itself and N - 1 keys before it
+MASKS = _words("ATTNSPEC_BENCH_MASKS", MASK_NAMES)  # or window-N of your N: below
+if any(m != "causal" and not (m.startswith("window-") and m[7:].isdigit() and int(m[7:]) > 0) for m in MASKS):
+    raise ValueError(f"ATTNSPEC_BENCH_MASKS={os.environ.get('ATTNSPEC_BENCH_MASKS')!r}: expected causal or window-N")
+MASK_T = _ints("ATTNSPEC_BENCH_T", [1024] if _Q else [256, 1024, 2048] if _D else [256, 1024, 2048, 4096])
+MASK_OPS = OPS if _F or explicit("ATTNSPEC_BENCH_OPS") else ["forward"]
+MASK_DTYPES = DTYPES if _F or explicit("ATTNSPEC_BENCH_DTYPES") else ["float32"]
+
+
+def left_out(kind: str, T=None, op=None, dtype=None, Lq=None, hkv=None, Lk=None) -> str | None:
+    """Why the current grid leaves this combination out (None: it is measured)."""
+    if not _D:
+        return None
+    why = "left out of the default grid (ATTNSPEC_BENCH_GRID=full measures it)"
+    if kind == "sweep" and dtype in SIXTEEN_BIT and not explicit("ATTNSPEC_BENCH_DTYPES"):
+        if op != "forward" or T not in SIXTEEN_BIT_T:
+            return why
+    if kind == "decode" and dtype in SIXTEEN_BIT and not explicit("ATTNSPEC_BENCH_DTYPES"):
+        if Lq != 1 or hkv != 8:  # 16-bit decode: one query, every head its own KV head
+            return why
+    return None

@@ -1,0 +1,119 @@
+"""Thread pools and frameworks of a benchmark process: one count for every pool, fixed early.
+
+Imported first by benchmarks/_common.py, before NumPy.  The count (ATTNSPEC_THREADS, default 1)
+goes to the environment variables OpenMP/OpenBLAS/MKL read when they load, and through
+threadpoolctl to every BLAS and OpenMP runtime already loaded (asv-runner imports NumPy before
+the benchmarks, so OPENBLAS_NUM_THREADS alone came too late: a "1-thread" run used 2 BLAS
+threads).  Call `limit()` again after a framework loads its own runtime (torch's libgomp).
+
+XLA (jax 0.10.2, CPU): no flag binds.  Measured on the 2-core VM (a jitted 1024^2 matmul and a
+T=2048 attention; per-thread CPU ticks from /proc/self/task): with no flag, with
+--xla_cpu_multi_thread_eigen=false, and with the intra_op_parallelism_threads=1 this module used
+to pass, 3-4 threads each accumulate CPU time.  What binds: XLA sizes its CPU client's pool
+from the process's CPU affinity when the client is created, so `pin_xla()` restricts the
+affinity to one CPU while JAX creates its client, then restores it: one thread does all the
+work (bench_machine.Threads measures this in every run: busy_xla_threads).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+THREADS = int(os.environ.get("ATTNSPEC_THREADS") or 1)
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, str(THREADS))
+
+# The framework each built-in adapter module loads in `load()`; anything else counts as NumPy
+# (or is a plug-in, whose own module is imported when it is resolved).
+FRAMEWORKS = {"torch_backends": ("torch",), "flex_backends": ("torch",), "jax_backends": ("jax",),
+              "onnx_backends": ("onnx", "onnxruntime"), "openvino_backends": ("openvino",)}
+
+
+def limit() -> dict:
+    """Every loaded BLAS/OpenMP pool to THREADS; returns {user_api: threads} as threadpoolctl sees them."""
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:  # the bench extra has it; without it only the variables above apply
+        return {}
+    threadpool_limits(limits=THREADS)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != THREADS:
+        torch.set_num_threads(THREADS)  # torch's intra-op pool is its own, not an OpenMP setting
+    counts: dict = {}
+    for pool in threadpool_info():
+        api = pool.get("user_api") or pool.get("internal_api")
+        counts[api] = max(counts.get(api, 0), int(pool.get("num_threads") or 0))
+    return counts
+
+
+def pin_xla() -> None:
+    """Create JAX's CPU client with a one-CPU affinity (its pool gets one thread), then restore."""
+    jax = sys.modules.get("jax")
+    if jax is None or THREADS != 1 or not hasattr(os, "sched_setaffinity"):
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        jax.devices()  # creates the clients: the pool sizes itself from the affinity now
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def busy_threads(work, seconds: float = 0.3) -> int:
+    """How many of this process's threads accumulate CPU time while `work()` repeats (Linux)."""
+    import time
+
+    def ticks() -> dict:
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                out[tid] = int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+            except OSError:  # the thread ended meanwhile
+                pass
+        return out
+
+    before = ticks()
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        work()
+    after = ticks()
+    spent = sorted((after[t] - before.get(t, 0) for t in after), reverse=True)
+    # a thread counts when it did at least a quarter of the busiest one's work: XLA's compute
+    # threads share a product about evenly; the Python thread that dispatches does far less
+    return sum(1 for s in spent if spent and s > 0 and s >= 0.25 * spent[0])
+
+
+def frameworks_of(names) -> list[str]:
+    """The frameworks the named backends load (built-ins by module; plug-ins: their own module)."""
+    from backends import registry
+
+    out = []
+    for name in names:
+        target = registry.BUILTINS.get(name)
+        if target is not None:
+            out += FRAMEWORKS.get(target.partition(":")[0].rsplit(".", 1)[-1], ())
+        elif ":" in name:
+            out.append(name.partition(":")[0])
+    return list(dict.fromkeys(out))
+
+
+def preload(names) -> list[str]:
+    """Import the frameworks of `names` now (in asv's fork server: every benchmark forks from it).
+
+    Importing torch, jax, onnxruntime or openvino costs 1-3 s per process; imported once in the
+    server, each forked benchmark starts in ~10 ms.  Only imports: no JAX client, no torch
+    parallel region, no CUDA context - the state that is unsafe to fork is created in the child.
+    """
+    import importlib
+
+    loaded = []
+    for module in frameworks_of(names):
+        try:
+            importlib.import_module(module)
+            loaded.append(module)
+        except Exception as e:  # noqa: BLE001 - the benchmark's own setup reports the reason
+            print(f"attnspec-bench: preload {module}: {type(e).__name__}: {e}", file=sys.stderr)
+    limit()
+    return loaded

@@ -1,0 +1,101 @@
+"""attnspec's benchmarks in a plug-in's own repository: its commits on asv's time axis.
+
+    cd my-kernel                      # a git repository with your package (pyproject.toml)
+    python -m benchmarks.plugin_suite mykernel.attn:attention
+    asv machine --yes
+    asv continuous main HEAD          # or: asv run, asv publish, asv compare A B
+
+writes asv.conf.json (asv builds your package per commit into a virtualenv, as attnspec's own
+configuration does) and asv_bench/bench_attnspec.py, which re-exports attnspec's benchmark
+classes with ATTNSPEC_BACKENDS set to your backend (any name the plug-in contract takes: an
+entry point, package.module:attr).  Benchmark names keep their class and method
+(bench_attnspec.TimeAttention.time_attention), so `reports.asv_results.load_results` and
+`attnspec report .asv/results` read your results like attnspec's.
+
+The environment needs attnspec and your frameworks: put them in your package's dependencies,
+or pass --requirement (e.g. "git+https://host/attnspec.git@v0.1#egg=attnspec"; repeatable) for
+asv's matrix, or let the environment see what your interpreter has installed with
+VIRTUALENV_SYSTEM_SITE_PACKAGES=1 (what tests/test_asv_workflow.py does).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+BENCH_DIR = "asv_bench"  # not "benchmarks": that is attnspec's package, imported from here
+BENCH_MODULE = '''"""attnspec's benchmarks with {backend} as the backend (python -m benchmarks.plugin_suite).
+
+asv collects the classes this module holds; the grid is attnspec's (ATTNSPEC_BENCH_GRID,
+ATTNSPEC_BENCH_T, ... as in attnspec's benchmarks/README.md).
+"""
+import os
+
+os.environ.setdefault("ATTNSPEC_BACKENDS", {backend!r})
+
+from benchmarks.bench_attention import TimeAttention  # noqa: E402,F401
+from benchmarks.bench_decode import TimeDecode  # noqa: E402,F401
+from benchmarks.bench_masks import TimeMasked  # noqa: E402,F401
+from benchmarks.bench_memory import MemoryAttention  # noqa: E402,F401
+'''
+
+
+def config(project: str, requirements=()) -> dict:
+    """The plug-in's asv.conf.json: attnspec's choices (benchmarks/README.md), its own package."""
+    conf = {
+        "version": 1, "project": project, "repo": ".", "branches": ["HEAD"], "dvcs": "git",
+        "environment_type": "virtualenv",
+        "build_command": ["python -m pip wheel --no-deps --no-build-isolation -w {build_cache_dir} {build_dir}"],
+        "install_command": ["in-dir={env_dir} python -m pip install {wheel_file}"],
+        "build_cache_size": 8, "launch_method": "forkserver", "benchmark_dir": BENCH_DIR,
+        "env_dir": ".asv/env", "results_dir": ".asv/results", "html_dir": ".asv/html",
+    }
+    if requirements:
+        conf["matrix"] = {"req": {f"pip+{r}": [""] for r in requirements}}
+    return conf
+
+
+def write(repo: str, backend: str, requirements=(), project: str | None = None, force: bool = False) -> list[str]:
+    """Write asv.conf.json and asv_bench/ into `repo`; returns the paths written."""
+    if not backend or not isinstance(backend, str):
+        raise ValueError(f"backend must be a backend name (e.g. mypkg.attn:attention); got {backend!r}")
+    if not os.path.isdir(repo):
+        raise ValueError(f"repo {repo!r} is not a folder")
+    paths = [os.path.join(repo, "asv.conf.json"), os.path.join(repo, BENCH_DIR, "__init__.py"),
+             os.path.join(repo, BENCH_DIR, "bench_attnspec.py")]
+    existing = [p for p in paths if os.path.exists(p)]
+    if existing and not force:
+        raise ValueError(f"{', '.join(existing)} already exist(s): pass --force to replace")
+    os.makedirs(os.path.join(repo, BENCH_DIR), exist_ok=True)
+    name = project or os.path.basename(os.path.abspath(repo))
+    with open(paths[0], "w") as f:
+        json.dump(config(name, requirements), f, indent=4)
+        f.write("\n")
+    with open(paths[1], "w") as f:
+        f.write("")
+    with open(paths[2], "w") as f:
+        f.write(BENCH_MODULE.format(backend=backend))
+    return paths
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plugin_suite", description=__doc__.split("\n\n")[0])
+    p.add_argument("backend", help="your backend: an entry-point name or package.module:attr")
+    p.add_argument("--repo", default=".", help="your git repository (default: the current folder)")
+    p.add_argument("--requirement", action="append", default=[], metavar="PIP_SPEC",
+                   help="a requirement asv installs into the environment (repeatable), e.g. attnspec's")
+    p.add_argument("--force", action="store_true", help="replace an existing asv.conf.json / asv_bench/")
+    args = p.parse_args(argv)
+    try:
+        for path in write(args.repo, args.backend, args.requirement, force=args.force):
+            print(f"wrote {path}")
+    except ValueError as e:
+        print(f"plugin_suite: {e}", file=sys.stderr)
+        return 2
+    print("next: asv machine --yes && asv continuous main HEAD")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

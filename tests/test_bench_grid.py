@@ -1,0 +1,175 @@
+"""The benchmark grids (benchmarks/_grid.py), workloads, skips and thread pinning.
+
+The grid module reads its environment variables when imported, as asv's processes do, so
+each grid is checked in a fresh interpreter.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GRID_DUMP = ("import json; from benchmarks import _grid as g; from benchmarks import bench_attention, bench_decode, "
+             "bench_masks, bench_memory; "
+             "left = lambda kind, **k: g.left_out(kind, **k) is not None; "
+             "print(json.dumps(dict(T=g.T_VALUES, E=g.E_VALUES, ops=g.OPS, dtypes=g.DTYPES, memory_T=g.MEMORY_T, "
+             "memory_ops=g.MEMORY_OPS, lk=g.DECODE_LK, hkv=g.DECODE_HKV, lq=g.DECODE_LQ, masks=g.MASKS, "
+             "mask_T=g.MASK_T, sweep_params=bench_attention.TimeAttention.params[3:], "
+             "left_bf16_256_fwd=left('sweep', T=256, op='forward', dtype='bfloat16'), "
+             "left_bf16_64_fwd=left('sweep', T=64, op='forward', dtype='bfloat16'), "
+             "left_f16_2048_bwd=left('sweep', T=2048, op='forward_backward', dtype='float16'), "
+             "left_f32_2048_bwd=left('sweep', T=2048, op='forward_backward', dtype='float32'), "
+             "left_decode_bf16_gqa=left('decode', Lq=1, hkv=2, dtype='bfloat16'), "
+             "left_decode_bf16=left('decode', Lq=1, hkv=8, dtype='bfloat16'), "
+             "mask_params=bench_masks.TimeMasked.params[5:8])))")
+
+
+def grid(**env) -> dict:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSPEC_BENCH")}
+    full_env.update(ATTNSPEC_BACKENDS="numpy-naive", **env)
+    done = subprocess.run([sys.executable, "-c", GRID_DUMP], cwd=ROOT, env=full_env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_default_grid_is_the_missions_range_with_16_bit_corners():
+    g = grid()
+    assert g["T"] == [4, 16, 64, 256, 1024, 2048] and g["E"] == [64]
+    assert g["dtypes"] == ["float32", "bfloat16", "float16"] and g["ops"] == ["forward", "forward_backward"]
+    # 16-bit: forward at T = 4, 256, 2048 only; float32 everything
+    assert not g["left_bf16_256_fwd"] and g["left_bf16_64_fwd"] and g["left_f16_2048_bwd"]
+    assert not g["left_f32_2048_bwd"]
+    assert g["memory_T"] == [64, 256, 1024, 2048] and g["memory_ops"] == ["forward"]
+    assert g["lq"] == [1, 4] and g["lk"] == [256, 2048] and g["hkv"] == [8, 2, 1]
+    assert g["left_decode_bf16_gqa"] and not g["left_decode_bf16"]
+    assert g["masks"] == ["causal", "window-256"] and g["mask_T"] == [256, 1024, 2048]
+    assert g["mask_params"] == [["causal", "window-256"], ["forward"], ["float32"]]  # no corners left out
+
+
+def test_full_grid_leaves_nothing_out():
+    g = grid(ATTNSPEC_BENCH_GRID="full")
+    assert g["T"] == [2 ** i for i in range(2, 12)] and g["E"] == [16, 64, 128]
+    assert max(g["lk"]) >= 8192 and g["memory_ops"] == ["forward", "forward_backward"]
+    assert not any(v for k, v in g.items() if k.startswith("left_"))
+
+
+def test_an_axis_given_explicitly_is_measured_in_full():
+    g = grid(ATTNSPEC_BENCH_DTYPES="float32,bfloat16", ATTNSPEC_BENCH_T="8,32")
+    assert g["dtypes"] == ["float32", "bfloat16"] and g["T"] == [8, 32] and g["memory_T"] == [8, 32]
+    assert not g["left_bf16_64_fwd"] and not g["left_decode_bf16_gqa"]
+
+
+@pytest.mark.parametrize("env, message", [
+    (dict(ATTNSPEC_BENCH_GRID="huge"), "ATTNSPEC_BENCH_GRID='huge': expected one of quick, default, full"),
+    (dict(ATTNSPEC_BENCH_MASKS="causal,window"), "ATTNSPEC_BENCH_MASKS='causal,window': expected causal or window-N"),
+    (dict(ATTNSPEC_BENCH_DTYPES="float8"), "ATTNSPEC_BENCH_DTYPES='float8': expected comma-separated values from"),
+    (dict(ATTNSPEC_BENCH_LK="0"), "ATTNSPEC_BENCH_LK='0': expected positive integers"),
+])
+def test_bad_grid_settings_are_named(env, message):
+    full_env = dict(os.environ, **env)
+    done = subprocess.run([sys.executable, "-c", "import benchmarks._grid"], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+# -- workloads and skips (in this process: the default grid) --------------------------------------
+
+def test_workload_fields_are_the_problem_asked_for():
+    from benchmarks._common import Workload
+
+    assert Workload(1, 8, 2, 1, 2048, 64, "decode").fields() == {"enable_gqa": True}
+    speculative = Workload(1, 8, 8, 4, 2048, 64, "decode")
+    assert speculative.is_causal and speculative.fields() == {"causal_alignment": "bottom_right"}
+    window = Workload(1, 8, 8, 512, 512, 64, "window-256")
+    assert window.fields() == {"window": (255, 0)} and not window.is_causal
+    assert Workload(1, 8, 8, 512, 512, 64, "causal").is_causal
+
+
+def test_undeclared_features_are_skips_before_any_framework_loads():
+    """A plain function declares no grouped heads and no window: asv's skip, with the reason."""
+    from benchmarks import _common
+
+    name = f"{__name__}:plain_attention"
+    with pytest.raises(NotImplementedError, match="does not declare 'gqa'"):
+        _common.prepared(name, _common.Workload(1, 8, 1, 1, 64, 16, "decode"), "forward", "float32")
+    with pytest.raises(NotImplementedError, match="does not declare 'window'"):
+        _common.prepared(name, _common.Workload(1, 8, 8, 64, 64, 16, "window-16"), "forward", "float32")
+    with pytest.raises(NotImplementedError, match="does not declare 'causal_bottom_right'"):
+        _common.prepared(name, _common.Workload(1, 8, 8, 4, 64, 16, "decode"), "forward", "float32")
+
+
+def plain_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    raise AssertionError("a declined combination must not be called")
+
+
+def test_declared_features_run_and_time_the_problem():
+    """numpy-naive declares everything: a grouped, speculative decode step is prepared and runs."""
+    from benchmarks import _common
+
+    p = _common.prepared("numpy-naive", _common.Workload(1, 8, 2, 4, 64, 16, "decode"), "forward", "float32")
+    out = p.run()
+    assert out.shape == (1, 8, 4, 16) and p.call_seconds > 0
+
+
+def test_a_call_predicted_too_slow_for_the_grid_is_skipped_with_the_prediction(monkeypatch):
+    from benchmarks import _common
+
+    monkeypatch.setattr(_common, "MAX_CALL_SECONDS", 1e-9)
+    with pytest.raises(NotImplementedError, match=r"predicted .* s per call from T=256 \(x\(T/256\)\^2\)"):
+        _common.prepared("numpy-naive", _common.Workload(1, 8, 8, 512, 512, 16), "forward", "float16")
+
+
+def test_first_calls_over_the_budget_leave_the_backend_out_of_the_rest_of_the_run(monkeypatch, tmp_path):
+    """The combination that used the budget up is kept; the run's later ones skip, saying why."""
+    from benchmarks import _common
+
+    monkeypatch.setattr(_common, "FIRST_CALL_BUDGET_SECONDS", 1e-9)
+    monkeypatch.setattr(_common, "_run_folder", lambda: str(tmp_path))
+    monkeypatch.setattr(_common, "_CACHE", {})  # as in a fresh asv process
+    kept = _common.prepared("numpy-tiled", _common.Workload(1, 2, 2, 8, 8, 16), "forward", "float32")
+    assert kept.run().shape == (1, 2, 8, 16) and _common._spent("numpy-tiled") > 0
+    with pytest.raises(NotImplementedError, match=r"its first calls .* took .* left out of the rest of this run"):
+        _common.prepared("numpy-tiled", _common.Workload(1, 2, 2, 16, 16, 16), "forward", "float32")
+    assert _common._over_budget("numpy-naive") is None  # each backend has its own account
+
+
+# -- threads ----------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None or not hasattr(os, "sched_setaffinity"),
+                    reason="needs jax and Linux CPU affinity")
+def test_the_xla_pin_binds_one_thread():
+    """What the benchmarks do before JAX's client exists: one thread does a jitted matmul's work."""
+    code = ("import jax, jax.numpy as jnp; from benchmarks import _threads; _threads.pin_xla(); "
+            "a = jnp.ones((1024, 1024)); f = jax.jit(lambda x: x @ x); f(a).block_until_ready(); "
+            "print(_threads.busy_threads(lambda: f(a).block_until_ready(), 0.5))")
+    env = dict(os.environ, ATTNSPEC_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == 1
+    unpinned = subprocess.run([sys.executable, "-c", code.replace("_threads.pin_xla(); ", "")], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+    if len(os.sched_getaffinity(0)) > 1:  # the measurement can tell: without the pin XLA uses every core
+        assert int(unpinned.stdout.split()[-1]) > 1, unpinned.stderr
+
+
+def test_frameworks_are_preloaded_only_in_asvs_fork_server():
+    """Importing the benchmarks package loads no framework, except as asv's `run_server`."""
+    code = ("import sys; sys.argv = ['benchmark.py'] + sys.argv[1:]; import benchmarks; "
+            "print(sorted(m for m in ('torch', 'jax') if m in sys.modules))")
+    env = dict(os.environ, ATTNSPEC_BACKENDS="numpy-naive,torch-math,jax-naive")
+    plain = subprocess.run([sys.executable, "-c", code, "discover"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert plain.returncode == 0 and plain.stdout.strip() == "[]", plain.stderr
+    server = subprocess.run([sys.executable, "-c", code, "run_server"], cwd=ROOT, env=env, capture_output=True,
+                            text=True)
+    installed = [m for m in ("jax", "torch") if importlib.util.find_spec(m) is not None]
+    assert server.returncode == 0 and json.loads(server.stdout.strip().replace("'", '"')) == installed, server.stderr
+    from benchmarks import _threads
+
+    assert _threads.frameworks_of(["numpy-naive", "torch-math", "jax-naive", "torch-sdpa-cpu", "my.pkg:attn"]) == [
+        "torch", "jax", "my.pkg"]
