@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Backend, BackendUnavailable, Capabilities, Semantics
+from .base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
 from .layout4d import Packing
 
 OPSET = 23
@@ -48,7 +48,8 @@ class OnnxRuntimeAttention(Backend):
                "fails: no bfloat16 Expand)",
                "no log-sum-exp output (qk_matmul_output gives scores or weights)",
                "float32/float16 refuse an attn_mask broadcast over queries (shape (..., 1, Lk)): 'inconsistent "
-               "q_sequence_length'; the spec says broadcastable, float64 takes it: the adapter expands that axis"))
+               "q_sequence_length'; the spec says broadcastable, float64 takes it: the adapter expands that axis",
+               "Lq = 0 or Lk = 0: ORT's kernel refuses them (sequence length must be greater than 0): declined"))
 
     def load(self):
         try:
@@ -95,6 +96,9 @@ class OnnxRuntimeAttention(Backend):
         return self._sessions[key]
 
     def native_attention(self, q, k, v, call):
+        if q.shape[-2] == 0 or k.shape[-2] == 0:  # ORT's checkParameters: "... must be greater than 0"
+            raise Unsupported(f"{self.name}: ORT's Attention kernel needs q and kv sequence lengths > 0 "
+                              f"(got Lq={q.shape[-2]}, Lk={k.shape[-2]})")
         mask, bias = call.mask, call.bias
         pack = Packing(q, k, v, call, (mask, bias))
         feed = {"Q": pack.qkv(q, pack.hq), "K": pack.qkv(k, pack.hkv), "V": pack.qkv(v, pack.hkv)}  # (B, H, L, E)

@@ -120,6 +120,13 @@ def test_every_undeclared_feature_is_unsupported(name):
         backend.backward(q, k, v, np.ones((1, 4, 3, 8)), dtype="float32")
 
 
+def test_onnxruntime_declines_empty_sequences():
+    backend = _backend("onnxruntime-attention")
+    for Lq, Lk in ((0, 3), (2, 0)):
+        with pytest.raises(Unsupported, match="greater|> 0"):
+            backend.forward(np.ones((1, Lq, 4)), np.ones((1, Lk, 4)), np.ones((1, Lk, 2)), dtype="float32")
+
+
 def test_onnxruntime_has_no_bfloat16():
     with pytest.raises(Unsupported, match="bfloat16"):
         _backend("onnxruntime-attention").forward(np.ones((2, 4)), np.ones((3, 4)), np.ones((3, 4)), dtype="bfloat16")
