@@ -1,2 +1,21 @@
-"""Loads the attnspec pytest plugin (--backend, --attnspec-json, Hypothesis profiles) for every run."""
-pytest_plugins = ["properties.plugin"]
+"""attnspec's checkout: its suite's pytest plugin and Hypothesis profile for every run here.
+
+Installed attnspec registers the plugin through its pytest11 entry point ("attnspec"); loading
+it again from here would register one module twice, so this file loads it only when the entry
+point did not (attnspec not installed, or PYTEST_DISABLE_PLUGIN_AUTOLOAD set).  The checkout's
+own tests (tests/) run under the suite's profile too (no deadline; dev's example counts), as
+they always have; a user's project gets neither (properties/plugin.py stays inert there).
+"""
+import sys
+
+pytest_plugins = [] if "properties.plugin" in sys.modules else ["properties.plugin"]
+
+
+def pytest_configure(config):
+    from properties import profiles
+
+    if not config.getoption("hypothesis_profile", None):
+        try:
+            profiles.load(profiles.choose())
+        except ValueError:  # a bad ATTNSPEC_PROFILE: the plugin says so for runs of the suite
+            profiles.load("dev")

@@ -112,7 +112,7 @@ def semantics_lines(rows, dtype_order) -> list[str]:
     """One line per backend and question, one column per dtype; where the answer changes with
     the dtype the line says so."""
     table: dict = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r["backend"]):  # stable: questions keep their order
         table.setdefault((r["backend"], r["question"]), {})[r.get("dtype") or "-"] = r
     dtypes = sorted({d for cells in table.values() for d in cells},
                     key=lambda d: (dtype_order.index(d) if d in dtype_order else len(dtype_order), d))
@@ -124,7 +124,7 @@ def semantics_lines(rows, dtype_order) -> list[str]:
     wd = {d: max([len(d)] + [len(c.get(d, "")) for c in cells.values()]) for d in dtypes}
     out = [f"{'backend':{wb}s}  {'question':{wq}s}  " + "  ".join(f"{d:{wd[d]}s}" for d in dtypes)]
     for (backend, question), row in table.items():
-        observed = {r["observed"] for r in row.values()}
+        observed = {"(the dtype)" if r["observed"] == d else r["observed"] for d, r in row.items()}  # relative
         note = "  <- changes with the dtype" if len(observed) > 1 else ""
         out.append(f"{backend:{wb}s}  {question:{wq}s}  "
                    + "  ".join(f"{cells[(backend, question)].get(d, '-'):{wd[d]}s}" for d in dtypes) + note)
