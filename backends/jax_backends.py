@@ -129,8 +129,9 @@ class JaxNaive(JaxBackend):
         rows, cols = jnp.arange(Lq)[:, None], jnp.arange(Lk)[None, :]  # (Lq, 1), (1, Lk)
         diag = rows + (Lk - Lq if call.causal_alignment == "bottom_right" else 0)  # (Lq, 1) query i's diagonal
         if "alibi_slopes" in a:
-            dist = jnp.abs(diag - cols).astype(s.dtype)  # (Lq, Lk)
-            s = s - a["alibi_slopes"].astype(s.dtype)[:, None, None] * dist  # (..., Hq, Lq, Lk)
+            wide = jnp.promote_types(s.dtype, jnp.float32)  # distances exact, one rounding to s's dtype
+            dist = jnp.abs(diag - cols).astype(wide)  # (Lq, Lk)
+            s = s - (a["alibi_slopes"].astype(wide)[:, None, None] * dist).astype(s.dtype)  # (..., Hq, Lq, Lk)
         vis = jnp.ones((Lq, Lk), dtype=bool)  # (Lq, Lk) fused away by XLA
         left, right = call.window if call.window is not None else (None, None)
         if call.is_causal:

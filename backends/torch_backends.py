@@ -111,8 +111,9 @@ class TorchMath(TorchBackend):
         cols = torch.arange(Lk, device=s.device)[None, :]  # (1, Lk)
         diag = rows + (Lk - Lq if call.causal_alignment == "bottom_right" else 0)  # (Lq, 1) query i's diagonal
         if call.alibi_slopes is not None:
-            dist = (diag - cols).abs().to(s.dtype)  # (Lq, Lk)
-            s = s - call.alibi_slopes.to(s.dtype)[:, None, None] * dist  # (..., Hq, Lq, Lk)
+            wide = torch.promote_types(s.dtype, torch.float32)  # distances exact, one rounding to s's dtype
+            dist = (diag - cols).abs().to(wide)  # (Lq, Lk)
+            s = s - (call.alibi_slopes.to(wide)[:, None, None] * dist).to(s.dtype)  # (..., Hq, Lq, Lk)
         hidden = torch.zeros(Lq, Lk, dtype=torch.bool, device=s.device)  # (Lq, Lk)
         left, right = call.window if call.window is not None else (None, None)
         if call.is_causal:
