@@ -11,11 +11,13 @@ import shutil
 from dataclasses import dataclass, field
 
 CONFORMANCE_COLUMNS = ("backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message")
-SEMANTICS_COLUMNS = ("backend", "question", "observed", "declared", "agrees")
-STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out")
+SEMANTICS_COLUMNS = ("backend", "question", "dtype", "observed", "declared", "agrees")
+# "recorded": a semantics question the backend declares nothing about (never failed, never a pass)
+STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out", "recorded")
 # When two runs (say a CPU and a GPU box) judged the same check, the more telling result wins:
 # a failure anywhere is shown; a skip is superseded by any real result.
-_STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "passed": 4, "skipped": 5}
+_STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "passed": 4, "recorded": 5, "skipped": 6}
+_OPTIONAL = {"dtype": ""}  # semantics rows of suites before per-dtype answers lack it
 NOT_ATTEMPTED = "not attempted: "  # how a failed row that never ran begins (after a backend hung)
 RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it
 SUITE_FILE = "suite.json"
@@ -42,12 +44,12 @@ def _check_rows(rows, columns, path, key):
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ReportInputError(f"{path}: {key}[{i}] must be an object, got {type(row).__name__}")
-        missing = [c for c in columns if c not in row]
+        missing = [c for c in columns if c not in row and c not in _OPTIONAL]
         if missing:
             raise ReportInputError(f"{path}: {key}[{i}] lacks {', '.join(missing)}")
         if key == "conformance" and row["status"] not in STATUSES:
             raise ReportInputError(f"{path}: {key}[{i}] has status {row['status']!r}; expected one of {', '.join(STATUSES)}")
-    return [{c: row[c] for c in columns} for row in rows]
+    return [{c: row.get(c, _OPTIONAL.get(c)) for c in columns} for row in rows]
 
 
 def read_suite_json(path: str) -> dict:
@@ -116,10 +118,10 @@ def merge_conformance(rows) -> list:
 
 
 def merge_semantics(rows) -> list:
-    """One row per (backend, question); a disagreement seen anywhere is kept."""
+    """One row per (backend, question, dtype); a disagreement seen anywhere is kept."""
     best = {}
     for row in rows:
-        key = (row["backend"], row["question"])
+        key = (row["backend"], row["question"], row.get("dtype", ""))
         if key not in best or (row["agrees"] is False and best[key]["agrees"] is not False):
             best[key] = row
     return list(best.values())

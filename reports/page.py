@@ -19,9 +19,10 @@ from .inputs import NOT_ATTEMPTED
 from .tables import FIT_T_MIN
 
 STATUS_TEXT = {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "error",
-               "crashed": "crashed", "timed_out": "timed out"}
+               "crashed": "crashed", "timed_out": "timed out", "recorded": "recorded (nothing declared)"}
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
-STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "error": "!", "crashed": "‼", "timed_out": "…"}
+STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "error": "!", "crashed": "‼", "timed_out": "…",
+               "recorded": "○"}
 COUNTS = ("passed", "failed", "error", "skipped", "semantics contradicted")  # verdict columns, in order
 OPEN_FAILURES = 6  # the first few unfolded; the rest one line each, a click away
 
@@ -136,21 +137,37 @@ def failures(conf: pd.DataFrame) -> list:
 def semantics_data(f) -> dict:
     sem = f.sem
     backends = sorted(set(sem["backend"]))
-    cell = {(r.question, r.backend): r for r in sem.itertuples()}
+    cell: dict = {}  # (question, backend) -> its rows, one per dtype (older results: one)
+    for r in sem.itertuples():
+        cell.setdefault((r.question, r.backend), []).append(r)
+    order = {d: i for i, d in enumerate(reversed(list(DTYPE_SHORT)))}  # float64 first
     rows = []
     for q in sorted(set(sem["question"])):
         cells = []
         for b in backends:
-            r = cell.get((q, b))
-            agrees = None if r is None else tri(r.agrees)
-            cells.append(None if r is None else {
-                "kind": "agree" if agrees is True else "disagree" if agrees is False else "recorded",
-                "observed": text(r.observed), "declared": text(r.declared)})
+            found = sorted(cell.get((q, b), []), key=lambda r: order.get(text(getattr(r, "dtype", "")), 99))
+            cells.append(_semantics_cell(found) if found else None)
         rows.append({"question": q, "cells": cells})
     return {"backends": backends, "rows": rows}
 
 
 def performance_data(f) -> dict:
+def _semantics_cell(found) -> dict:
+    """One backend's answers to one question: "observed" when every dtype agrees, else one
+    "dtype: observed" per dtype, so where the answer changes with the dtype shows."""
+    agrees = [tri(r.agrees) for r in found]
+    kind = "disagree" if False in agrees else "agree" if all(a is True for a in agrees) else "recorded"
+    dtypes = [text(getattr(r, "dtype", "")) for r in found]
+    relative = {text(r.observed) if text(r.observed) != d else "(the dtype)" for r, d in zip(found, dtypes)}
+    if len(relative) == 1 or not all(dtypes):
+        observed = text(found[0].observed) if len(found) == 1 or relative != {"(the dtype)"} else "the input's dtype"
+    else:
+        observed = " · ".join(f"{DTYPE_SHORT.get(d, d)}: {text(r.observed)}" for r, d in zip(found, dtypes))
+    declared = sorted({text(r.declared) if text(r.declared) != d or len(found) == 1 else "the input's dtype"
+                       for r, d in zip(found, dtypes) if text(r.declared)})
+    return {"kind": kind, "observed": observed, "declared": ", ".join(declared)}
+
+
     """Time, memory and GFLOP/s against T (SVG), and the fitted exponents."""
     head = f.head
     if head.empty:

@@ -23,7 +23,7 @@ ASV = os.path.join(SAMPLE, "asv_results")
 
 SCHEMAS = {
     "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message"],
-    "semantics.csv": ["backend", "question", "observed", "declared", "agrees"],
+    "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
     "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
                        "commit"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
