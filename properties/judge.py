@@ -134,7 +134,7 @@ def fail_unless(verdict: Verdict, prop: str, target, case: Case, call: str = "fo
 
 def with_full_index(verdict: Verdict, rows: np.ndarray) -> Verdict:
     """A verdict over the judged rows (rows[sel] flattened) re-indexed into the full tensor."""
-    if verdict or verdict.where is None:
+    if verdict or verdict.where is None or len(verdict.where) != 2:  # (judged row, column); else already full
         return verdict
     full = tuple(int(i) for i in np.argwhere(rows)[verdict.where[0]]) + tuple(verdict.where[1:])
     return dataclasses.replace(verdict, where=full, message=verdict.message.replace(str(verdict.where), str(full)))
