@@ -22,32 +22,47 @@ import warnings
 
 COLUMNS = ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit"]
 # asv's 99% interval for time rows (NaN when unknown: inf); the clock of time rows ("process" =
-# CPU time, "wall"; None for results recorded before the clock parameter)
-EXTRA_COLUMNS = ["ci_low", "ci_high", "clock"]
+# CPU time, "wall"; None for results recorded before the clock parameter); the problem: "dense"
+# (the T sweep, Lq = Lk = T), "causal", "window" (masked, Lq = Lk = T), "decode" (Lq queries
+# against a cache of Lk; T is empty), None for machine rows; kv_heads, Lq, Lk: its sizes.
+EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk"]
 
-# benchmark name -> (metric, unit, fixed columns); anything else keeps its method name as metric
+# Class.method of a benchmark -> (metric, unit, fixed columns, problem).  Matched on the last two
+# parts of asv's name, so attnspec's benchmarks re-exported from a plug-in's own asv suite
+# (module bench_attnspec, say) read the same.  Anything else keeps its method name as metric.
 KNOWN = {
-    "bench_attention.TimeAttention.time_attention": ("time", "s", {}),
-    "bench_attention.MemoryAttention.track_extra_bytes": ("memory", "bytes", {}),
-    "bench_machine.PeakMatmul.track_peak_gflops": ("peak_gflops", "GFLOP/s", {"op": "matmul", "dtype": "float32"}),
-    "bench_machine.Threads.track_threads": ("threads", "threads", {}),
-    "bench_machine.Fidelity.track_fidelity_ratio": ("fidelity_ratio", "ratio", {"op": "forward", "dtype": "float32"}),
-    "bench_machine.Fidelity.track_timer_seconds": ("timer_time", "s", {"op": "forward", "dtype": "float32"}),
+    "TimeAttention.time_attention": ("time", "s", {}, "dense"),
+    "MemoryAttention.track_extra_bytes": ("memory", "bytes", {}, "dense"),
+    "TimeDecode.time_decode": ("time", "s", {"op": "forward"}, "decode"),
+    "TimeMasked.time_masked": ("time", "s", {}, None),  # problem: the mask parameter
+    "PeakMatmul.track_peak_gflops": ("peak_gflops", "GFLOP/s", {"op": "matmul", "dtype": "float32"}, None),
+    "Bandwidth.track_bandwidth": ("bandwidth", "GB/s", {}, None),
+    "Threads.track_threads": ("threads", "threads", {}, None),
+    "Fidelity.track_fidelity_ratio": ("fidelity_ratio", "ratio", {"op": "forward", "dtype": "float32"}, "dense"),
+    "Fidelity.track_timer_seconds": ("timer_time", "s", {"op": "forward", "dtype": "float32"}, "dense"),
 }
 # parameter names when benchmarks.json is missing or describes another version of the benchmark
 # (every layout these benchmarks have had; the one whose length matches the results is used)
 ATTENTION_PARAMS = ["backend", "batch", "heads", "T", "E", "op", "dtype"]
 FIDELITY_PARAMS = ["backend", "T", "E"]
 DEFAULT_PARAM_NAMES = {
-    "bench_attention.TimeAttention.time_attention": [ATTENTION_PARAMS + ["clock"], ATTENTION_PARAMS],
-    "bench_attention.MemoryAttention.track_extra_bytes": [ATTENTION_PARAMS],
-    "bench_machine.PeakMatmul.track_peak_gflops": [["library", "openblas_coretype", "threads"]],
-    "bench_machine.Threads.track_threads": [["library"]],
-    "bench_machine.Fidelity.track_fidelity_ratio": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
-    "bench_machine.Fidelity.track_timer_seconds": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
+    "TimeAttention.time_attention": [ATTENTION_PARAMS + ["clock"], ATTENTION_PARAMS],
+    "MemoryAttention.track_extra_bytes": [ATTENTION_PARAMS],
+    "TimeDecode.time_decode": [["backend", "batch", "heads", "kv_heads", "Lq", "Lk", "E", "dtype", "clock"]],
+    "TimeMasked.time_masked": [["backend", "batch", "heads", "T", "E", "mask", "op", "dtype", "clock"]],
+    "PeakMatmul.track_peak_gflops": [["library", "dtype", "openblas_coretype", "threads"],
+                                     ["library", "openblas_coretype", "threads"]],
+    "Bandwidth.track_bandwidth": [["kernel", "array_mib", "threads"]],
+    "Threads.track_threads": [["library"]],
+    "Fidelity.track_fidelity_ratio": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
+    "Fidelity.track_timer_seconds": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
 }
-FIDELITY_BATCH, FIDELITY_HEADS = 1, 8  # benchmarks/_common.py BATCH, HEADS at the time of writing
-_INT_COLUMNS = ("batch", "heads", "T", "E")
+FIDELITY_BATCH, FIDELITY_HEADS = 1, 8  # benchmarks/_grid.py BATCH, HEADS
+_INT_COLUMNS = ("batch", "heads", "T", "E", "kv_heads", "Lq", "Lk")
+
+
+def _short(name: str) -> str:
+    return ".".join(name.rsplit(".", 2)[-2:])
 
 
 def _param_value(text):
@@ -66,7 +81,7 @@ def _finite_or_nan(x) -> float:
 
 
 def _param_names(name: str, params: list, declared: dict) -> list:
-    for names in [declared.get(name, {}).get("param_names")] + DEFAULT_PARAM_NAMES.get(name, []):
+    for names in [declared.get(name, {}).get("param_names")] + DEFAULT_PARAM_NAMES.get(_short(name), []):
         if names is not None and len(names) == len(params):
             return list(names)
     return [f"param{i}" for i in range(len(params))]
@@ -94,19 +109,37 @@ def _rows_of_file(path: str, machine: str, declared: dict) -> list:
         combos = list(itertools.product(*params)) if params else [()]
         if len(combos) != len(values):
             raise ValueError(f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations")
-        metric, unit, fixed = KNOWN.get(name, (name.rsplit(".", 1)[-1], declared.get(name, {}).get("unit"), {}))
+        metric, unit, fixed, problem = KNOWN.get(
+            _short(name), (name.rsplit(".", 1)[-1], declared.get(name, {}).get("unit"), {}, None))
         for combo, value, lo, hi in zip(combos, values, ci_a, ci_b):
             if _is_missing(value):  # skipped (NotImplementedError in setup) or failed
                 continue
-            row = {c: None for c in COLUMNS + EXTRA_COLUMNS} | fixed
+            row = {c: None for c in COLUMNS + EXTRA_COLUMNS} | fixed | {"problem": problem}
             for key, text in zip(names, combo):
-                row["backend" if key == "library" else key] = _param_value(text)
+                row[_COLUMN_OF.get(key, key)] = _param_value(text)
             row.update(metric=metric, value=float(value), unit=unit, machine=machine, commit=commit,
                        ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi))
-            if metric in ("fidelity_ratio", "timer_time"):
-                row.update(batch=row["batch"] or FIDELITY_BATCH, heads=row["heads"] or FIDELITY_HEADS)
+            _fill_sizes(row)
             rows.append(row)
     return rows
+
+
+# parameter -> column: machine rows name what they measure in `backend`, their size in `op`
+_COLUMN_OF = {"library": "backend", "kernel": "backend", "kv_heads": "kv_heads", "mask": "problem"}
+
+
+def _fill_sizes(row: dict) -> None:
+    """Lq, Lk, kv_heads of attention rows; machine rows' size label; fidelity rows' B and H."""
+    if row["metric"] in ("fidelity_ratio", "timer_time"):
+        row.update(batch=row["batch"] or FIDELITY_BATCH, heads=row["heads"] or FIDELITY_HEADS)
+    if row.get("array_mib") is not None:
+        row["op"] = f"{row.pop('array_mib')} MiB arrays"
+    for extra in ("openblas_coretype", "threads", "array_mib"):
+        row.pop(extra, None)  # one-value parameters: recorded by asv, not columns here
+    if row["problem"] in ("dense", "causal", "window") and row["T"] is not None:
+        row.update(Lq=row["Lq"] or row["T"], Lk=row["Lk"] or row["T"])
+    if row["problem"] is not None and row["kv_heads"] is None:
+        row["kv_heads"] = row["heads"]
 
 
 def load_results(results_dir: str):
@@ -139,41 +172,68 @@ def load_results(results_dir: str):
                           na_position="last").reset_index(drop=True)
 
 
+def window_of(problem) -> tuple | None:
+    """"window-256" -> (255, 0): a sliding window of 256 keys ending at the query's own position."""
+    if isinstance(problem, str) and problem.startswith("window-") and problem[7:].isdigit():
+        return (int(problem[7:]) - 1, 0)
+    return None
+
+
+def _forward_flops(cost, r) -> float:
+    """Useful forward FLOPs of one attention row: only the pairs its mask keeps (specs.cost)."""
+    b, h, e = int(r.batch), int(r.heads), int(r.E)
+    if r.problem == "decode":  # the Lq new tokens see the cache and each other: bottom-right causal
+        lq, lk = int(r.Lq), int(r.Lk)
+        return cost.useful_flops(b, h, lq, lk, e, causal=lq > 1, causal_alignment="bottom_right")
+    t = int(r.T)
+    return cost.useful_flops(b, h, t, t, e, causal=r.problem == "causal", window=window_of(r.problem))
+
+
 def _derived(df):
-    """gflops, memory_multiple and fidelity_ratio_sweep, from measured rows and specs.cost."""
+    """gflops, kv_gbps, memory_multiple and fidelity_ratio_sweep, from measured rows and specs.cost."""
     import numpy as np
     import pandas as pd
 
     try:
         from specs import cost
-    except ImportError as e:  # the cost model is part of the spec; without it, no derived rows
+        cost.useful_flops  # noqa: B018 - an older specs without it: the plain counts below
+    except (ImportError, AttributeError) as e:  # the cost model is part of the spec; without it, no rates
         warnings.warn(f"specs.cost unavailable ({e}): no gflops or memory_multiple rows", stacklevel=3)
         return pd.DataFrame(columns=df.columns)
     out = []
-    sized = df[["batch", "heads", "T", "E"]].notna().all(axis=1)  # an unknown layout has no sizes
+    sized = df[["batch", "heads", "E"]].notna().all(axis=1) & (df["T"].notna() | df["problem"].eq("decode"))
     for r in df[(df["metric"] == "time") & sized].itertuples(index=False):
-        b, h, t, e = int(r.batch), int(r.heads), int(r.T), int(r.E)
-        flops = cost.forward_flops(b, h, t, t, e)
-        if r.op == "forward_backward":
-            flops += cost.backward_flops(b, h, t, t, e)
+        flops = _forward_flops(cost, r) * (1 + cost.BACKWARD_FACTOR * (r.op == "forward_backward"))
         out.append(r._asdict() | dict(metric="gflops", value=flops / r.value / 1e9, unit="GFLOP/s",
                                       ci_low=np.nan, ci_high=np.nan))
+        if r.problem == "decode":  # every key and value is read at least once per step
+            kv = cost.kv_bytes(int(r.batch), int(r.kv_heads), int(r.Lk), int(r.E), None, np.dtype(_numpy_dtype(r.dtype)).itemsize)
+            out.append(r._asdict() | dict(metric="kv_gbps", value=kv / r.value / 1e9, unit="GB/s",
+                                          ci_low=np.nan, ci_high=np.nan))
     for r in df[(df["metric"] == "memory") & sized].itertuples(index=False):
-        itemsize = np.dtype(r.dtype).itemsize
+        itemsize = np.dtype(_numpy_dtype(r.dtype)).itemsize
         score_bytes = cost.score_matrix_bytes(int(r.batch), int(r.heads), int(r.T), int(r.T), itemsize)
         out.append(r._asdict() | dict(metric="memory_multiple", value=r.value / score_bytes, unit="x B*H*T^2*itemsize"))
     keys = ["backend", "batch", "heads", "T", "E", "op", "dtype", "machine", "commit", "clock"]
     timer = df[df["metric"] == "timer_time"]
     if not timer.empty:
-        sweep = df[df["metric"] == "time"].merge(timer[keys + ["value"]], on=keys, suffixes=("", "_timer"))
+        sweep = df[(df["metric"] == "time") & (df["problem"] == "dense")].merge(
+            timer[keys + ["value"]], on=keys, suffixes=("", "_timer"))
         for r in sweep.itertuples(index=False):
-            out.append({c: getattr(r, c) for c in keys} | dict(metric="fidelity_ratio_sweep",
+            out.append({c: getattr(r, c) for c in keys} | dict(metric="fidelity_ratio_sweep", problem="dense",
                                                                  value=r.value / r.value_timer, unit="ratio"))
     return pd.DataFrame(out, columns=df.columns)
 
 
+def _numpy_dtype(name: str) -> str:
+    return "float16" if name == "bfloat16" else name  # same itemsize; NumPy has no bfloat16
+
+
 def fit_scaling(df, metric: str, t_min: int = 256):
     """Exponent p of value ~ T^p per (backend, op), least squares on log-log for T >= t_min.
+
+    Only the dense sweep (problem "dense", or rows without a problem column) is fitted: masked
+    problems scale differently by design (a sliding window is linear in T).
 
     Rows of several E, dtypes, machines or commits share the exponent but each such group gets
     its own intercept (a within-group fit), so pooling them does not bias the slope. r2 is the
@@ -190,11 +250,12 @@ def fit_scaling(df, metric: str, t_min: int = 256):
         raise ValueError(f"t_min must be a positive number, got {t_min!r}")
     if metric not in set(df["metric"]):
         raise ValueError(f"metric {metric!r} not in the results (have {sorted(set(df['metric']))})")
-    keep = (df["metric"] == metric) & (df["T"] >= t_min) & (df["value"] > 0)  # T is NA on machine rows
+    dense = df["problem"].isin(["dense"]) | df["problem"].isna() if "problem" in df.columns else True
+    keep = (df["metric"] == metric) & (df["T"] >= t_min) & (df["value"] > 0) & dense  # T is NA on machine rows
     rows = df[keep.fillna(False).astype(bool)].copy()
     group_cols = [c for c in ("E", "dtype", "batch", "heads", "machine", "commit", "clock") if c in rows.columns]
     out = []
-    for (backend, op), sub in df[df["metric"] == metric].groupby(["backend", "op"], sort=True):
+    for (backend, op), sub in df[(df["metric"] == metric) & dense].groupby(["backend", "op"], sort=True):
         fit = rows[(rows["backend"] == backend) & (rows["op"] == op)]
         x = np.log(fit["T"].astype(float).to_numpy())  # (n,)
         y = np.log(fit["value"].astype(float).to_numpy())  # (n,)

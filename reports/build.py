@@ -28,6 +28,9 @@ SECTIONS = (
     ("conformance", "Conformance: backend × property × dtype"),
     ("semantics", "Semantics: what each backend does where the spec leaves a choice"),
     ("performance", "Performance"),
+    ("dtypes", "Performance in 16-bit dtypes"),
+    ("decode", "Decode: KV-cache bandwidth and grouped KV heads"),
+    ("masked", "Causal and sliding-window problems: rate over useful work"),
     ("worked", "The seeds' worked examples"),
 )
 
@@ -56,7 +59,8 @@ def matmul_peaks(bench) -> dict:
     if bench.empty:
         return {}
     is_peak = bench["op"].astype(str).str.contains("matmul") | bench["metric"].astype(str).str.contains("peak")
-    rows = bench[is_peak & bench["unit"].astype(str).str.contains("GFLOP", case=False)].dropna(subset=["value"])
+    is_f32 = bench["dtype"].isna() | (bench["dtype"] == "float32")  # 16-bit peaks: bench_tables.peaks_by_dtype
+    rows = bench[is_peak & is_f32 & bench["unit"].astype(str).str.contains("GFLOP", case=False)].dropna(subset=["value"])
     return {m: float(g["value"].max()) for m, g in rows.groupby("machine")}
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from . import plots
+from .bench_sections import decode_data, dtypes_data, masked_data  # noqa: F401 - sections of build.SECTIONS
 from .inputs import NOT_ATTEMPTED
 from .tables import FIT_T_MIN
 

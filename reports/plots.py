@@ -118,3 +118,70 @@ def gflops_vs_T(sub, peaks: dict) -> str | None:
                        label=label(f"matmul peak {peak:.0f} GFLOP/s{where}"))
 
     return _panels(rows, draw, "GFLOP/s (cost model)")
+
+
+def _lines(ax, part, x: str, colours, several: bool, style=None) -> None:
+    """One line per backend (per machine when several) against column `x`."""
+    keys = ["backend", "machine"] if several else ["backend"]
+    for key, g in part.groupby(keys):
+        key = key if isinstance(key, tuple) else (key,)
+        g = g.dropna(subset=["value"]).sort_values(x)
+        if g.empty:
+            continue
+        colour, marker = colours[str(key[0])]
+        ax.plot(g[x].to_numpy(), g["value"].to_numpy(), color=colour, marker=marker, markersize=3.5, linewidth=1.4,
+                linestyle=style or "-", label=label(" @ ".join(str(k) for k in key)))
+
+
+def _log2_axis(ax, values, name: str) -> None:
+    _axes_T(ax, values)
+    ax.set_xlabel(name)
+
+
+def decode_bandwidth(rows, roofs: dict) -> str | None:
+    """KV-read GB/s against the cache length Lk, one panel per Lq, under the measured bandwidth.
+
+    rows: kv_gbps rows (one dtype, Hkv = Hq); roofs: {(machine, kernel, size label): GB/s}."""
+    if rows.empty:
+        return None
+    several = rows["machine"].nunique() > 1
+    colours = _colours(rows)
+    lqs = sorted(int(x) for x in rows["Lq"].dropna().unique())
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(1, len(lqs), figsize=(5.8 * len(lqs), 3.4), squeeze=False, sharey=True)
+        for ax, lq in zip(axes[0], lqs):
+            _lines(ax, rows[rows["Lq"] == lq], "Lk", colours, several)
+            for (machine, kernel, size), gbps in sorted(roofs.items()):
+                small = str(size).split()[0].isdigit() and int(str(size).split()[0]) < 64
+                where = f", {machine}" if several else ""
+                ax.axhline(gbps, color="black", linewidth=1.0, linestyle=":" if small else "--",
+                           label=label(f"{kernel} {size}: {gbps:.1f} GB/s{where}"))
+            ax.set_title(f"Lq = {lq} ({'one new token' if lq == 1 else 'speculative step, causal'})")
+            ax.set_yscale("log")
+            _log2_axis(ax, rows["Lk"].dropna(), "KV cache length Lk")
+            ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+        axes[0][0].set_ylabel("KV read GB/s")
+        return to_svg(fig)
+
+
+def rate_by_panel(rows, panel: str, titles: dict, roofs: dict | None = None, ylabel: str = "GFLOP/s") -> str | None:
+    """A metric against T, one panel per value of column `panel` (a dtype, a mask), optional
+    horizontal roofs per panel value: {panel value: [(label, value)]}."""
+    if rows.empty:
+        return None
+    several = rows["machine"].nunique() > 1
+    colours = _colours(rows)
+    values = list(dict.fromkeys(v for v in titles if v in set(rows[panel]))) + sorted(
+        set(rows[panel].dropna()) - set(titles))
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(1, len(values), figsize=(5.2 * len(values), 3.4), squeeze=False, sharey=True)
+        for ax, v in zip(axes[0], values):
+            _lines(ax, rows[rows[panel] == v], "T", colours, several)
+            for text, y in (roofs or {}).get(v, []):
+                ax.axhline(y, color="black", linestyle="--", linewidth=1.0, label=label(text))
+            ax.set_title(label(titles.get(v, v)))
+            ax.set_yscale("log")
+            _axes_T(ax, rows["T"].dropna())
+            ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+        axes[0][0].set_ylabel(ylabel)
+        return to_svg(fig)

@@ -6,7 +6,8 @@ import pandas as pd
 from .inputs import (CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance,
                      merge_semantics)
 
-BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit")
+BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit",
+                 "clock", "problem", "kv_heads", "Lq", "Lk")
 SCALING_COLUMNS = ("backend", "op", "metric", "exponent", "r2")
 WORKED_COLUMNS = ("source", "quantity", "printed", "computed", "agrees")
 FIT_T_MIN = 256  # the O(T^2) term dominates only above a few hundred; below, call overhead does
@@ -43,6 +44,8 @@ def headline(bench: pd.DataFrame) -> pd.DataFrame:
     """The rows the plots and fits use: one head dim and one dtype (the most measured ones)."""
     if bench.empty:
         return bench
+    if "problem" in bench.columns:  # the T sweep only: decode and masked problems have their own sections
+        bench = bench[bench["problem"].isna() | (bench["problem"] == "dense")]
     es = bench["E"].dropna()
     e = HEADLINE_E if (es == HEADLINE_E).any() else (es.mode().iloc[0] if len(es) else None)
     sub = bench if e is None else bench[bench["E"] == e]

@@ -25,7 +25,7 @@ SCHEMAS = {
     "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message"],
     "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
     "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
-                       "commit"],
+                       "commit", "clock", "problem", "kv_heads", "Lq", "Lk"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
     "worked_examples.csv": ["source", "quantity", "printed", "computed", "agrees"],
     "verdicts.csv": ["backend", "verdict", "passed", "failed", "error", "skipped", "semantics contradicted", "reason"],
