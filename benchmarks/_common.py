@@ -153,12 +153,13 @@ def get_backend(name: str):
     """The backend, loaded; NotImplementedError (asv's skip) with the reason if it cannot load."""
     if name not in _BACKENDS:
         backend = registry.resolve(name)
-        if "jax" in sys.modules or "jax" in _threads.frameworks_of([name]):
+        if name in registry.BUILTINS and "jax" in _threads.frameworks_of([name]):
             import importlib.util
 
             if importlib.util.find_spec("jax") is not None:
-                import jax  # noqa: F401 - pin before the backend's load() creates the client
-                _threads.pin_xla()
+                import jax  # noqa: F401 - pinned below, before the backend's load() creates the client
+        if "jax" in sys.modules:  # a plug-in on JAX: the fork server imported it
+            _threads.pin_xla()
         ok, why = backend.availability()
         if not ok:
             skip(f"{name} unavailable: {why}")
