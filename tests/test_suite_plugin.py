@@ -41,6 +41,14 @@ def sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None):
     return (e / np.where(total == 0, 1, total)) @ value  # (..., Lq, Ev)
 
 
+def declines_masks(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """A library without masks says so: a skip with its reason, never a failure."""
+    from backends.base import Unsupported
+    if attn_mask is not None:
+        raise Unsupported("this library takes no attn_mask")
+    return sdpa(query, key, value, attn_mask, is_causal, scale)
+
+
 @declare(dtypes=("float64",))
 def off_by_one(query, key, value, attn_mask=None, is_causal=False, scale=None):
     return sdpa(query, key, value, attn_mask, is_causal, scale) + 1  # (..., Lq, Ev)
@@ -164,19 +172,24 @@ def test_the_stand_in_install_is_what_python_imports(site, tmp_path):
 
 def test_the_suite_runs_from_any_folder_and_counts_as_pytest_does(site, tmp_path):
     project = _project(tmp_path, {"mypkg/__init__.py": "", "mypkg/attn.py": ATTN})
-    proc = _pytest(["--pyargs", "properties", "--backend", "mypkg.attn:sdpa", "--attnspec-json", "out.json",
-                    "-k", "matches_reference or fully_masked or nan_in_unmasked or output_dtype"],
+    proc = _pytest(["--pyargs", "properties", "--backend", "mypkg.attn:sdpa,mypkg.attn:declines_masks",
+                    "--attnspec-json", "out.json", "-k",
+                    "test_matches_reference or fully_masked or nan_in_unmasked or output_dtype"],
                    project, _env(site))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "attnspec: profile dev" in proc.stdout
     rows = json.loads((project / "out.json").read_text())["conformance"]
-    status = {(r["property"], r["dtype"]): r["status"] for r in rows}
-    assert status[("fully_masked_rows", "float32")] == "passed"       # declared zeros: judged
-    assert status[("nan_in_unmasked_query", "float32")] == "recorded"  # nothing to declare: recorded
-    assert status[("matches_reference", "float64")] == "passed"
-    assert {r["backend"] for r in rows} == {"mypkg.attn:sdpa"}
+    status = {(r["backend"].split(":")[1], r["property"], r["dtype"]): r["status"] for r in rows}
+    assert status[("sdpa", "fully_masked_rows", "float32")] == "passed"       # declared zeros: judged
+    assert status[("sdpa", "nan_in_unmasked_query", "float32")] == "recorded"  # nothing to declare: recorded
+    assert status[("sdpa", "matches_reference", "float64")] == "passed"
+    # the decline: drawn problems with a mask are redrawn; a question that needs one is skipped
+    assert status[("declines_masks", "matches_reference", "float64")] == "passed"
+    assert status[("declines_masks", "fully_masked_rows", "float64")] == "skipped"
+    skip = next(r for r in rows if r["backend"].endswith("declines_masks") and r["property"] == "fully_masked_rows")
+    assert "this library takes no attn_mask" in skip["message"]
     assert _closing_counts(proc.stdout) == _suite_counts(proc.stdout)
-    assert _closing_counts(proc.stdout)["recorded"] == 2
+    assert _closing_counts(proc.stdout)["recorded"] == 4
 
 
 def test_a_failure_is_one_block_with_a_reproducer_that_runs_in_a_fresh_process(site, tmp_path):
