@@ -49,7 +49,7 @@ class OnnxRuntimeAttention(Backend):
                "no log-sum-exp output (qk_matmul_output gives scores or weights)",
                "float32/float16 refuse an attn_mask broadcast over queries (shape (..., 1, Lk)): 'inconsistent "
                "q_sequence_length'; the spec says broadcastable, float64 takes it: the adapter expands that axis",
-               "Lq = 0 or Lk = 0: ORT's kernel refuses them (sequence length must be greater than 0): declined"))
+               "an empty batch, Lq = 0 or Lk = 0: ORT's kernel refuses them (must be greater than 0): declined"))
 
     def load(self):
         try:
@@ -90,17 +90,18 @@ class OnnxRuntimeAttention(Backend):
         key = (dtype, mask_kind, bool(is_causal), scale, softcap)
         if key not in self._sessions:
             options = self.ort.SessionOptions()
-            options.log_severity_level = 3  # errors only: ORT warns about unused initializers etc.
+            options.log_severity_level = 4  # fatal only: a failing run raises with the same message
             self._sessions[key] = self.ort.InferenceSession(self._model(*key), options,
                                                             providers=["CPUExecutionProvider"])
         return self._sessions[key]
 
     def native_attention(self, q, k, v, call):
-        if q.shape[-2] == 0 or k.shape[-2] == 0:  # ORT's checkParameters: "... must be greater than 0"
-            raise Unsupported(f"{self.name}: ORT's Attention kernel needs q and kv sequence lengths > 0 "
-                              f"(got Lq={q.shape[-2]}, Lk={k.shape[-2]})")
         mask, bias = call.mask, call.bias
         pack = Packing(q, k, v, call, (mask, bias))
+        sizes = {"batch": pack.batch, "heads": pack.hq, "Lq": q.shape[-2], "Lk": k.shape[-2]}
+        if 0 in sizes.values():  # ORT's checks: "Batch size / Q sequence length ... must be greater than 0"
+            raise Unsupported(f"{self.name}: ORT's Attention kernel needs every size > 0 (got "
+                              f"{', '.join(f'{n}={x}' for n, x in sizes.items())})")
         feed = {"Q": pack.qkv(q, pack.hq), "K": pack.qkv(k, pack.hkv), "V": pack.qkv(v, pack.hkv)}  # (B, H, L, E)
         kind = None
         if bias is not None:  # one additive attn_mask: -inf where the boolean mask hides a pair

@@ -122,9 +122,9 @@ def test_every_undeclared_feature_is_unsupported(name):
 
 def test_onnxruntime_declines_empty_sequences():
     backend = _backend("onnxruntime-attention")
-    for Lq, Lk in ((0, 3), (2, 0)):
-        with pytest.raises(Unsupported, match="greater|> 0"):
-            backend.forward(np.ones((1, Lq, 4)), np.ones((1, Lk, 4)), np.ones((1, Lk, 2)), dtype="float32")
+    for B, Lq, Lk in ((1, 0, 3), (1, 2, 0), (0, 2, 3)):
+        with pytest.raises(Unsupported, match="> 0"):
+            backend.forward(np.ones((B, 1, Lq, 4)), np.ones((B, 1, Lk, 4)), np.ones((B, 1, Lk, 2)), dtype="float32")
 
 
 def test_onnxruntime_has_no_bfloat16():
