@@ -15,7 +15,9 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
   bfloat16 inputs; float64 inputs give the mean of V instead (a finding; see the report).
 - no grouped KV heads: K/V heads broadcast NumPy-style only (Hkv = 1 or Hq).
 - the scale input must have the query's element type, so a bfloat16 call rounds it to bfloat16.
-- the CPU plugin has no float64 kernels: float64 is computed in float32 and returned as float64.
+- the CPU plugin has no float64 kernels: float64 is computed in float32 and returned as float64;
+  at bf16 precision float64 inputs are truncated to bfloat16 (float32 ones rounded to nearest), so
+  openvino-sdpa declines float64 (a finding) and openvino-sdpa-f32 takes it.
 - a finding: when the kernel runs in bfloat16 (the default here, or bfloat16 inputs), a call with
   head size E = 1 corrupts later calls of the same compiled model with E >= 16 (NaN or wrong rows).
   The adapter keeps one dynamic-shape model per configuration, as a deployment does, so the suite
@@ -37,7 +39,8 @@ _NOTES = ("attention_mask is ignored when causal is set (documented): a mask or 
           "float64 inputs give the mean of V (disagrees with the spec)",
           "no grouped KV heads (SDPA-13 broadcasts K/V heads NumPy-style only)",
           "the scale input has the query's element type: bfloat16 and float16 calls round it",
-          "float64 is computed in float32 by the CPU plugin and returned as float64",
+          "float64 is computed in float32 by the CPU plugin and returned as float64; at bf16 precision float64 "
+          "inputs are truncated to bfloat16 (float32 inputs rounded to nearest): openvino-sdpa declines float64",
           "bfloat16 kernels (default precision, or bfloat16 inputs): after a call with head size 1, later calls "
           "of the same compiled model with head size >= 16 give NaN or wrong rows (a finding)",
           "results below float32's smallest normal come back as 0 (exp underflows early)")
@@ -62,7 +65,10 @@ class OpenVinoSdpa(Backend):
     name = "openvino-sdpa"
     precision_hint: str | None = None  # None: the plugin's default; "f32" for the -f32 backend
     compiles_per_shape = False  # dynamic shapes: one compiled model per static configuration
-    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"), device="cpu",
+    # float64 is declined: at the plugin's bf16 precision float64 inputs reach the kernel truncated to
+    # bfloat16 (round toward zero; float32 inputs are rounded to nearest), an error no declaration
+    # expresses (a finding).  openvino-sdpa-f32 takes float64.
+    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cpu",
                                 gradients=False, features=frozenset(("bias",)), mask_with_causal=False)
     # effective_precision is what the plugin reports at load(): set there for this machine
     semantics = Semantics(fully_masked="nan", causal_alignment="top_left", notes=_NOTES)
@@ -163,5 +169,7 @@ class OpenVinoSdpaF32(OpenVinoSdpa):
 
     name = "openvino-sdpa-f32"
     precision_hint = "f32"
+    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"), device="cpu",
+                                gradients=False, features=frozenset(("bias",)), mask_with_causal=False)
     semantics = Semantics(fully_masked="nan", causal_alignment="top_left", effective_precision="float32",
                           notes=_NOTES)
