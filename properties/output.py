@@ -96,7 +96,9 @@ def backend_lines(rows) -> list[str]:
     per = per_backend(rows)
     width = max([len(b) for b in per] + [8])
     out = [f"{name:{width}s} {s['passed']:4d} passed {s['failed']:3d} failed {s['error']:3d} error "
-           f"{s['skipped']:4d} skipped {s['recorded']:3d} recorded {s['seconds']:7.1f} s" for name, s in per.items()]
+           f"{s['skipped']:4d} skipped {s['recorded']:3d} recorded {s['seconds']:7.1f} s"
+           + ("  NOT TESTED: every check skipped" if s["skipped"] and not (s["passed"] + s["failed"] + s["error"]) else "")
+           for name, s in per.items()]
     total = {st: sum(s[st] for s in per.values()) for st in STATUSES}
     out.append(f"{'all':{width}s} {count_words(total) or 'nothing ran'} (as pytest counts them)")
     return out
