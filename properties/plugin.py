@@ -218,8 +218,7 @@ def _enable_jax_cache(per_backend) -> None:
 
 
 def pytest_generate_tests(metafunc):
-    wanted = {"target", "backend_target"} & set(metafunc.fixturenames)
-    if not wanted or not is_property(metafunc.function):
+    if "target" not in metafunc.fixturenames or not is_property(metafunc.function):
         return
     installed = getattr(metafunc.module, INSTALLED, None)
     if installed:
@@ -232,13 +231,8 @@ def pytest_generate_tests(metafunc):
     if not getattr(metafunc.config, "_attnspec_jax_cache", False):
         _enable_jax_cache(per_backend)
         metafunc.config._attnspec_jax_cache = True
-    if "target" in wanted:
-        flat = [t for ts in per_backend for t in ts]
-        metafunc.parametrize("target", flat, ids=[t.id for t in flat])
-    if "backend_target" in wanted:  # one per backend: its widest dtype
-        from specs.problem import FLOAT_DTYPE_NAMES
-        firsts = [max(ts, key=lambda t: FLOAT_DTYPE_NAMES.index(t.dtype)) for ts in per_backend if ts]
-        metafunc.parametrize("backend_target", firsts, ids=[t.name for t in firsts])
+    flat = [t for ts in per_backend for t in ts]
+    metafunc.parametrize("target", flat, ids=[t.id for t in flat])
 
 
 def _target_of(item):
@@ -246,7 +240,7 @@ def _target_of(item):
     if targets is None:  # the suite's targets were never made: not an attnspec test
         return None
     params = getattr(getattr(item, "callspec", None), "params", {})
-    found = params.get("target") or params.get("backend_target")
+    found = params.get("target")
     return found if isinstance(found, targets.Target) else None  # pytest's NOTSET placeholder, or a user's own
 
 
