@@ -39,7 +39,7 @@ def run_suite(backend_names, json_path: str | None = None, extra_args=(), profil
 
     json_path: where the JSON results go (a temporary file when None); extra_args: more pytest
     arguments (e.g. ``["-x"]`` to stop at the first failure, ``["-k", "rows_sum"]``);
-    profile: HYPOTHESIS_PROFILE (dev, ci, thorough); pythonpath: folders to import plug-ins from.
+    profile: ATTNSPEC_PROFILE (dev, ci, thorough); pythonpath: folders to import plug-ins from.
     """
     if isinstance(backend_names, str):
         backend_names = [backend_names]
@@ -52,7 +52,7 @@ def run_suite(backend_names, json_path: str | None = None, extra_args=(), profil
     child_env = dict(os.environ if env is None else env)
     child_env["PYTHONPATH"] = os.pathsep.join([ROOT, *pythonpath, child_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if profile:
-        child_env["HYPOTHESIS_PROFILE"] = profile
+        child_env["ATTNSPEC_PROFILE"] = profile  # properties/profiles.py
     cmd = [sys.executable, "-m", "pytest", SUITE, "-q", "-p", "no:cacheprovider", "--attnspec-json", json_path]
     cmd += [a for name in backend_names for a in ("--backend", name)] + list(extra_args)
     try:
