@@ -255,3 +255,20 @@ def test_install_names_an_object_as_the_reproducer_will_import_it():
     assert _spec_of(fake_plugin.plugin_backend) == "tests.plugins.fake_plugin:plugin_backend"
     with pytest.raises(ValueError, match="cannot name"):
         _spec_of(lambda q, k, v: q)
+
+
+def test_profiles_are_chosen_by_name_and_restored_after_an_install():
+    from hypothesis import settings
+
+    from properties import profiles
+    assert profiles.choose({}) == "dev"
+    assert profiles.choose({"HYPOTHESIS_PROFILE": "ci"}) == "ci"
+    assert profiles.choose({"HYPOTHESIS_PROFILE": "theirs"}) == "dev"  # a user's own profile is not ours to judge
+    assert profiles.choose({"ATTNSPEC_PROFILE": "thorough", "HYPOTHESIS_PROFILE": "ci"}) == "thorough"
+    with pytest.raises(ValueError, match="ATTNSPEC_PROFILE must be one of dev, ci, thorough"):
+        profiles.choose({"ATTNSPEC_PROFILE": "fast"})
+    before = profiles.current()
+    with profiles.active("thorough"):
+        assert profiles.current() == "attnspec-thorough"
+        assert settings.default.max_examples == profiles.EXAMPLES["thorough"]
+    assert profiles.current() == before
