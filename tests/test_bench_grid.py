@@ -173,3 +173,40 @@ def test_frameworks_are_preloaded_only_in_asvs_fork_server():
 
     assert _threads.frameworks_of(["numpy-naive", "torch-math", "jax-naive", "torch-sdpa-cpu"]) == ["torch", "jax"]
     assert _threads.frameworks_of(["my.pkg:attn"]) == installed[::-1]  # never the plug-in's own module
+
+
+# -- a plug-in's own asv suite (the asv run itself: tests/test_asv_workflow.py) ----------------------
+
+def test_plugin_suite_writes_a_config_asv_reads(tmp_path):
+    from benchmarks import plugin_suite
+
+    written = plugin_suite.write(str(tmp_path), "mykernel:attention", requirements=["attnspec==0.1.0"])
+    conf = json.loads((tmp_path / "asv.conf.json").read_text())
+    assert conf["benchmark_dir"] == "asv_bench" and conf["environment_type"] == "virtualenv"
+    assert conf["matrix"] == {"req": {"pip+attnspec==0.1.0": [""]}} and conf["launch_method"] == "forkserver"
+    module = (tmp_path / "asv_bench" / "bench_attnspec.py").read_text()
+    assert "'mykernel:attention'" in module and "from benchmarks.bench_decode import TimeDecode" in module
+    assert len(written) == 3
+    compile(module, "bench_attnspec.py", "exec")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(backend=""), "backend must be a backend name"),
+    (dict(repo="/nonexistent/folder"), "repo '/nonexistent/folder' is not a folder"),
+])
+def test_plugin_suite_bad_input_is_named(tmp_path, kwargs, message):
+    from benchmarks import plugin_suite
+
+    args = dict(repo=str(tmp_path), backend="mykernel:attention") | kwargs
+    with pytest.raises(ValueError, match=message):
+        plugin_suite.write(args["repo"], args["backend"])
+
+
+def test_plugin_suite_never_overwrites_without_force(tmp_path, capsys):
+    from benchmarks import plugin_suite
+
+    (tmp_path / "asv.conf.json").write_text("{}  // mine")
+    assert plugin_suite.main(["mykernel:attention", "--repo", str(tmp_path)]) == 2
+    assert "already exist(s): pass --force to replace" in capsys.readouterr().err
+    assert (tmp_path / "asv.conf.json").read_text() == "{}  // mine"
+    assert plugin_suite.main(["mykernel:attention", "--repo", str(tmp_path), "--force"]) == 0
