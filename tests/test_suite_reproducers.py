@@ -218,9 +218,11 @@ def _reproducer_paths(output: str, cwd) -> dict:
 
 
 def _without_earlier_calls(snippet: str) -> str:
-    """The snippet with its replayed earlier calls left out: the failing call alone."""
-    head, _, rest = snippet.partition("# call 1:")
-    return head + "# the failing call" + rest.split("# the failing call", 1)[1] if rest else snippet
+    """The snippet with every replayed earlier call left out: set-up, then the failing call alone."""
+    lines = snippet.splitlines()
+    setup = next(i for i, line in enumerate(lines) if line.startswith("backend = resolve("))
+    failing = lines.index("# the failing call")
+    return "\n".join(lines[:setup + 1] + lines[failing:])
 
 
 def test_a_stateful_bug_is_caught_and_its_reproducer_replays_the_calls_before_it(plugin_folder, tmp_path):
