@@ -108,6 +108,13 @@ def snippet(target, case: Case, call: str = "forward", checks: tuple = (), grad_
     lines = ["import sys", *(f"sys.path.insert(0, {p!r})" for p in getattr(target, "import_paths", ())),
              "import numpy as np", "from backends.registry import resolve", "from specs import reference",
              f"backend = resolve({getattr(target, 'spec', target.name)!r})"]
+    if getattr(target, "earlier", None):
+        from .targets import replay_line
+        lines += ["def shaped(*shapes):  # random inputs: the calls below only bring the backend to its state",
+                  "    rng = np.random.default_rng(0)",
+                  "    return [rng.standard_normal(s) for s in shapes]",
+                  f"# {len(target.earlier)} earlier call configurations of this run, in order (a stateful backend "
+                  "may depend on them)", *(replay_line(sig, None) for sig in target.earlier)]
     for i, earlier in enumerate(target.calls_before(case)):
         lines += [f"# call {i + 1}: made before the failing one (a stateful backend may depend on it)",
                   *_inputs(earlier["case"]), *_call_line(earlier, target, "_")]

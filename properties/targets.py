@@ -91,6 +91,45 @@ def _guarded(target, call: str, case, fn, *args, **kwargs):
                                  snippet(target, case, call, return_lse=kwargs.get("return_lse", False))) from e
 
 
+MAX_REPLAYED_SHAPES = 40  # distinct earlier call configurations a reproducer replays, most recent
+
+
+def signature(kind, case, dtype, return_lse=False, layout="contiguous") -> tuple:
+    """A call's configuration without its values: what a stateful backend may remember."""
+    def field_sig(name, value):
+        if isinstance(value, np.ndarray):
+            return (name, "array", value.shape, tuple(value.tolist()) if name == "alibi_slopes" else None)
+        return (name, "value", value, None)
+    return (kind, dtype, case.q.shape, case.k.shape, case.v.shape, None if case.mask is None else case.mask.shape,
+            case.is_causal, case.scale, tuple(field_sig(n, v) for n, v in sorted(case.fields.items())),
+            return_lse, layout)
+
+
+def replay_line(sig, dims_q) -> str:
+    """One call with random inputs of the recorded configuration (see `signature`)."""
+    kind, dtype, qs, ks, vs, ms, causal, scale, fields, lse, layout = sig
+    kw = [f"dtype={dtype!r}", f"is_causal={causal}", f"scale={scale!r}"]
+    if ms is not None:
+        kw.append(f"mask=np.ones({ms}, dtype=bool)")
+    for name, kind_, a, b in fields:
+        if kind_ == "value":
+            kw.append(f"{name}={a!r}")
+        elif name == "alibi_slopes":
+            kw.append(f"{name}=np.array({list(b)!r})")
+        elif name in ("q_lengths", "kv_lengths"):
+            kw.append(f"{name}=np.full({a}, {qs[-2] if name == 'q_lengths' else ks[-2]})")
+        elif name.endswith("segment_ids"):
+            kw.append(f"{name}=np.zeros({a}, dtype=int)")
+        else:
+            kw.append(f"{name}=np.zeros({a})")
+    if lse:
+        kw.append("return_lse=True")
+    if layout != "contiguous":
+        kw.append(f"layout={layout!r}")
+    grad = f", np.ones({qs[:-1] + vs[-1:]})" if kind == "backward" else ""
+    return f"_ = backend.{kind}(*shaped({qs}, {ks}, {vs}){grad}, {', '.join(kw)})"
+
+
 _EQUAL_DIMS: dict = {}  # id(backend) -> needs Ev == E
 
 
@@ -129,6 +168,8 @@ class Target:
     unsupported: str = ""  # the last reason the backend gave for declining a problem
     in_hypothesis: bool = True
     history: list = field(default_factory=list, repr=False)  # backend calls (see begin_example)
+    signatures: dict = field(default_factory=dict, repr=False)  # every distinct call config, latest last
+    earlier: list = field(default_factory=list, repr=False)  # signatures seen before this example
     example_start: int = 0
     import_paths: tuple = ()  # sys.path entries a reproducer needs to import the backend
     _available: tuple | None = field(default=None, repr=False)
@@ -200,6 +241,7 @@ class Target:
         """A new example starts: keep only the call just before it (a stateful backend's context)."""
         self.history = self.history[-1:]
         self.example_start = len(self.history)
+        self.earlier = list(self.signatures)[-MAX_REPLAYED_SHAPES - 1:-1]  # the last one is replayed exactly
 
     def calls_before(self, case) -> list:
         """Recorded calls before the failing example's first call with `case` (incl. the one before it)."""
@@ -209,6 +251,9 @@ class Target:
 
     def _record(self, kind, case, dtype, **extra) -> None:
         self.history.append(dict(kind=kind, case=case, dtype=dtype, **extra))
+        sig = signature(kind, case, dtype, extra.get("return_lse", False), extra.get("layout", "contiguous"))
+        self.signatures.pop(sig, None)
+        self.signatures[sig] = True
 
     def forward(self, case, dtype: str | None = None, return_lse: bool = False, layout: str = "contiguous"):
         dtype = dtype or self.dtype
