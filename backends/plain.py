@@ -52,13 +52,15 @@ class Declaration:
     effective_precision: str | None = None
     output_dtypes: tuple = ()
     mask_with_causal: bool = False
+    masks: bool = True   # takes a boolean attn_mask at all
+    causal: bool = True  # has is_causal at all
     features: tuple | None = None  # None: read them off the signature
     notes: tuple = field(default_factory=tuple)
 
 
 def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_masked=None, padded_rows=None,
             causal_alignment=None, effective_precision=None, output_dtypes=None, mask_with_causal=False,
-            features=None, notes=()):
+            masks=True, causal=True, features=None, notes=()):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -68,7 +70,8 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
     top_left or bottom_right.  effective_precision: a dtype name when results are only that
     accurate (e.g. float32 inside).  output_dtypes: {input dtype: output dtype} for results that
     come back in another dtype by policy.  mask_with_causal: it takes ``attn_mask`` together
-    with ``is_causal=True``.  features: names from specs.problem.FEATURES.
+    with ``is_causal=True``.  masks / causal: False when it takes no boolean mask / has no causal
+    mode (the suite then never sends one).  features: names from specs.problem.FEATURES.
     """
     for name, value, allowed in (("fully_masked", fully_masked, FULLY_MASKED_CHOICES),
                                  ("padded_rows", padded_rows, FULLY_MASKED_CHOICES),
@@ -89,7 +92,8 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
         if src not in _NUMPY_DTYPES or dst not in _NUMPY_DTYPES:
             raise ValueError(f"declare: output_dtypes maps NumPy dtype names; got {src!r}: {dst!r}")
     decl = Declaration(tuple(dtypes), backward, fully_masked, padded_rows, causal_alignment, effective_precision,
-                       pairs, bool(mask_with_causal), None if features is None else tuple(features), tuple(notes))
+                       pairs, bool(mask_with_causal), bool(masks), bool(causal),
+                       None if features is None else tuple(features), tuple(notes))
 
     def attach(f):
         f.__attnspec__ = decl
@@ -131,7 +135,8 @@ class FunctionBackend(Backend):
         self.declaration = decl
         features = frozenset(decl.features) if decl.features is not None else signature_features(fn)
         self.capabilities = Capabilities(dtypes=decl.dtypes, device="cpu", gradients=decl.backward is not None,
-                                         features=features, mask_with_causal=decl.mask_with_causal)
+                                         features=features, mask_with_causal=decl.mask_with_causal,
+                                         masks=decl.masks, causal=decl.causal)
         self.semantics = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                                    effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
                                    output_dtypes=decl.output_dtypes,

@@ -249,7 +249,7 @@ def pytest_runtest_setup(item):
     target = _target_of(item)
     if target is None:
         return
-    target.examples, target.unsupported = 0, ""
+    target.examples, target.unsupported, target.declined = 0, "", 0
     target.in_hypothesis = hasattr(getattr(item, "obj", None), "hypothesis")
     target.current_property = item.originalname.removeprefix("test_")
     reason = target.skip_reason("forward_backward" if item.get_closest_marker("needs_gradients") else "forward")

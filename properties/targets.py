@@ -76,11 +76,16 @@ def call_with_limit(backend: Backend, what: str, fn, *args, **kwargs):
 def _guarded(target, call: str, case, fn, *args, **kwargs):
     """A declined combination is a skip; a misbehaving backend a failure with a reproducer."""
     try:
-        return call_with_limit(target.backend, call, fn, *args, **kwargs)
+        result = call_with_limit(target.backend, call, fn, *args, **kwargs)
+        target.declined = 0
+        return result
     except Unsupported as e:  # this problem is declined: another one is drawn (all declined: a skip)
         target.unsupported = f"{target.name}: {e}"
-        if target.in_hypothesis:
+        target.declined += 1
+        if target.in_hypothesis and target.declined < MAX_DECLINED:
             reject()
+        # declining everything a property draws (a masks-only property, a backend without masks) is
+        # a skip with the reason, now - not after Hypothesis has drawn hundreds of problems
         pytest.skip(target.unsupported)
     except BackendFailure as e:
         from specs.invariants import Verdict
@@ -91,6 +96,7 @@ def _guarded(target, call: str, case, fn, *args, **kwargs):
                                  snippet(target, case, call, return_lse=kwargs.get("return_lse", False))) from e
 
 
+MAX_DECLINED = 25  # a test whose problems the backend declined this often in a row is skipped, with the reason
 MAX_REPLAYED_SHAPES = 40  # distinct earlier call configurations a reproducer replays, most recent
 
 
@@ -167,6 +173,7 @@ class Target:
     current_property: str = "?"
     unsupported: str = ""  # the last reason the backend gave for declining a problem
     in_hypothesis: bool = True
+    declined: int = 0  # problems declined (Unsupported) in a row
     history: list = field(default_factory=list, repr=False)  # backend calls (see begin_example)
     signatures: dict = field(default_factory=dict, repr=False)  # every distinct call config, latest last
     earlier: list = field(default_factory=list, repr=False)  # signatures seen before this example
