@@ -143,6 +143,9 @@ class TorchFlexCompiled(TorchFlex):
             config = self.torch._dynamo.config
             config.recompile_limit = max(config.recompile_limit, _RECOMPILE_LIMIT)
             config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, _RECOMPILE_LIMIT)
+            # dynamic=False: one compile per shape.  With dynamic shapes (dynamic=True, or the default
+            # after a shape change) torch 2.13's CPU template fails to build when score_mod captures a
+            # tensor in a closure (C++ error: 'cur_qSplitSize2' was not declared in this scope).
             self._compiled_flex = self.torch.compile(self._fa.flex_attention, dynamic=False)
 
     def _flex(self):
