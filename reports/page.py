@@ -152,7 +152,6 @@ def semantics_data(f) -> dict:
     return {"backends": backends, "rows": rows}
 
 
-def performance_data(f) -> dict:
 def _semantics_cell(found) -> dict:
     """One backend's answers to one question: "observed" when every dtype agrees, else one
     "dtype: observed" per dtype, so where the answer changes with the dtype shows."""
@@ -169,6 +168,7 @@ def _semantics_cell(found) -> dict:
     return {"kind": kind, "observed": observed, "declared": ", ".join(declared)}
 
 
+def performance_data(f) -> dict:
     """Time, memory and GFLOP/s against T (SVG), and the fitted exponents."""
     head = f.head
     if head.empty:
@@ -213,12 +213,14 @@ def _cell(v) -> str:
 def worked_data(f) -> dict:
     """Per seed file a count, the errata in full, and every number behind a disclosure."""
     df = f.worked
-    rows = [{**{c: _cell(r[c]) for c in ("source", "quantity", "printed", "computed", "agrees", "note")},
-             "erratum": tri(r["agrees"]) is False} for _, r in df.iterrows()]
+    cols = ("source", "quantity", "kind", "printed", "computed", "agrees", "note")
+    rows = [{**{c: _cell(r[c]) if c in r else "" for c in cols}, "erratum": tri(r["agrees"]) is False}
+            for _, r in df.iterrows()]
     per_file: dict = {}
     for r in rows:
-        n = per_file.setdefault(r["source"], [r["source"], 0, 0])
+        n = per_file.setdefault(r["source"], [r["source"], 0, 0, 0])
         n[1] += 1
-        n[2] += int(r["erratum"])
+        n[2] += int(r["kind"] == "input")
+        n[3] += int(r["erratum"])
     return {"rows": rows, "errata": [r for r in rows if r["erratum"]], "note": f.worked_note,
-            "per_file": [per_file[s] for s in sorted(per_file)]}
+            "inputs": sum(r["kind"] == "input" for r in rows), "per_file": [per_file[s] for s in sorted(per_file)]}

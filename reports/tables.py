@@ -9,7 +9,7 @@ from .inputs import (CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, m
 BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit",
                  "clock", "problem", "kv_heads", "Lq", "Lk")
 SCALING_COLUMNS = ("backend", "op", "metric", "exponent", "r2")
-WORKED_COLUMNS = ("source", "quantity", "printed", "computed", "agrees")
+WORKED_COLUMNS = ("source", "quantity", "kind", "printed", "computed", "agrees")
 FIT_T_MIN = 256  # the O(T^2) term dominates only above a few hundred; below, call overhead does
 HEADLINE_E = 64  # the plots and fits use one head dim, so lines compare like with like
 PROBLEM_STATUSES = ("failed", "error", "crashed", "timed_out")

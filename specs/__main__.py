@@ -7,7 +7,9 @@ signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `python -m specs | head` ends q
 
 rows = check()
 errata = [r for r in rows if not r.agrees]
-print(f"{len(rows)} printed numbers checked, {len(errata)} errata\n")
+inputs = sum(r.kind == "input" for r in rows)
+print(f"{len(rows)} printed numbers: {len(rows) - inputs} recomputed by the reference, {inputs} inputs checked "
+      f"against their transcription; {len(errata)} errata\n")
 print(f"{'source':<26} {'quantity':<28} {'printed':>10} {'computed':>12}")
 for r in errata:
     print(f"{r.source:<26} {r.quantity:<28} {r.printed:>10} {r.computed:>12.6g}")

@@ -91,6 +91,7 @@ class Row:
     tolerance: float
     agrees: bool
     note: str
+    kind: str = "recomputed"  # "input": one of the seed's inputs, checked against its transcription only
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -328,7 +329,8 @@ def check() -> list:
                     notes.append(f"the seed's own printed inputs give {from_printed:.4g} too: "
                                  "a slip in the seed's arithmetic")
             rows.append(Row(SOURCES[key], q, ex.printed, ex.value, ex.decimals, computed, from_printed,
-                            tol, bool(agrees), "; ".join(n for n in notes if n)))
+                            tol, bool(agrees), "; ".join(n for n in notes if n),
+                            "input" if kind in ("input", "rounded_input") else "recomputed"))
     return rows
 
 

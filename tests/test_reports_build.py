@@ -27,7 +27,7 @@ SCHEMAS = {
     "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
                        "commit", "clock", "problem", "kv_heads", "Lq", "Lk"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
-    "worked_examples.csv": ["source", "quantity", "printed", "computed", "agrees"],
+    "worked_examples.csv": ["source", "quantity", "kind", "printed", "computed", "agrees"],
     "verdicts.csv": ["backend", "verdict", "passed", "failed", "error", "skipped", "semantics contradicted", "reason"],
 }
 
