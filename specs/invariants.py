@@ -27,28 +27,53 @@ class Verdict:
     where: tuple | None  # index of the worst offender, None when there is none
     amount: float        # worst measured deviation, <= the tolerance when it holds (0: nothing judged)
     message: str
+    limit: float | None = None  # the tolerance at `where` (amount / limit: the used fraction)
 
     def __bool__(self) -> bool:
         return bool(self.holds)
+
+    @property
+    def used(self) -> float:
+        """amount / limit: the fraction of the tolerance the worst offender uses (> 1: violated)."""
+        if self.limit is None or self.where is None:
+            return 0.0 if self.holds else float("inf")
+        if self.limit > 0:
+            return self.amount / self.limit
+        return 0.0 if self.amount <= 0 else float("inf")
 
 
 def _idx(flat: int, shape: tuple) -> tuple:
     return tuple(int(i) for i in np.unravel_index(int(flat), shape))
 
 
+def worst_offender(deviation, judged=None) -> tuple:
+    """(where, amount): the index and value of the largest deviation among judged entries.
+
+    NaN counts as an infinite deviation (nothing is more wrong); ``judged`` (bool, broadcast
+    to the deviation) leaves the others out.  ``(None, 0.0)`` when nothing is judged.
+    """
+    dev = np.asarray(deviation, dtype=np.float64)
+    dev = np.where(np.isnan(dev), np.inf, dev)
+    if judged is not None:
+        judged = np.broadcast_to(np.asarray(judged, dtype=bool), dev.shape)
+        if not judged.any():
+            return None, 0.0
+        dev = np.where(judged, dev, -np.inf)
+    if dev.size == 0:
+        return None, 0.0
+    flat = int(np.argmax(dev))
+    return _idx(flat, dev.shape), float(dev.flat[flat])
+
+
 def _verdict(name: str, deviation: np.ndarray, judged: np.ndarray, atol: float, what: str) -> Verdict:
     """Worst deviation over judged entries; NaN counts as an infinite deviation."""
-    dev = np.where(judged, deviation, -np.inf)  # (...,)
-    dev = np.where(judged & np.isnan(deviation), np.inf, dev)
-    if dev.size == 0 or not judged.any():
+    where, worst = worst_offender(deviation, judged)
+    if where is None:
         return Verdict(name, True, None, 0.0, f"{name}: nothing to judge (no visible rows)")
-    flat = int(np.argmax(dev))
-    worst = float(dev.flat[flat])
-    where = _idx(flat, dev.shape)
     holds = worst <= atol
     msg = (f"{name}: holds (worst {what} {worst:.3g} at {where}, tolerance {atol:.3g})" if holds
            else f"{name}: violated at {where}: {what} {worst:.6g} exceeds tolerance {atol:.3g}")
-    return Verdict(name, holds, where, worst, msg)
+    return Verdict(name, holds, where, worst, msg, float(atol))
 
 
 def _vis(weights: np.ndarray, visible) -> np.ndarray:
@@ -136,16 +161,22 @@ def zero_future_mass(weights, alignment: str = "top_left") -> Verdict:
     return _verdict(f"zero_future_mass[{alignment}]", np.abs(w), judged, 0.0, "weight on a future key")
 
 
-def gradient_scaling(grads, grads_scaled, factor: float, atol: float, rtol: float = 0.0) -> Verdict:
+def gradient_scaling(grads, grads_scaled, factor: float, atol, rtol: float = 0.0) -> Verdict:
     """Gradients at (q/c, k/c, scale*c^2) equal (c*dQ, c*dK, dV) of those at (q, k, scale).
 
     The scores are unchanged, so dS is unchanged; dQ = dS K scale picks up c^2/c = c.
-    An entry fails when |got - expected| > atol + rtol*|expected|; ``where`` starts with
-    the gradient's name, ("dq", batch..., row, col), and ``amount`` is that entry's error.
+    An entry fails when |got - expected| > atol + rtol*|expected|; ``atol`` is one number or
+    one per gradient (dq, dk, dv), each a number or an array broadcastable to its gradient
+    (e.g. per-row budgets ``allowed[..., None]``).  ``where`` starts with the gradient's name,
+    ("dq", batch..., row, col); the worst offender is the entry furthest past its tolerance,
+    and ``amount`` is that entry's error (NaN counts as infinite).
     """
     c = float(factor)
-    worst = (-np.inf, None, 0.0)  # (excess over tolerance, where, |error|)
-    for name, g, gs, mult in zip(("dq", "dk", "dv"), grads, grads_scaled, (c, c, 1.0)):
+    atols = tuple(atol) if isinstance(atol, (tuple, list)) else (atol,) * 3
+    if len(atols) != 3:
+        raise ValueError(f"atol must be one tolerance or three (dq, dk, dv); got {len(atols)}")
+    worst = (-np.inf, None, 0.0, 0.0)  # (excess over tolerance, where, |error|, tolerance)
+    for name, g, gs, mult, tol in zip(("dq", "dk", "dv"), grads, grads_scaled, (c, c, 1.0), atols):
         expected = mult * np.asarray(g, dtype=np.float64)
         got = np.asarray(gs, dtype=np.float64)
         if expected.shape != got.shape:
@@ -153,17 +184,17 @@ def gradient_scaling(grads, grads_scaled, factor: float, atol: float, rtol: floa
         if got.size == 0:
             continue
         err = np.abs(got - expected)  # like the gradient
-        err = np.where(np.isnan(err), np.inf, err)
-        excess = err - (atol + rtol * np.abs(expected))
-        flat = int(np.argmax(excess))
-        if excess.flat[flat] > worst[0]:
-            worst = (float(excess.flat[flat]), (name,) + _idx(flat, err.shape), float(err.flat[flat]))
-    excess, where, err = worst
+        bound = np.broadcast_to(np.asarray(tol, dtype=np.float64) + rtol * np.abs(expected), err.shape)
+        where, excess = worst_offender(err - bound)
+        if excess > worst[0]:
+            e = float(err[where])
+            worst = (excess, (name,) + where, e if e == e else np.inf, float(bound[where]))
+    excess, where, err, tol = worst
     holds = bool(excess <= 0)
     msg = (f"gradient_scaling(c={c:g}): holds (worst |error| {err:.3g} at {where})" if holds else
            f"gradient_scaling(c={c:g}): {where[0]} at {where[1:]} is off from its expected value "
-           f"by {err:.6g} (atol {atol:.3g}, rtol {rtol:.3g}); dQ and dK must scale by c, dV not at all")
-    return Verdict("gradient_scaling", holds, where, err, msg)
+           f"by {err:.6g} (tolerance there {tol:.3g}); dQ and dK must scale by c, dV not at all")
+    return Verdict("gradient_scaling", holds, where, err, msg, tol if where is not None else None)
 
 
 # ---- the seeds' statistical claims -------------------------------------------------

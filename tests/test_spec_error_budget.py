@@ -56,6 +56,7 @@ def test_budget_table_is_the_documented_one():
         assert b.unit_roundoff == 2.0 ** float(parts[1].replace("2^", ""))
         assert b.accumulate_roundoff == 2.0 ** float(parts[4].replace("2^", ""))
         assert (b.factor, b.floor_ulps) == (float(parts[7]), float(parts[8]))
+        assert b.normal_min == 2.0 ** float(parts[9].replace("2^", ""))
 
 
 def test_bfloat16_rounding_is_round_to_nearest_even():
@@ -220,3 +221,86 @@ def test_forward_allowed_restricts_to_judged_rows():
     out[:, :, 2] = np.nan  # whatever a backend does with an empty row
     assert eb.check_forward(out, q, k, v, mask, dtype="float16", rows=rows)
     assert not eb.check_forward(out, q, k, v, mask, dtype="float16")
+
+
+# ---- row budgets -------------------------------------------------------------------------
+
+def _saturated_and_plain(dtype, seed=11):
+    """Row 0 of every head saturated (scores ~ 60), the other rows ordinary (scores ~ 1)."""
+    q, k, v = (eb.round_to(x, dtype).astype(np.float64) for x in _problem(seed, Lq=8, Lk=24))
+    q[..., 0, :] *= 16.0  # exact: a power of two
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_saturated_row_does_not_loosen_the_others(dtype):
+    """Each row's allowance comes from its own scores: a tensor-wide allowance (the largest row's,
+    as the old floor) would let a slip in an ordinary row through; the row budget does not."""
+    q, k, v = _saturated_and_plain(dtype)
+    allowed, r, plain = eb.forward_allowed_rows(q, k, v, dtype=dtype)
+    assert allowed.shape == r.shape[:-1] == (2, 3, 8)
+    slip = 2 * allowed[..., 1:].max()  # twice the largest ordinary row's allowance
+    assert slip < allowed[..., 0].max()  # the saturated rows need more: a tensor-wide budget accepts it
+    bumped = eb.plain_forward(q, k, v, dtype=dtype).astype(np.float64)
+    bumped[1, 2, 5, :] += slip
+    verdict = eb.check_forward(bumped, q, k, v, dtype=dtype)
+    assert not verdict and verdict.where[:3] == (1, 2, 5), verdict.message
+    assert "row (1, 2, 5)" in verdict.message and verdict.used > 1 and verdict.limit == pytest.approx(allowed[1, 2, 5])
+
+
+def test_verdict_names_the_row_and_the_margin():
+    q, k, v = _problem(12, Lq=6, Lk=9)
+    allowed, r, _ = eb.forward_allowed_rows(q, k, v, dtype="float32")
+    out = r.copy()
+    out[0, 1, 4, 2] += 3 * allowed[0, 1, 4]
+    verdict = eb.check_forward(out, q, k, v, dtype="float32")
+    assert not verdict and verdict.where == (0, 1, 4, 2)
+    assert verdict.used == pytest.approx(3.0) and verdict.amount == pytest.approx(3 * allowed[0, 1, 4])
+    assert "row (0, 1, 4)" in verdict.message and "by" in verdict.message
+    ok = eb.check_forward(r, q, k, v, dtype="float32")
+    assert ok and ok.used == 0.0  # the reference itself uses nothing
+
+
+def test_rows_restrict_but_where_stays_a_full_index():
+    q, k, v = _problem(13, Lq=6, Lk=6)
+    mask = np.ones((6, 6), dtype=bool)
+    mask[3] = False  # row 3 sees nothing: not judged
+    rows = np.broadcast_to(mask.any(axis=-1), (2, 3, 6))  # (B, H, Lq)
+    out = eb.plain_forward(q, k, v, mask, dtype="float16").astype(np.float64)
+    out[1, 0, 4, 1] += 0.5  # a judged row, wrong
+    verdict = eb.check_forward(out, q, k, v, mask, dtype="float16", rows=rows)
+    assert not verdict and verdict.where == (1, 0, 4, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradient_and_lse_budgets_are_per_row(dtype):
+    q, k, v = _problem(14, Lq=5, Lk=7)
+    g = np.random.default_rng(14).normal(size=(2, 3, 5, 8))  # (B, H, Lq, Ev)
+    bias = np.random.default_rng(15).normal(size=(1, 3, 5, 7))  # (1, H, Lq, Lk)
+    budgets = eb.backward_allowed_rows(q, k, v, g, dtype=dtype, bias=bias)
+    shapes = [a.shape for a, _, _ in budgets]
+    assert shapes == [(2, 3, 5), (2, 3, 7), (2, 3, 7), (1, 3, 5)]  # dq, dk, dv per row; dbias per bias row
+    assert all((a > 0).all() for a, _, _ in budgets)
+    grads = eb.plain_backward(q, k, v, g, dtype=dtype, bias=bias)
+    assert all(eb.check_backward(grads, q, k, v, g, dtype=dtype, bias=bias))
+    allowed, lse, _ = eb.lse_allowed_rows(q, k, v, dtype=dtype, is_causal=True)
+    assert allowed.shape == lse.shape == (2, 3, 5) and (allowed > 0).all()
+    assert eb.check_lse(eb.plain_lse(q, k, v, dtype=dtype, is_causal=True), q, k, v, dtype=dtype, is_causal=True)
+    sums_allowed, sums = eb.row_sum_allowed_rows(q, k, v, dtype=dtype)
+    assert sums_allowed.shape == sums.shape == (2, 3, 5) and (np.abs(sums - 1) <= sums_allowed).all()
+
+
+def test_flash_rule_is_selectable_and_allows_nothing_in_float64(monkeypatch):
+    q, k, v = _problem(16, Lq=4, Lk=5)
+    r = ref.attention(q, k, v)
+    monkeypatch.setenv(eb.RULE_ENV, "flash")
+    allowed, _, plain = eb.forward_allowed_rows(q, k, v, dtype="float64")
+    assert (allowed == 0).all()  # float64's plain computation is the reference: 2 x 0
+    assert not eb.check_forward(r + 1e-15, q, k, v, dtype="float64")
+    allowed16, r16, plain16 = eb.forward_allowed_rows(q, k, v, dtype="float16")
+    assert (allowed16 == 2 * np.abs(plain16 - r16).max()).all()  # one number for the tensor
+    monkeypatch.setenv(eb.RULE_ENV, "strict")
+    with pytest.raises(ValueError, match=eb.RULE_ENV):
+        eb.forward_allowed_rows(q, k, v, dtype="float16")
+    monkeypatch.delenv(eb.RULE_ENV)
+    assert eb.check_forward(r + 1e-15, q, k, v, dtype="float64")  # ours: rounding dust is fine

@@ -1,0 +1,138 @@
+"""What one rounding per step can move, row by row: the terms of `specs.error_budget`'s floor.
+
+Every function returns a non-negative array in units of one relative rounding: the floor
+multiplies it by sigma = u + sqrt(n) u_acc (specs/error_budget.py derives each term).
+
+Per pair (i, j) of a row, with reference weights w and final scores s:
+
+    T_ij  = scale |q_i|.|k_j| (at most the softcap) + |bias_ij| + |alibi_ij|   the score's size
+    g_ij  = max_l s_il - s_ij                                                   its gap to the row max
+    Th_ij = T_ij + g_ij   a kernel's score error is at most sigma * Th_ij: it rounds the score
+                          (or q*scale, or the capped, biased score) and s - max before exp
+
+A score error e_j moves the softmax to w_j (1 + e_j - sum_l w_l e_l), so the output moves by
+sum_j w_j e_j (v_j - y): that is why the terms below carry |v_j - y| (and |dA_j - rowsum|),
+which vanish on saturated rows, instead of |v_j|.  ``tau`` is the format's smallest normal
+number: a rounded weight or dS entry errs by u (|x| + tau), since below tau the format spaces
+its numbers evenly (subnormals): with it, a row of tiny weights gets its absolute floor.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .problem import Problem, alibi_bias, visible
+from .reference import expand_kv, run_forward, sum_groups, sum_to
+
+_CHUNK = 1 << 21  # elements of the (rows, Lk, Ev) temporaries: ~16 MB each
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def score_terms(p: Problem) -> np.ndarray:
+    """T (..., Lq, Lk): scale |q|.|k| (capped) + |bias| + |ALiBi| on visible pairs, 0 elsewhere."""
+    q = np.abs(_f64(p.query))  # (..., Hq, Lq, E)
+    k = expand_kv(np.abs(_f64(p.key)), p.group)  # (..., Hq, Lk, E)
+    vis = visible(p)  # (..., Lq, Lk)
+    terms = np.broadcast_to((q @ np.swapaxes(k, -1, -2)) * p.scale, vis.shape)  # (..., Lq, Lk)
+    if p.softcap is not None:
+        terms = np.minimum(terms, p.softcap)  # a capped score is at most the cap
+    if p.bias is not None:
+        b = np.abs(_f64(p.bias))
+        terms = terms + np.where(np.isinf(b), 0.0, b)
+    if p.alibi_slopes is not None:
+        terms = terms + np.abs(alibi_bias(p.alibi_slopes, p.Lq, p.Lk, p.causal_alignment))
+    return np.where(vis, terms, 0.0)
+
+
+def pair_terms(p: Problem, f=None) -> tuple:
+    """(f, Th) with f = run_forward(p) and Th (..., Lq, Lk) = T + gap on visible pairs, 0 elsewhere."""
+    f = run_forward(p) if f is None else f
+    s = np.where(f.visible, f.scores, -np.inf)  # (..., Lq, Lk)
+    top = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
+    with np.errstate(invalid="ignore"):
+        gap = np.where(f.visible, top - s, 0.0)  # (..., Lq, Lk)
+    return f, score_terms(p) + gap
+
+
+def _lse(f, lse_share: float) -> np.ndarray:
+    """(..., Lq, 1) lse_share * |lse|, 0 on empty rows: a kernel that writes w = exp(s - lse)
+    scales a row's weights by its lse's rounding, lse_share |lse| sigma, with no renormalising."""
+    return lse_share * np.where(np.isfinite(f.lse), np.abs(f.lse), 0.0)[..., None]
+
+
+def forward_terms(p: Problem, f=None, tau: float = 0.0, lse_share: float = 0.0) -> np.ndarray:
+    """(..., Lq, Ev): ((w + tau) |V|)_ic + sum_j w_ij Th_ij |v_jc - y_ic| + lse_share |lse_i| |y_ic|.
+
+    The first term: each weight and the output are rounded (relative errors, not renormalised;
+    tau on visible pairs); the second: the score errors, renormalised by the softmax; the third:
+    the log-sum-exp's rounding, for kernels that divide by exp(lse) instead of the row sum.
+    """
+    f, th = pair_terms(p, f)
+    av = np.abs(f.v)  # (..., Lk, Ev) expanded to query heads
+    out = np.array((f.weights + tau * f.visible) @ av)  # (..., Lq, Ev)
+    wt = f.weights * th  # (..., Lq, Lk)
+    shape = np.broadcast_shapes(wt.shape[:-2], f.v.shape[:-2], f.output.shape[:-2])
+    wt = np.broadcast_to(wt, shape + wt.shape[-2:])
+    v = np.broadcast_to(f.v, shape + f.v.shape[-2:])  # (..., Lk, Ev)
+    y = np.broadcast_to(f.output, shape + f.output.shape[-2:])  # (..., Lq, Ev)
+    out = (np.broadcast_to(out, y.shape) + _lse(f, lse_share) * np.abs(y)).copy()
+    rows = max(1, _CHUNK // max(1, int(np.prod(shape, dtype=np.int64)) * p.Lk * p.Ev))
+    for r in range(0, p.Lq, rows):
+        spread = np.abs(v[..., None, :, :] - y[..., r:r + rows, None, :])  # (..., R, Lk, Ev)
+        out[..., r:r + rows, :] += (wt[..., r:r + rows, :, None] * spread).sum(axis=-2)  # (..., R, Ev)
+    return out
+
+
+def lse_terms(p: Problem, f=None) -> tuple:
+    """(1 + sum_j w_ij Th_ij (..., Lq), |lse| (..., Lq) with 0 on empty rows).
+
+    A score error e_j moves the log-sum-exp by sum_j w_j e_j; the row sum's relative error
+    moves it by that error (the 1); its own rounding by u |lse|.
+    """
+    f, th = pair_terms(p, f)
+    size = np.where(np.isfinite(f.lse), np.abs(f.lse), 0.0)  # (..., Lq)
+    return 1.0 + (f.weights * th).sum(axis=-1), size
+
+
+def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: float = 0.0) -> tuple:
+    """(dq, dk, dv[, dbias]) terms, each shaped like its gradient.
+
+    dA = dY V^T, r = rowsum(dA w), dS = w (dA - r).  dS_ij's error, in units of sigma:
+      (w_ij + tau) (|dY_i|.|V_j| + sum_l w_il |dY_i|.|V_l|) + tau   its terms and itself, rounded
+      + w_ij (Th_ij + Thbar_i) |dA_ij - r_i|         the score errors, renormalised
+      + w_ij sum_l w_il (Th_il + Thbar_i) |dA_il|    the same errors moving r
+      + lse_share |lse_i| |dS_ij|                    P recomputed as exp(S - lse) (flash)
+    Under a softcap dS_raw = dS (1 - t^2), t = tanh(raw / cap): the terms times 1 - t^2, plus
+    |dS| (2 + 2 |t| (1 - t^2) R / cap), R = scale |q|.|k|: 1 - t^2 cancels (its absolute
+    error is ~2u) and moves with the raw score's error.  dQ = scale dS K and dK = scale dS^T Q
+    carry it with |K|, |Q|; dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
+    """
+    f, th = pair_terms(p, f)
+    w = f.weights  # (..., Lq, Lk)
+    dy = _f64(grad_out)  # (..., Lq, Ev)
+    ady = np.abs(dy)
+    thbar = (w * th).sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+    rel = th + thbar  # (..., Lq, Lk) relative error of each weight, renormalised
+    terms_da = ady @ np.swapaxes(np.abs(f.v), -1, -2)  # (..., Lq, Lk) |dY_i|.|V_j|
+    da = dy @ np.swapaxes(f.v, -1, -2)  # (..., Lq, Lk)
+    r = (da * w).sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+    moved_r = (w * rel * np.abs(da)).sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+    own = (w + tau * f.visible) * (terms_da + (w * terms_da).sum(axis=-1, keepdims=True)) + tau * f.visible
+    exact = np.abs(w * (da - r))  # (..., Lq, Lk) |dS|
+    lse = _lse(f, lse_share)  # (..., Lq, 1)
+    ds = own + w * (rel * np.abs(da - r) + moved_r) + lse * exact  # (..., Lq, Lk)
+    dbias = ds  # (..., Lq, Lk) the gradient of the final scores
+    if p.softcap is not None:
+        t = np.abs(np.tanh(f.raw / p.softcap))  # (..., Lq, Lk)
+        raw = (np.abs(f.q) @ np.swapaxes(np.abs(f.k), -1, -2)) * (p.scale / p.softcap)  # (..., Hq, Lq, Lk) R / cap
+        ds = ds * (1.0 - t * t) + exact * (2.0 + 2.0 * t * (1.0 - t * t) * raw)
+    dq = (ds @ np.abs(f.k)) * p.scale  # (..., Hq, Lq, E)
+    dk = (np.swapaxes(ds, -1, -2) @ np.abs(f.q)) * p.scale  # (..., Hq, Lk, E)
+    dv = np.swapaxes(w * (1.0 + rel + lse) + tau * f.visible, -1, -2) @ ady  # (..., Hq, Lk, Ev)
+    out = [sum_to(dq, np.shape(p.query)), sum_to(sum_groups(dk, p.group), np.shape(p.key)),
+           sum_to(sum_groups(dv, p.group), np.shape(p.value))]
+    if p.bias is not None:
+        out.append(sum_to(dbias, np.shape(p.bias)))
+    return tuple(out)
