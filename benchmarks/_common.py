@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from . import _threads  # noqa: I001 - first: thread variables before NumPy loads
-from ._grid import BATCH, HEADS, FIRST_CALL_BUDGET_SECONDS, MAX_CALL_SECONDS  # noqa: F401 - re-exported
+from ._grid import BACKEND_BUDGET_SECONDS, BATCH, HEADS, MAX_CALL_SECONDS  # noqa: F401 - re-exported
 
 import numpy as np  # noqa: E402
 
@@ -210,10 +210,11 @@ def prepared(name: str, w: Workload, op: str, dtype: str, time_warm_call: bool =
         call_seconds = _first_call(run)  # compilation, lazy allocation, first touch: never timed
     except Unsupported as e:  # includes BackendUnavailable; raised by prepare or the first call
         skip(f"{name} {op} {dtype}: {e}")
-    if FIRST_CALL_BUDGET_SECONDS:
-        _spend_first_call(name, call_seconds)
+    spent = call_seconds
     if time_warm_call and call_seconds < 1.0:  # the first call may hold one-off init: time a warm one
         call_seconds = _first_call(run)
+        spent += call_seconds
+    spend(name, spent)
     _CACHE[key] = Prepared(backend, (q, k, v, grad_out), run, call_seconds, w)
     return _CACHE[key]
 
@@ -244,17 +245,19 @@ def _spent(name: str) -> float:
 
 
 def _over_budget(name: str) -> str | None:
-    """Why this run leaves `name` out: its first calls used up the grid's budget."""
-    spent = _spent(name) if FIRST_CALL_BUDGET_SECONDS else 0.0
-    if spent <= (FIRST_CALL_BUDGET_SECONDS or float("inf")):
+    """Why this run leaves `name` out: its calls used up the grid's budget (BACKEND_BUDGET_SECONDS)."""
+    spent = _spent(name) if BACKEND_BUDGET_SECONDS else 0.0
+    if spent <= (BACKEND_BUDGET_SECONDS or float("inf")):
         return None
-    return (f"its first calls (compilation, lazy initialisation) took {spent:.0f} s so far in this run, over the "
-            f"grid's {FIRST_CALL_BUDGET_SECONDS:g} s per backend: left out of the rest of this run "
-            "(ATTNSPEC_BENCH_GRID=full measures it)")
+    return (f"its calls took {spent:.0f} s so far in this run (first calls: compilation, lazy initialisation; "
+            f"and timing), over the grid's {BACKEND_BUDGET_SECONDS:g} s per backend: left out of the rest of this "
+            "run (ATTNSPEC_BENCH_GRID=full measures it)")
 
 
-def _spend_first_call(name: str, seconds: float) -> None:
-    """Add a first call's seconds to the backend's account for this run (asv runs one at a time)."""
+def spend(name: str, seconds: float) -> None:
+    """Add seconds of calls to the backend's account for this run (asv runs one at a time)."""
+    if not BACKEND_BUDGET_SECONDS:
+        return
     os.makedirs(_run_folder(), exist_ok=True)
     with open(_marker(name), "w") as f:
         f.write(repr(_spent(name) + seconds))

@@ -21,7 +21,7 @@ class TimeDecode(bench_attention.Timed):
     param_names = ["backend", "batch", "heads", "kv_heads", "Lq", "Lk", "E", "dtype", "clock"]
 
     def setup(self, backend, batch, heads, kv_heads, Lq, Lk, E, dtype, clock):
-        why = _grid.left_out("decode", Lq=Lq, hkv=kv_heads, dtype=dtype)
+        why = _grid.left_out("decode", Lq=Lq, hkv=kv_heads, dtype=dtype, Lk=Lk)
         if why:
             _common.skip(why)
         if heads % kv_heads:

@@ -1,8 +1,7 @@
 """The T sweep's extra memory: bytes one call needs beyond its inputs (benchmarks/_memory.py).
 
 Its own module so asv (which goes by name) runs it after the time benchmarks: a backend that
-compiles slowly spends the grid's first-call budget on timed combinations first
-(see _grid.FIRST_CALL_BUDGET_SECONDS).
+is slow spends the grid's budget (_grid.BACKEND_BUDGET_SECONDS) on timed combinations first.
 """
 from __future__ import annotations
 
