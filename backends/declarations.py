@@ -1,0 +1,99 @@
+"""What a backend declares (capabilities, semantics) and what its native call receives (Call).
+
+Plain data, no framework: `backends.base.Backend` reads them, the suite judges by them, and
+`attnspec backends` lists them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specs.problem import FEATURES
+
+FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
+# Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.
+LAYOUTS = ("contiguous", "transposed", "offset", "permuted", "expanded")
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+OPS = ("forward", "forward_backward")
+
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    dtypes: tuple = ("float64", "float32")
+    device: str = "cpu"
+    gradients: bool = False
+    masks: bool = True
+    causal: bool = True
+    equal_head_dims: bool = False  # needs Ev == E (value's last dim equal to query's): flash kernels
+    features: frozenset = frozenset()  # optional features supported natively: specs.problem.FEATURES
+    bias_gradient: bool = False    # the backward returns dBias too (with gradients and "bias")
+    mask_with_causal: bool = True  # takes a mask together with is_causal (PyTorch's SDPA does not)
+    layouts: tuple = ("contiguous",)  # memory layouts `relayout` can produce (LAYOUTS)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.features) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"Capabilities.features: unknown {unknown}; known: {', '.join(FEATURES)}")
+        object.__setattr__(self, "features", frozenset(self.features))
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """Declared behaviour where the spec leaves a choice; None = not declared."""
+
+    fully_masked: str | None = None      # one of FULLY_MASKED_CHOICES
+    causal_alignment: str | None = None  # what a plain is_causal does when Lq != Lk: CAUSAL_ALIGNMENTS
+    notes: tuple = field(default_factory=tuple)  # free text: e.g. "softmax runs in float32"
+    # The narrowest float type a step runs in when it caps accuracy below the input's
+    # (jax.nn.dot_product_attention's softmax is float32 even for float64 input): judge
+    # results of wider dtypes against this dtype's budget.  None = the input dtype.
+    effective_precision: str | None = None
+    padded_rows: str | None = None       # what a query row past q_lengths outputs: FULLY_MASKED_CHOICES
+    # Results that come back in another dtype by policy, as (input dtype, output dtype) pairs,
+    # e.g. (("float64", "float32"),) for a library that computes float64 input in float32.
+    output_dtypes: tuple = ()
+
+
+@dataclass(frozen=True)
+class Call:
+    """What `native_attention` receives besides q, k, v: the problem's fields, native where arrays."""
+
+    mask: object = None            # bool (..., Lq, Lk), True = takes part
+    is_causal: bool = False
+    scale: float | None = None     # None: the backend's default (1/sqrt(E))
+    bias: object = None            # float (..., Hq, Lq, Lk) in the input dtype, added to the scaled scores
+    enable_gqa: bool = False
+    causal_alignment: str = "top_left"
+    window: tuple | None = None    # (left, right), inclusive, None = unbounded; in causal_alignment
+    softcap: float | None = None
+    q_lengths: object = None       # int32 (...,) per batch element
+    kv_lengths: object = None
+    q_segment_ids: object = None   # int32 (..., Lq)
+    kv_segment_ids: object = None  # int32 (..., Lk)
+    alibi_slopes: object = None    # float32 (Hq,)
+    return_lse: bool = False       # then return (output, lse (..., Hq, Lq), natural log)
+    dtype: str = "float64"         # the dtype q, k, v were cast to
+
+
+_ARRAY_FIELDS = {"bias": None, "q_lengths": "int32", "kv_lengths": "int32", "q_segment_ids": "int32",
+                 "kv_segment_ids": "int32", "alibi_slopes": "float32"}
+
+
+def numpy_layout(x: np.ndarray, layout: str) -> np.ndarray:
+    """A NumPy view of x's values in `layout` (see Backend.relayout)."""
+    if layout == "transposed":
+        return np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -1, -2)), -1, -2)
+    if layout == "offset":
+        buf = np.empty(x.size + 7, dtype=x.dtype)
+        view = buf[7:].reshape(x.shape)
+        view[...] = x
+        return view
+    if layout == "permuted":
+        return np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -3, -2)), -3, -2) if x.ndim >= 3 else x
+    if layout == "expanded":
+        if x.ndim < 3 or not (x == x[:1]).all():
+            raise ValueError("an expanded layout needs equal batch slices")
+        return np.broadcast_to(x[:1], x.shape)
+    raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
