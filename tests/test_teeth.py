@@ -1,15 +1,17 @@
 """Proof of teeth: the conformance suite rejects every broken implementation in tests/broken/
 and accepts every correct-but-different one.
 
-Two layers:
+Two layers, each per dtype (every implementation declares the dtypes it runs in; each bug family
+is proven in float16, bfloat16, float32 and float64 by one member or another):
 - witnesses (fast, no Hypothesis): each broken implementation really differs from the float64
-  reference beyond the error budget on a hand-made problem, and each correct one agrees with it
-  on all of them.  A teeth test against a bug that never shows would be vacuous.
+  reference beyond the error budget on a hand-made problem, in every dtype it declares, and each
+  correct one agrees with it on all of them.  A teeth test against a bug that never shows would
+  be vacuous.
 - the suite: ONE `pytest properties` subprocess with every implementation selected by repeated
   ``--backend``, the results read back from ``--attnspec-json``; each broken one must fail at
-  least one property of its expected family, each correct one none.  The summary (property that
-  caught each, its shrunk counterexample) is printed (-s) and written to
-  ``$ATTNSPEC_TEETH_DIR`` or the test's tmp dir as teeth.json / teeth.md.
+  least one property of its expected family in *each* dtype it declares, each correct one none
+  in any.  The summary (property that caught each, per dtype, its shrunk counterexample) is
+  printed (-s) and written to ``$ATTNSPEC_TEETH_DIR`` or the test's tmp dir as teeth.json / teeth.md.
 """
 from __future__ import annotations
 
@@ -29,39 +31,64 @@ if str(ROOT) not in sys.path:  # the implementations are named tests.broken.*: i
 from backends.base import Unsupported  # noqa: E402
 from backends.registry import resolve  # noqa: E402
 from specs import error_budget, reference  # noqa: E402
-from tests.broken import BROKEN, CORRECT  # noqa: E402
+from tests.broken import BROKEN, CORRECT, FAMILIES  # noqa: E402
 from tests.broken import witnesses as W  # noqa: E402
 from tests import teeth_report as teeth  # noqa: E402
 
 
-def _verdicts(backend, p) -> list:
-    """Error-budget verdicts (specs.error_budget) of one backend on one witness problem."""
-    q, k, v, mask, causal, scale, dtype = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "dtype"))
-    if p["op"] == "forward":
-        out = backend.forward(q, k, v, mask=mask, is_causal=causal, scale=scale, dtype=dtype)
+def _in_dtype(p: dict, dtype: str) -> dict:
+    """The witness with its float inputs rounded to dtype's values (held in float64): the kernel's
+    cast then loses nothing, and reference and kernel see the very same numbers."""
+    def r(x):
+        return x if x is None else np.asarray(error_budget.round_to(x, dtype), dtype=np.float64)
+    fields = {n: (r(x) if n == "bias" else x) for n, x in p.get("fields", {}).items()}
+    return {**p, "q": r(p["q"]), "k": r(p["k"]), "v": r(p["v"]), "grad_out": r(p.get("grad_out")),
+            "fields": fields, "dtype": dtype}
+
+
+def _verdicts(backend, p, dtype: str) -> list:
+    """Error-budget verdicts (specs.error_budget) of one backend on one witness problem in one dtype."""
+    p = _in_dtype(p, dtype)
+    q, k, v, mask, causal, scale, fields = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "fields"))
+    if p["op"] in ("forward", "lse"):
+        out, lse = backend.forward(q, k, v, mask=mask, is_causal=causal, scale=scale, dtype=dtype, return_lse=True,
+                                   **fields) if p["op"] == "lse" else (
+            backend.forward(q, k, v, mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields), None)
+        empty = reference.forward(q, k, v, mask, causal, scale, **fields).empty_rows  # (..., Lq)
         if backend.semantics.fully_masked == "nan":  # its declared choice: judge real rows only
-            empty = reference.forward(q, k, v, mask, causal, scale).empty_rows  # (..., Lq)
             assert np.isnan(out[np.broadcast_to(empty, out.shape[:-1])]).all()
             out = np.where(empty[..., None], 0.0, out)  # (..., Lq, Ev)
-        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype)]
-    grads = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype)
-    return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype)
+        if lse is not None:
+            return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, rows=~empty, **fields)]
+        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
+    grads = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
+    return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields)
 
 
-@pytest.mark.parametrize("entry", BROKEN, ids=lambda e: e.label)
-def test_witness_shows_the_bug(entry):
-    failed = [v for v in _verdicts(resolve(entry.spec), entry.witness()) if not v]
-    assert failed, f"{entry.label} agrees with the reference on its witness {entry.witness.__name__}: no bug to find"
-    print(f"\n{entry.label} on {entry.witness.__name__}: {failed[0].message}")
+_BROKEN_CELLS = [(e, d) for e in BROKEN for d in teeth.dtypes(e)]
+_CORRECT_CELLS = [(e, d) for e in CORRECT for d in teeth.dtypes(e)]
+
+
+def _cell_id(cell) -> str:
+    return f"{cell[0].label}-{cell[1]}"
+
+
+@pytest.mark.parametrize("cell", _BROKEN_CELLS, ids=_cell_id)
+def test_witness_shows_the_bug(cell):
+    entry, dtype = cell
+    failed = [v for v in _verdicts(resolve(entry.spec), entry.witness(), dtype) if not v]
+    assert failed, (f"{entry.label} agrees with the reference on its witness {entry.witness.__name__} in {dtype}: "
+                    "no bug to find")
+    print(f"\n{entry.label} on {entry.witness.__name__} in {dtype}: {failed[0].message}")
 
 
 @pytest.mark.parametrize("entry", CORRECT, ids=lambda e: e.label)
 def test_correct_agrees_on_every_witness(entry):
     backend, judged = resolve(entry.spec), 0
     for make in W.ALL:
-        for dtype in backend.capabilities.dtypes:
+        for dtype in teeth.dtypes(entry):
             try:
-                verdicts = _verdicts(backend, {**make(), "dtype": dtype})
+                verdicts = _verdicts(backend, make(), dtype)
             except Unsupported:
                 continue
             judged += 1
@@ -70,8 +97,35 @@ def test_correct_agrees_on_every_witness(entry):
 
 
 def test_catalogue_is_big_enough():
-    assert len(BROKEN) >= 14 and len(CORRECT) >= 4
+    assert len(BROKEN) >= 34 and len(CORRECT) >= 8
     assert len({e.label for e in BROKEN + CORRECT}) == len(BROKEN) + len(CORRECT)
+
+
+def test_every_family_is_proven_in_every_dtype():
+    """Each bug family has members declaring float16, bfloat16, float32 and float64 between them."""
+    from specs.problem import FLOAT_DTYPE_NAMES
+    assert teeth.DTYPES == FLOAT_DTYPE_NAMES
+    assert {e.family for e in BROKEN} == set(FAMILIES)
+    for family in FAMILIES:
+        covered = {d for e in BROKEN if e.family == family for d in teeth.dtypes(e)}
+        assert covered == set(FLOAT_DTYPE_NAMES), f"family {family!r} is proven in {sorted(covered)} only"
+    missing = [d for d in FLOAT_DTYPE_NAMES if not any(d in teeth.dtypes(e) for e in CORRECT)]
+    assert not missing, f"no correct implementation runs in {missing}: false alarms there would go unseen"
+
+
+def test_witness_alibi_slopes_are_the_standard_ones():
+    """tests/broken never reads specs, so the witness writes the 6-head slopes out: they must be the spec's."""
+    from specs.problem import alibi_slopes
+    np.testing.assert_array_equal(W.ALIBI_SLOPES_6, alibi_slopes(6))
+
+
+def test_bfloat16_storage_rounds_like_the_spec():
+    """The teeth kernels' own bfloat16 rounding (no specs import there) equals specs' on hard cases."""
+    from tests.broken._kernels import round_bfloat16
+    x = np.array([1.0, 1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-9, -3.14159, 65504.0, 1e-40, np.inf, -np.inf,
+                  3.4e38, 0.0, -0.0])
+    np.testing.assert_array_equal(round_bfloat16(x), error_budget.round_to(x, "bfloat16"))
+    assert np.isnan(round_bfloat16(np.array([np.nan]))).all()
 
 
 # ---- the suite on every implementation ---------------------------------------------------
@@ -96,34 +150,40 @@ def suite(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("entry", BROKEN, ids=lambda e: e.label)
-def test_suite_rejects_broken(suite, entry):
+@pytest.mark.parametrize("cell", _BROKEN_CELLS, ids=_cell_id)
+def test_suite_rejects_broken(suite, cell):
+    """Rejected in this dtype (each declared dtype on its own), by a property of its family."""
+    entry, dtype = cell
     conf, sem = teeth.rows(suite, entry)
     assert conf or sem, f"the suite reported nothing for {entry.spec}"
-    fails = teeth.failures(suite, entry)
-    assert fails, f"{entry.label} ({entry.origin}) passed the whole suite: the suite has no teeth for it"
+    fails = teeth.failures(suite, entry, dtype=dtype)
+    assert fails, (f"{entry.label} ({entry.origin}) passed the whole suite in {dtype}: "
+                   "the suite has no teeth for it there")
     prop, cex, msg = fails[0]
-    print(f"\n{entry.label} ({entry.origin}): caught by {prop} (of {len(fails)} failures)\n"
+    print(f"\n{entry.label} ({entry.origin}) in {dtype}: caught by {prop} (of {len(fails)} failures)\n"
           f"  {teeth.verdict_of(msg)}\n  minimal counterexample: {teeth.problem_of(msg)}")
     if cex:
         print("  reproduce:\n" + "\n".join("    " + line for line in str(cex).splitlines()))
-    assert teeth.expected(entry, prop), (f"{entry.label} was rejected, but not by its expected family "
+    assert teeth.expected(entry, prop), (f"{entry.label} was rejected in {dtype}, but not by its expected family "
                                          f"{entry.catches}: {[f[0] for f in fails]}")
 
 
-@pytest.mark.parametrize("entry", CORRECT, ids=lambda e: e.label)
-def test_suite_accepts_correct(suite, entry):
+@pytest.mark.parametrize("cell", _CORRECT_CELLS, ids=_cell_id)
+def test_suite_accepts_correct(suite, cell):
+    entry, dtype = cell
     conf, _ = teeth.rows(suite, entry)
-    assert any(r["status"] == "passed" for r in conf), f"the suite passed no property on {entry.spec}: all skipped?"
-    fails = teeth.failures(suite, entry, teeth.ALARMS)
+    assert any(r["status"] == "passed" and r.get("dtype") == dtype for r in conf), \
+        f"the suite passed no property on {entry.spec} in {dtype}: all skipped?"
+    fails = teeth.failures(suite, entry, teeth.ALARMS, dtype=dtype)
     alarms = "\n".join(f"  {prop}: {teeth.verdict_of(msg)} on {teeth.problem_of(msg)}" for prop, _, msg in fails)
-    assert not fails, f"false alarm on correct {entry.label} ({entry.origin}):\n{alarms}"
+    assert not fails, f"false alarm on correct {entry.label} ({entry.origin}) in {dtype}:\n{alarms}"
 
 
 def test_teeth_summary(suite):
-    """The table: 100 % of the broken rejected, 0 false alarms; written next to the suite's JSON."""
+    """The table: every broken implementation rejected in every dtype it declares, 0 false alarms;
+    written next to the suite's JSON."""
     summary = teeth.summarize(suite)
     teeth.write(summary, Path(suite["_dir"]))
     print("\n" + teeth.markdown(summary) + f"\n(written to {suite['_dir']}/teeth.md and teeth.json)")
-    assert summary["rejected"] == f"{len(BROKEN)}/{len(BROKEN)}", summary["rejected"]
+    assert summary["rejected"] == f"{len(_BROKEN_CELLS)}/{len(_BROKEN_CELLS)}", summary["rejected"]
     assert summary["false_alarms"] == 0

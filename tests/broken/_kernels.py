@@ -3,27 +3,77 @@
 Every broken implementation is the correct computation with *one* realistic slip, so that the
 suite has to find that slip and nothing else.  Nothing here imports `specs`: these play the
 part of third-party kernels, which never see the reference.
+
+Dtypes are storage formats, as in real kernels: float16 and bfloat16 inputs are read, computed
+in float32 and the results written back rounded (a kernel that reads and writes 16-bit and
+accumulates in float32), so that a 16-bit run shows the slip and not a cruder arithmetic.
+NumPy has no bfloat16: its values travel in float32 storage rounded to bfloat16 and results come
+back tagged `Bfloat16`, so the kernel reports the dtype it would have written.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Backend, Capabilities, Semantics
+from backends.base import Backend, Capabilities, Semantics, Unsupported
 
+ALL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 F64_F32 = ("float64", "float32")
 
 
-class NumpyBackend(Backend):
-    """A NumPy kernel: native values are NumPy arrays already cast to the requested dtype.
+class Bfloat16(np.ndarray):
+    """float32 storage holding bfloat16 values: what a bf16 kernel hands back."""
 
-    float64 only by default: the bugs do not depend on the dtype, and each declared dtype is
-    one more full pass of the suite (the teeth test must stay fast on 2 cores)."""
+
+def round_bfloat16(x) -> np.ndarray:
+    """Nearest bfloat16, ties to even, on the float32 bit pattern (held in float32); NaN stays NaN."""
+    f = np.asarray(x, dtype=np.float32)
+    bits = f.view(np.uint32)  # like x
+    kept = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)  # like x
+    return np.where(np.isnan(f), f, kept.view(np.float32))
+
+
+def store(y, dtype: str) -> np.ndarray:
+    """A float32/float64 result written in the call's dtype."""
+    if dtype == "bfloat16":
+        return round_bfloat16(y).view(Bfloat16)
+    return np.asarray(y).astype(dtype, copy=False)
+
+
+def widened(*xs) -> list:
+    """16-bit storage (float16, or float32 holding bfloat16) computed in float32; others as they are."""
+    return [None if x is None else (x.astype(np.float32) if x.dtype == np.float16 else x) for x in xs]
+
+
+def numpy_caps(*dtypes: str, gradients: bool = False) -> Capabilities:
+    """A NumPy kernel's declaration: the dtypes it runs in (each one more pass of the suite)."""
+    return Capabilities(dtypes=dtypes, device="cpu", gradients=gradients)
+
+
+class NumpyBackend(Backend):
+    """A NumPy kernel over the classic hooks: native values are NumPy arrays in the requested dtype.
+
+    float64 only by default: each declared dtype is one more full pass of the suite (the teeth
+    test must stay affordable on 2 cores); tests/broken/__init__.py says which run in which."""
 
     capabilities = Capabilities(dtypes=("float64",), device="cpu", gradients=False)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left")
 
+    def to_native(self, x, dtype):
+        if dtype == "bfloat16":
+            return round_bfloat16(x)  # (like x) float32 storage, bfloat16 values
+        return x if dtype is None else x.astype(dtype)
+
     def native_dtype(self, y) -> str:
-        return str(np.asarray(y).dtype)
+        return "bfloat16" if isinstance(y, Bfloat16) else str(np.asarray(y).dtype)
+
+    def native_attention(self, q, k, v, call):
+        return store(self.native_forward(*widened(q, k, v), call.mask, call.is_causal, call.scale), call.dtype)
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        if type(self).native_backward is Backend.native_backward:
+            raise Unsupported(f"{self.name} computes no gradients")
+        grads = self.native_backward(*widened(q, k, v, grad_out), call.mask, call.is_causal, call.scale)
+        return tuple(store(g, call.dtype) for g in grads)
 
 
 def resolve_scale(q: np.ndarray, scale) -> np.floating:
@@ -53,7 +103,7 @@ def scores(q: np.ndarray, k: np.ndarray, scale) -> np.ndarray:
 def masked_softmax(s: np.ndarray, vis: np.ndarray) -> np.ndarray:
     """Row softmax over visible keys, max subtracted; rows with no visible key are zeros."""
     s = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
-    row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
+    row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1) -inf: no key (Lk = 0 too)
     row_max = np.where(np.isfinite(row_max), row_max, 0)  # empty rows: exp(-inf) stays 0
     e = np.exp(s - row_max)  # (..., Lq, Lk)
     total = e.sum(axis=-1, keepdims=True)  # (..., Lq, 1)
@@ -98,7 +148,7 @@ def tiled_attention(q, k, v, vis, scale, block: int, rescale_sum=True, guard_mas
         for start in range(0, Lk, block):
             s = scores(q, k[..., start:start + block, :], scale)  # (..., Lq, b)
             s = np.where(vis[..., start:start + block], s, dt.type(-np.inf))  # (..., Lq, b)
-            new_max = np.maximum(run_max, s.max(axis=-1, keepdims=True))  # (..., Lq, 1)
+            new_max = np.maximum(run_max, s.max(axis=-1, keepdims=True, initial=-np.inf))  # (..., Lq, 1)
             shift = np.where(np.isfinite(new_max), new_max, dt.type(0)) if guard_masked_block else new_max
             p = np.exp(s - shift)  # (..., Lq, b) NaN from -inf - -inf without the guard
             alpha = np.exp(run_max - shift)  # (..., Lq, 1) rescales what was summed so far

@@ -5,14 +5,15 @@ import numpy as np
 
 from backends.base import Capabilities, Semantics
 
-from ._kernels import (F64_F32, NumpyBackend, resolve_scale, sum_to, tiled_attention, visible)
+from ._kernels import ALL_DTYPES, F64_F32, NumpyBackend, resolve_scale, sum_to, tiled_attention, visible
+from ._variants import EVERY_FEATURE, VariantKernel
 
 
 def _einsum_weights(q, k, mask, is_causal, scale):
     s = np.einsum("...qe,...ke->...qk", q, k) * resolve_scale(q, scale)  # (..., Lq, Lk)
     vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
     s = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
-    row_max = np.max(s, axis=-1, keepdims=True)  # (..., Lq, 1)
+    row_max = np.max(s, axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1) Lk = 0 too
     e = np.exp(s - np.where(np.isfinite(row_max), row_max, 0))  # (..., Lq, Lk)
     total = np.einsum("...qk->...q", e)[..., None]  # (..., Lq, 1)
     return e / np.where(total == 0, 1, total)  # (..., Lq, Lk)
@@ -48,7 +49,7 @@ class TiledOnline(NumpyBackend):
     recomputes P = exp(S − lse) and uses D = rowsum(dO ⊙ O), never the stored weights."""
 
     name = "ok-tiled-online-7"
-    capabilities = Capabilities(dtypes=F64_F32, device="cpu", gradients=True)
+    capabilities = Capabilities(dtypes=ALL_DTYPES, device="cpu", gradients=True)
     block = 7
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
@@ -59,7 +60,7 @@ class TiledOnline(NumpyBackend):
         sc = resolve_scale(q, scale)
         vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
         s = np.where(vis, (q @ np.swapaxes(k, -1, -2)) * sc, -np.inf)  # (..., Lq, Lk)
-        row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
+        row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
         row_max = np.where(np.isfinite(row_max), row_max, 0)
         lse = row_max + np.log(np.maximum(np.exp(s - row_max).sum(axis=-1, keepdims=True), np.finfo(q.dtype).tiny))  # (..., Lq, 1)
         p = np.exp(s - lse)  # (..., Lq, Lk) exp(-inf) = 0 on masked keys and empty rows
@@ -83,7 +84,7 @@ class NaNForFullyMasked(NumpyBackend):
         s = (q @ np.swapaxes(k, -1, -2)) * resolve_scale(q, scale)  # (..., Lq, Lk)
         s = np.where(visible(q.shape[-2], k.shape[-2], mask, is_causal), s, -np.inf)  # (..., Lq, Lk)
         with np.errstate(invalid="ignore"):
-            e = np.exp(s - s.max(axis=-1, keepdims=True))  # (..., Lq, Lk) NaN on empty rows only
+            e = np.exp(s - s.max(axis=-1, keepdims=True, initial=-np.inf))  # (..., Lq, Lk) NaN on empty rows only
             return (e / e.sum(axis=-1, keepdims=True)) @ v  # (..., Lq, Ev)
 
 
@@ -91,12 +92,12 @@ class LogSpace(NumpyBackend):
     """Weights as exp(s − lse), lse = m + log Σ exp(s − m): no division; rows sum to 1 only to |lse|·u."""
 
     name = "ok-log-space"
-    capabilities = Capabilities(dtypes=F64_F32, device="cpu", gradients=False)
+    capabilities = Capabilities(dtypes=("bfloat16",) + F64_F32, device="cpu", gradients=False)
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = (q @ np.swapaxes(k, -1, -2)) * resolve_scale(q, scale)  # (..., Lq, Lk)
         s = np.where(visible(q.shape[-2], k.shape[-2], mask, is_causal), s, -np.inf)  # (..., Lq, Lk)
-        row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1) -inf on empty rows
+        row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1) -inf on empty rows
         row_max = np.where(np.isfinite(row_max), row_max, 0)
         with np.errstate(divide="ignore"):  # empty rows: log(0) = -inf, as it should be
             lse = row_max + np.log(np.exp(s - row_max).sum(axis=-1, keepdims=True))  # (..., Lq, 1)
@@ -105,14 +106,37 @@ class LogSpace(NumpyBackend):
 
 
 class Float32Internal(NumpyBackend):
-    """float16 in, float16 out, everything in between in float32 (what real kernels do)."""
+    """16-bit in, 16-bit out, a 32-key online softmax in float32 in between (what real kernels do)."""
 
     name = "ok-float32-internal"
-    capabilities = Capabilities(dtypes=("float16", "float32"), device="cpu", gradients=False)
+    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cpu", gradients=False)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", notes=("softmax runs in float32",))
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
-        q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+        q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))  # (NumpyBackend widened 16-bit already)
         vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
-        out = tiled_attention(q32, k32, v32, vis, resolve_scale(q32, scale), block=32)  # (..., Lq, Ev)
-        return out.astype(q.dtype)
+        return tiled_attention(q32, k32, v32, vis, resolve_scale(q32, scale), block=32)  # (..., Lq, Ev)
+
+
+# ---- the variants: the same problem computed other ways (tests/broken/_variants.py) -----------
+
+_EVERYTHING = Capabilities(dtypes=ALL_DTYPES, device="cpu", gradients=True, features=EVERY_FEATURE,
+                           bias_gradient=True)
+
+
+class GqaRepeatKv(VariantKernel):
+    """Every field; grouped heads by repeating K and V per query head (PyTorch's repeat_interleave);
+    the mask and the window by selection, where(visible, s, -inf)."""
+
+    name = "ok-gqa-repeat-kv"
+    gqa_by, hide_by = "repeat", "select"
+    capabilities = _EVERYTHING
+
+
+class GqaGroupedQueries(VariantKernel):
+    """Every field; grouped heads by grouping the queries, (Hkv, group) against each KV head with no
+    copy of K/V (JAX's reshape); the mask and the window as a 0/-inf additive bias."""
+
+    name = "ok-gqa-grouped-queries"
+    gqa_by, hide_by = "group", "bias"
+    capabilities = _EVERYTHING

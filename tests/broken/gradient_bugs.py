@@ -3,14 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Capabilities
-
-from ._kernels import (NumpyBackend, attention_weights, resolve_scale, softmax_backward,
-                       sum_to)
+from ._kernels import NumpyBackend, attention_weights, numpy_caps, resolve_scale, softmax_backward, sum_to
 
 
 class _RightForward(NumpyBackend):
-    capabilities = Capabilities(dtypes=("float64",), device="cpu", gradients=True)
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         return attention_weights(q, k, mask, is_causal, scale) @ v  # (..., Lq, Ev)
@@ -22,6 +18,7 @@ class DqMissingScale(_RightForward):
     backward) and dQ against the reference both break."""
 
     name = "broken-dq-missing-scale"
+    capabilities = numpy_caps("float16", "float64", gradients=True)
 
     def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
         sc = resolve_scale(q, scale)
@@ -38,6 +35,7 @@ class BackwardRecomputeDropsMask(_RightForward):
     wrong on every masked problem."""
 
     name = "broken-backward-recompute-drops-mask"
+    capabilities = numpy_caps("bfloat16", "float32", gradients=True)
 
     def native_backward(self, q, k, v, grad_out, mask, is_causal, scale):
         sc = resolve_scale(q, scale)

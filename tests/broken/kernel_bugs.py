@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Capabilities, Semantics
+from backends.base import Semantics
 
-from ._kernels import NumpyBackend, masked_softmax, resolve_scale, scores, tiled_attention, visible
+from ._kernels import (NumpyBackend, masked_softmax, numpy_caps, resolve_scale, scores, tiled_attention,
+                       visible)
 
 
 class OnlineNoRescale(NumpyBackend):
@@ -16,6 +17,7 @@ class OnlineNoRescale(NumpyBackend):
     maximum, e.g. always when Lk <= 16."""
 
     name = "broken-online-no-rescale"
+    capabilities = numpy_caps("bfloat16", "float64")
     block = 16
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
@@ -30,6 +32,7 @@ class OnlineMaskedBlockNaN(NumpyBackend):
     (mem-efficient SDPA producing NaNs for certain mask patterns)."""
 
     name = "broken-online-masked-block-nan"
+    capabilities = numpy_caps("float16")
     block = 8
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
@@ -44,6 +47,7 @@ class TailBlockZeroPad(NumpyBackend):
     also jax-ml/jax#27224 (Pallas flash attention only right for lengths that are block multiples)."""
 
     name = "broken-tail-block-zero-pad"
+    capabilities = numpy_caps("float64")
     block = 64
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
@@ -63,6 +67,7 @@ class LongSequenceFastPathDropsMask(NumpyBackend):
     pytorch/pytorch#107884 ("SDPA silently ignore attn_mask with flash attention backend")."""
 
     name = "broken-long-fast-path-drops-mask"
+    capabilities = numpy_caps("float64")
     threshold = 64
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
@@ -80,14 +85,14 @@ class LowPrecisionAccumulation(NumpyBackend):
     Xilinx/mlir-air#1606 (bf16 P·V accumulator replaced by f32)."""
 
     name = "broken-low-precision-accumulation"
-    capabilities = Capabilities(dtypes=("float32",), device="cpu", gradients=False)
+    capabilities = numpy_caps("float32")  # in the 16-bit formats the same loop would be no slip
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", notes=("claims float32 accumulation",))
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)
         vis = visible(q.shape[-2], k.shape[-2], mask, is_causal)  # (..., Lq, Lk)
         s = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
-        row_max = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
+        row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
         p = np.exp(s - np.where(np.isfinite(row_max), row_max, 0))  # (..., Lq, Lk) float32
         v16 = v.astype(np.float16)  # (..., Lk, Ev)
         total = np.zeros(p.shape[:-1] + (1,), np.float16)  # (..., Lq, 1)
@@ -106,12 +111,13 @@ class NaNForFullyMaskedDeclaredZeros(NumpyBackend):
     masks that have fully masked rows)."""
 
     name = "broken-nan-fully-masked-declared-zeros"
+    capabilities = numpy_caps("float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)
         s = np.where(visible(q.shape[-2], k.shape[-2], mask, is_causal), s, -np.inf)  # (..., Lq, Lk)
         with np.errstate(invalid="ignore"):
-            e = np.exp(s - s.max(axis=-1, keepdims=True))  # (..., Lq, Lk) NaN on empty rows
+            e = np.exp(s - s.max(axis=-1, keepdims=True, initial=-np.inf))  # (..., Lq, Lk) NaN on empty rows
             return (e / e.sum(axis=-1, keepdims=True)) @ v  # (..., Lq, Ev)
 
 
@@ -121,6 +127,7 @@ class ExplicitScaleIgnored(NumpyBackend):
     (GPT-2 scaling silently ignored on SDPA/FlashAttention backends)."""
 
     name = "broken-explicit-scale-ignored"
+    capabilities = numpy_caps("float32", "float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, None))  # (..., Lq, Lk) scale dropped here

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import NumpyBackend, causal, masked_softmax, resolve_scale, scores
+from ._kernels import NumpyBackend, causal, masked_softmax, numpy_caps, resolve_scale, scores
 
 
 def _attend(q, k, v, vis, scale):
@@ -19,6 +19,7 @@ class CausalDiagonalExcluded(NumpyBackend):
     a query no longer sees its own key, and query 0 sees nothing."""
 
     name = "broken-causal-diagonal-excluded"
+    capabilities = numpy_caps("float32")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         Lq, Lk = q.shape[-2], k.shape[-2]
@@ -33,6 +34,7 @@ class CausalOneAhead(NumpyBackend):
     into the future."""
 
     name = "broken-causal-one-ahead"
+    capabilities = numpy_caps("bfloat16")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         Lq, Lk = q.shape[-2], k.shape[-2]
@@ -47,6 +49,7 @@ class InvertedMask(NumpyBackend):
     ``nn.MultiheadAttention``'s key_padding_mask), while the spec says True = takes part."""
 
     name = "broken-inverted-mask"
+    capabilities = numpy_caps("float16")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         Lq, Lk = q.shape[-2], k.shape[-2]
@@ -62,6 +65,7 @@ class CausalBottomRightDeclaredTopLeft(NumpyBackend):
     top-left alignment gives other answers whenever Lq != Lk."""
 
     name = "broken-causal-bottom-right"
+    capabilities = numpy_caps("float32", "float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         Lq, Lk = q.shape[-2], k.shape[-2]
@@ -77,6 +81,7 @@ class CausalIgnoredWithoutMask(NumpyBackend):
     early and ignored ``local_window_size`` when ``mask`` was None; fixed in jax-ml/jax#32357)."""
 
     name = "broken-causal-ignored-without-mask"
+    capabilities = numpy_caps("float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         Lq, Lk = q.shape[-2], k.shape[-2]
@@ -94,6 +99,7 @@ class FiniteMaskFill(NumpyBackend):
     the values although zeros are declared."""
 
     name = "broken-finite-mask-fill"
+    capabilities = numpy_caps("float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         Lq, Lk = q.shape[-2], k.shape[-2]

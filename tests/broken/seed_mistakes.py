@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import NumpyBackend, masked_softmax, resolve_scale, scores, visible
+from ._kernels import NumpyBackend, masked_softmax, numpy_caps, resolve_scale, scores, visible
 
 
 class ScaleByD(NumpyBackend):
@@ -13,6 +13,7 @@ class ScaleByD(NumpyBackend):
     """
 
     name = "broken-scale-by-d"
+    capabilities = numpy_caps("float16", "float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         sc = q.dtype.type(1.0 / q.shape[-1] if scale is None else scale)
@@ -24,6 +25,7 @@ class NoScale(NumpyBackend):
     """Seed 004, "Omitir el factor 1/√d": raw q·k logits, the scale argument ignored too."""
 
     name = "broken-no-scale"
+    capabilities = numpy_caps("bfloat16")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = q @ np.swapaxes(k, -1, -2)  # (..., Lq, Lk)
@@ -35,6 +37,7 @@ class MaskAfterSoftmax(NumpyBackend):
     masked weights are zeroed without renormalising, so masked rows no longer sum to 1."""
 
     name = "broken-mask-after-softmax"
+    capabilities = numpy_caps("float16", "float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)
@@ -50,6 +53,7 @@ class SumNormalised(NumpyBackend):
     Weights go negative as soon as a score does, and the order of scores is lost."""
 
     name = "broken-sum-normalised"
+    capabilities = numpy_caps("bfloat16")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)
@@ -64,6 +68,7 @@ class NoMaxSubtraction(NumpyBackend):
     for logits above ~709 (float64) or ~88 (float32), and inf/inf is NaN."""
 
     name = "broken-no-max-subtraction"
+    capabilities = numpy_caps("float32", "float64")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)

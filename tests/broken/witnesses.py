@@ -2,7 +2,9 @@
 
 They prove the bugs are real independently of the suite (a teeth test against a bug that never
 shows would be vacuous).  Each returns keyword arguments for Backend.forward/backward plus
-``op`` ("forward" or "backward") and ``dtype``.
+``op`` ("forward", "backward" or "lse": the forward's log-sum-exp), ``dtype`` and ``fields`` (the
+optional problem fields).  tests/test_teeth.py runs each in every dtype its kernel declares,
+its inputs rounded to that dtype; the variants' inputs are on a k/8 grid, exact in every dtype.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ def _qkv(Lq, Lk, E=8, Ev=8, seed=0, spread=1.0, batch=(1, 2)):
     return q, k, v
 
 
-def _problem(q, k, v, mask=None, is_causal=False, scale=None, op="forward", dtype="float64", seed=1):
-    kw = dict(q=q, k=k, v=v, mask=mask, is_causal=is_causal, scale=scale, dtype=dtype, op=op)
+def _problem(q, k, v, mask=None, is_causal=False, scale=None, op="forward", dtype="float64", seed=1, **fields):
+    kw = dict(q=q, k=k, v=v, mask=mask, is_causal=is_causal, scale=scale, dtype=dtype, op=op, fields=fields)
     if op == "backward":
         rng = np.random.default_rng(seed)
         kw["grad_out"] = rng.standard_normal(q.shape[:-1] + (v.shape[-1],))  # (B, H, Lq, Ev)
@@ -96,6 +98,81 @@ def gradient_causal(seed=0):
     return _problem(*_qkv(5, 5, seed=seed), is_causal=True, op="backward")
 
 
+# ---- the variants (issues 9 and 11) ----------------------------------------------------------
+
+def _grid(shape, seed, spread=1.0):
+    """Normal values on a k/8 grid within +-4 * spread: exact in float16 and bfloat16 too."""
+    x = np.random.default_rng(seed).standard_normal(shape) * spread  # like shape
+    return np.clip(np.round(x * 8), -32 * spread, 32 * spread) / 8
+
+
+def _heads(Hq, Hkv, Lq, Lk, E=8, B=1, seed=0):
+    return _grid((B, Hq, Lq, E), seed), _grid((B, Hkv, Lk, E), seed + 1), _grid((B, Hkv, Lk, E), seed + 2)
+
+
+def grouped(seed=0):
+    """4 query heads on 2 KV heads: head h must read KV head h // 2 (1, 0, 1 would be h % 2)."""
+    return _problem(*_heads(4, 2, 5, 6, seed=seed), enable_gqa=True)
+
+
+def grouped_gradient(seed=0):
+    return _problem(*_heads(4, 2, 5, 6, seed=seed), op="backward", enable_gqa=True)
+
+
+def biased(seed=0):
+    """A float bias (no zeros, no -inf) with scale 0.5: a scaled bias and a bias read as bool both show."""
+    q, k, v = _heads(2, 2, 4, 6, seed=seed)
+    bias = _grid((1, 2, 4, 6), seed + 3, spread=2.0)  # (B, H, Lq, Lk)
+    bias = np.where(bias == 0, 0.5, bias)
+    return _problem(q, k, v, scale=0.5, bias=bias)
+
+
+def causal_bottom_right(seed=0):
+    """Lq = 3 < Lk = 6 asked bottom-right: query 0 sees keys 0..3, not only key 0."""
+    return _problem(*_heads(2, 2, 3, 6, seed=seed), is_causal=True, causal_alignment="bottom_right")
+
+
+def lse(seed=0):
+    return _problem(*_heads(2, 2, 4, 6, seed=seed), scale=0.5, op="lse")
+
+
+def windowed(seed=0):
+    """Window (2, 1) on a square problem without causal: both edges matter on every inner row."""
+    return _problem(*_heads(1, 1, 8, 8, seed=seed), window=(2, 1))
+
+
+def window_bottom_right(seed=0):
+    """Window (1, 0) bottom-right with Lq = 3 < Lk = 7: query i sees keys i + 3 and i + 4."""
+    return _problem(*_heads(1, 1, 3, 7, seed=seed), window=(1, 0), causal_alignment="bottom_right")
+
+
+def softcapped_causal(seed=0):
+    """Cap 1 on a causal problem: a hidden key scored -cap still gets weight ~exp(-2) of the visible."""
+    return _problem(*_heads(1, 1, 5, 5, seed=seed), is_causal=True, softcap=1.0)
+
+
+def padded(seed=0):
+    """Two sequences of 3 and 5 queries (5 and 6 keys) in a batch padded to 5 and 6."""
+    return _problem(*_heads(2, 2, 5, 6, B=2, seed=seed), q_lengths=np.array([3, 5]), kv_lengths=np.array([5, 6]))
+
+
+def packed(seed=0):
+    """Three packed sequences: queries [0, 0, 1, 1, 2], keys [0, 0, 0, 1, 1, 2, 2]."""
+    return _problem(*_heads(1, 1, 5, 7, seed=seed), q_segment_ids=np.array([[0, 0, 1, 1, 2]]),
+                    kv_segment_ids=np.array([[0, 0, 0, 1, 1, 2, 2]]))
+
+
+# ALiBi's slopes for 6 heads (the 4 of 4 heads, then every other one of 8): specs.problem.alibi_slopes(6),
+# written out because nothing here reads specs (tests/test_teeth.py checks they agree)
+ALIBI_SLOPES_6 = np.array([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
+
+
+def alibi_6_heads(seed=0):
+    """6 heads (not a power of two), 6 keys: the slopes 2^(-8h/6) are not the standard ones."""
+    return _problem(*_heads(6, 6, 6, 6, seed=seed), alibi_slopes=ALIBI_SLOPES_6)
+
+
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
-       gradient, gradient_causal)
+       gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
+       window_bottom_right, softcapped_causal, padded, packed, alibi_6_heads)
