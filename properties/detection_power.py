@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 import os
 import sys
@@ -40,6 +41,8 @@ import pytest
 
 from .runner import ROOT, run_suite
 
+say = functools.partial(print, flush=True)  # progress lines reach a log file as they happen
+
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 DEFECTS = ("temperature", "gain", "tail", "rescale")
 # per dtype: the grid (largest first, steps of ~3x) and the issue's targets (temperature, gain)
@@ -47,6 +50,7 @@ GRIDS = {"float16": (-1, -5), "bfloat16": (-1, -4), "float32": (-3, -8), "float6
 TARGETS = {"float16": {"temperature": 1e-2, "gain": 3e-3}, "bfloat16": {"temperature": 3e-2, "gain": 3e-2},
            "float32": {"temperature": 1e-5, "gain": 1e-5}, "float64": {"temperature": 1e-6, "gain": 1e-6}}
 RULE_ENV, EXAMPLES_ENV = "ATTNSPEC_BUDGET_RULE", "ATTNSPEC_MEASURE_EXAMPLES"
+STOP_ENV, IGNORE_ENV = "ATTNSPEC_MEASURE_STOP", "ATTNSPEC_MEASURE_IGNORE"  # stop a rejected backend; not counted
 CPU_BUILTINS = ("numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "torch-sdpa-cpu-math",
                 "torch-sdpa-cpu-flash", "jax-naive", "jax-dpa")
 
@@ -71,22 +75,51 @@ def pytest_configure(config):
     settings.load_profile("attnspec-measure")
 
 
+_REJECTED: set = set()  # backends that failed a counted property in this run
+
+
+def _backend_of(item):
+    target = getattr(getattr(item, "callspec", None), "params", {}).get("target")
+    return getattr(target, "name", None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_setup(item):
+    """With ATTNSPEC_MEASURE_STOP: a backend already rejected skips its remaining properties
+    (its verdict is made; the rest of the suite would only cost time)."""
+    if os.environ.get(STOP_ENV) and _backend_of(item) in _REJECTED:
+        pytest.skip("measurement: this backend has already failed a property")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    ignored = set(filter(None, os.environ.get(IGNORE_ENV, "").split(",")))
+    if report.when == "call" and report.failed and item.originalname.removeprefix("test_") not in ignored:
+        _REJECTED.add(_backend_of(item))
+
+
 # ---- one measured suite run --------------------------------------------------------------
 
 WORKERS = os.environ.get("ATTNSPEC_MEASURE_WORKERS", "")  # pytest-xdist workers per suite run ("" = none)
 
 
 def suite_run(names, seed: int, rule: str = "attnspec", profile: str = "dev", examples: int | None = None,
-              timeout: float | None = 3600) -> dict:
-    """{backend name: (failed properties, errored properties)} of one suite run."""
+              timeout: float | None = 3600, extra=(), stop: bool = False, ignore=()) -> dict:
+    """{backend name: (failed properties, errored properties)} of one suite run (``extra``: more
+    pytest arguments, e.g. ``["-k", "default_scale"]``; ``stop``: a backend's first failure of a
+    property not in ``ignore`` ends its run - the rest is skipped)."""
     env = dict(os.environ, **{RULE_ENV: rule})
-    env.pop(EXAMPLES_ENV, None)
+    for key in (EXAMPLES_ENV, STOP_ENV, IGNORE_ENV):
+        env.pop(key, None)
     if examples:
         env[EXAMPLES_ENV] = str(examples)
+    if stop:
+        env[STOP_ENV], env[IGNORE_ENV] = "1", ",".join(sorted(ignore))
     env.pop("ATTNSPEC_BACKENDS", None)
     result = run_suite(list(names), profile=profile, env=env, timeout=timeout,
                        extra_args=["-p", "properties.detection_power", f"--hypothesis-seed={seed}"]
-                       + (["-n", WORKERS] if WORKERS not in ("", "0") else []), pythonpath=[ROOT])
+                       + (["-n", WORKERS] if WORKERS not in ("", "0") else []) + list(extra), pythonpath=[ROOT])
     if not result.conformance:
         raise RuntimeError(f"the suite reported nothing (exit {result.returncode}):\n{result.output[-3000:]}")
     out: dict = {}
@@ -103,46 +136,50 @@ def _defect(kind, d, dtype):
 
 # ---- detection power -------------------------------------------------------------------------
 
-def thresholds(dtype: str, kinds, seed: int, rule: str, log=print) -> dict:
+def thresholds(dtype: str, kinds, seed: int, rule: str, log=say) -> dict:
     """{kind: the largest index into grid(dtype) rejected on this seed (-1: not even the largest d)},
     plus 'control': the properties torch-math itself (d = 0) failed on these draws - those say
-    nothing about a defect, so they are left out of its verdict.  Bisection: each step is one
-    suite run with every unfinished kind at the middle of its interval."""
+    nothing about a defect, so they are left out of its verdict.  The control runs first, alone;
+    then a bisection: each step one suite run with every unfinished kind at the middle of its
+    interval, each defect stopped at its first counted failure."""
     sizes = grid(dtype)
     rej = {k: -1 for k in kinds}          # largest index known rejected
     acc = {k: len(sizes) for k in kinds}  # smallest index known accepted
-    control_name = _defect("gain", 0, dtype)
-    control = None
-    while control is None or any(acc[k] - rej[k] > 1 for k in kinds):
+    spec, name = _defect("gain", 0, dtype)
+    start = time.perf_counter()
+    control = sorted(suite_run([spec], seed, rule).get(name, (set(), set()))[0])
+    log(f"  {dtype} seed {seed} {rule}: control (torch-math) failed {', '.join(control) or 'nothing'} "
+        f"({time.perf_counter() - start:.0f} s)")
+    while any(acc[k] - rej[k] > 1 for k in kinds):
         todo = {k: (rej[k] + acc[k]) // 2 for k in kinds if acc[k] - rej[k] > 1}
         specs = {k: _defect(k, sizes[i], dtype) for k, i in todo.items()}
         start = time.perf_counter()
-        got = suite_run([s for s, _ in specs.values()] + ([control_name[0]] if control is None else []), seed, rule)
-        if control is None:
-            control = sorted(got.get(control_name[1], (set(), set()))[0])
+        got = suite_run([s for s, _ in specs.values()], seed, rule, stop=True, ignore=control)
         for k, i in todo.items():
             failed, errored = got.get(specs[k][1], (set(), set()))
             failed = failed - set(control)
             rej[k], acc[k] = (i, acc[k]) if failed else (rej[k], i)
             log(f"  {dtype} seed {seed} {rule}: {k} d={sizes[i]:g} " + (f"rejected ({', '.join(sorted(failed))})"
                 if failed else "passed") + (f"; harness errors: {', '.join(sorted(errored))}" if errored else ""))
-        log(f"  ({time.perf_counter() - start:.0f} s{'; control d=0 failed ' + ', '.join(control) if control else ''})")
+        log(f"  ({time.perf_counter() - start:.0f} s)")
     return dict(rej, control=control)
 
 
-def detection_power(dtypes, kinds, seeds, rules=("attnspec", "flash"), log=print) -> list:
-    """Rows of detection_rates.csv: dtype, defect, rule, d, rate, runs."""
+def detection_power(dtypes, kinds, seeds, rules=("attnspec", "flash"), flash_runs=None, log=say) -> list:
+    """Rows of detection_rates.csv: dtype, defect, rule, d, rate, runs (flash's rule: the first
+    `flash_runs` seeds only, default all)."""
     rows = []
     for dtype in dtypes:
         sizes = grid(dtype)
         for rule in rules:
-            per_seed = [thresholds(dtype, kinds, s, rule, log) for s in seeds]
-            alarms = sum(bool(t["control"]) for t in per_seed)
+            chosen = seeds[:flash_runs] if rule == "flash" and flash_runs else seeds
+            per_seed = [thresholds(dtype, kinds, s, rule, log) for s in chosen]
+            alarms = " ".join(sorted({p for t in per_seed for p in t["control"]}))
             for kind in kinds:
                 for i, d in enumerate(sizes):
-                    rate = sum(t[kind] >= i for t in per_seed) / len(seeds)
-                    rows.append(dict(dtype=dtype, defect=kind, rule=rule, d=d, rate=rate, runs=len(seeds),
-                                     control_false_alarms=alarms))
+                    rate = sum(t[kind] >= i for t in per_seed) / len(chosen)
+                    rows.append(dict(dtype=dtype, defect=kind, rule=rule, d=d, rate=rate, runs=len(chosen),
+                                     control_failed=alarms))
     return rows
 
 
@@ -162,8 +199,8 @@ def summarize(rates: list) -> list:
             row[f"{tag}smallest_d_rejected"] = min(always) if always else ""
             row[f"{tag}smallest_d_sometimes"] = min(some) if some else ""
             row[f"{tag}rate_at_target"] = next((r["rate"] for r in pts if _close(r["d"], TARGETS[dtype].get(kind))), "")
-            row[f"{tag}false_alarm_runs"] = pts[0]["control_false_alarms"]
-            row["runs"] = pts[0]["runs"]
+            row[f"{tag}control_failed"] = pts[0]["control_failed"]
+            row[f"{tag}runs"] = pts[0]["runs"]
         target = TARGETS[dtype].get(kind)
         row["target"] = target or ""
         d = row.get("smallest_d_rejected")
@@ -178,7 +215,7 @@ def _close(a, b) -> bool:
 
 # ---- kill rates and controls ------------------------------------------------------------------
 
-def kill_rates(seeds, examples=(2, 6), profiles=("dev", "ci"), log=print) -> list:
+def kill_rates(seeds, examples=(2, 6), profiles=("dev", "ci"), log=say) -> list:
     """Rows: bug, profile, examples, killed runs, runs, rate, per-example p, examples for 99 %."""
     from tests.broken import BROKEN
     rows = []
@@ -187,17 +224,30 @@ def kill_rates(seeds, examples=(2, 6), profiles=("dev", "ci"), log=print) -> lis
             killed = {e.label: 0 for e in BROKEN}
             for seed in seeds:
                 start = time.perf_counter()
-                got = suite_run([e.spec for e in BROKEN], seed, profile=profile, examples=n)
+                got = suite_run([e.spec for e in BROKEN], seed, profile=profile, examples=n, stop=True)
                 for e in BROKEN:
                     killed[e.label] += any(got.get(name, (set(), set()))[0] for name in _names(e))
                 log(f"  kill rates: {profile} N={n} seed {seed}: {time.perf_counter() - start:.0f} s")
             for label, k in killed.items():
-                rate = k / len(seeds)
-                p = 1 - (1 - rate) ** (1 / n) if rate < 1 else 1 - (0.5 / len(seeds)) ** (1 / n)
-                need = math.ceil(math.log(0.01) / math.log(1 - p)) if 0 < p < 1 else ("" if p >= 1 else "inf")
-                rows.append(dict(bug=label, profile=profile, examples=n, killed=k, runs=len(seeds), rate=rate,
-                                 per_example=round(p, 4), examples_for_99=need))
+                p = per_example(k, len(seeds), n)
+                rows.append(dict(bug=label, profile=profile, examples=n, killed=k, runs=len(seeds),
+                                 rate=k / len(seeds), per_example=round(p, 4), examples_for_99=examples_needed(p)))
     return rows
+
+
+def per_example(killed: int, runs: int, examples: int) -> float:
+    """Per-example kill probability p from `killed` of `runs` runs of `examples` examples each:
+    rate = 1 - (1 - p)^examples.  Every run killed: the rate is taken as 1 - 1/(2 runs) (a
+    cautious estimate: more runs are needed to show more)."""
+    rate = killed / runs if killed < runs else 1 - 0.5 / runs
+    return 1 - (1 - rate) ** (1 / examples)
+
+
+def examples_needed(p: float, target: float = 0.99):
+    """Examples per property for a kill with probability `target` per run ("inf": never killed)."""
+    if p <= 0:
+        return "inf"
+    return max(1, math.ceil(math.log(1 - target) / math.log(1 - p))) if p < 1 else 1
 
 
 def _names(entry) -> set:
@@ -205,7 +255,7 @@ def _names(entry) -> set:
     return {entry.spec, getattr(resolve(entry.spec), "name", entry.spec)}
 
 
-def controls(seeds, log=print) -> list:
+def controls(seeds, log=say) -> list:
     """Rows: backend, seed, failed properties - every correct kernel in every dtype it declares."""
     from tests.broken import CORRECT
     names = list(CPU_BUILTINS) + [e.spec for e in CORRECT] + [f"tests.defects:{k}_0" for k in DEFECTS]
@@ -247,10 +297,12 @@ def main(argv=None) -> int:
     ap.add_argument("--defect", action="append", choices=DEFECTS)
     ap.add_argument("--rule", action="append", choices=("attnspec", "flash"))
     ap.add_argument("--runs", type=int, default=3, help="seeds per measurement (default 3)")
+    ap.add_argument("--flash-runs", type=int, default=None, help="seeds for flash-attention's rule (default --runs)")
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("detection-power"))
     ap.add_argument("--kill-rates", action="store_true", help="measure tests/broken/ kill rates instead")
     ap.add_argument("--examples", type=int, action="append", help="--kill-rates: examples per property (2, 6)")
+    ap.add_argument("--profile", action="append", choices=("dev", "ci"), help="--kill-rates: profiles (dev, ci)")
     ap.add_argument("--controls", action="store_true", help="run every correct kernel instead (false alarms)")
     ap.add_argument("--workers", default=None, help="pytest-xdist workers per suite run (-n; default none)")
     args = ap.parse_args(argv)
@@ -260,7 +312,7 @@ def main(argv=None) -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.runs))
     start = time.perf_counter()
     if args.kill_rates:
-        rows = kill_rates(seeds, tuple(args.examples or (2, 6)))
+        rows = kill_rates(seeds, tuple(args.examples or (2, 6)), tuple(args.profile or ("dev", "ci")))
         write_csv(args.out / "kill_rates.csv", rows)
         print(markdown(rows))
     elif args.controls:
@@ -269,7 +321,8 @@ def main(argv=None) -> int:
         bad = [r for r in rows if r["failed"]]
         print(markdown(bad) or f"no false alarm: {len(rows)} backend runs")
     else:
-        rates = detection_power(args.dtype or DTYPES, args.defect or DEFECTS, seeds, tuple(args.rule or ("attnspec", "flash")))
+        rates = detection_power(args.dtype or DTYPES, args.defect or DEFECTS, seeds,
+                                tuple(args.rule or ("attnspec", "flash")), args.flash_runs)
         summary = summarize(rates)
         write_csv(args.out / "detection_rates.csv", rates)
         write_csv(args.out / "detection_power.csv", summary)

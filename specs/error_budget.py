@@ -17,24 +17,29 @@ w, output y and, per visible key j, T_j = scale |q_i|.|k_j| (capped by a softcap
 
     Phi_ic = (w |V|)_ic + sum_j w_j (T_j + g_j) |v_jc - y_ic|
 
-Derivation (first order in u).  Rounding x to the format moves it by at most u|x|; a sum of
-n terms taken in another order, or accumulated in u_acc, by about sqrt(n) u_acc times the sum
-of the terms' sizes (random walk).  (1) Each weight and the output are rounded: relative
-errors, summed with |v_j| (P is rounded after the row sum is taken: nothing renormalises
-them): sigma (w|V|).  (2) A score's error: a kernel may hold scale*q, the score, the capped
-or biased score and s - max in the format (XLA and PyTorch's math path keep the scores in
-float16), moving score j by sigma (T_j + g_j).  The softmax renormalises score errors e_j:
-w_j becomes w_j (1 + e_j - sum_l w_l e_l), so the output moves by sum_j w_j e_j (v_j - y).
-That is the second term.  It vanishes on a saturated row (v_j - y ~ 0 where w_j ~ 1): the
-old tensor-wide floor 4 (u + sqrt(n) u_acc + u max S) max M gave every row the allowance of
-the most saturated one.  (3) floor_ulps: a kernel does each step a few times (scale, mask,
-subtract, exp, divide, cast), the plain algorithm once.  (4) factor * e_r: where a row's
-roundings line up, the plain algorithm shows it and a kernel gets twice that, as in
-flash-attention's tests - but per row, and never less than the floor (the plain error is 0
-where it happens to be exact: one-key rows, float64).  Gradients: the same steps through
-dA = dY V^T, dS = w (dA - rowsum(dA w)), dQ = scale dS K, dK = scale dS^T Q, dV = w^T dY
-(`specs.budget_terms.backward_terms`).  The log-sum-exp: Phi_i = 1 + sum_j w_j (T_j + g_j),
-plus u |lse_i|.  Weight row sums: the log-sum-exp's floor (a kernel may write exp(s - lse)).
+Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
+(tau: the smallest normal number; below it the spacing is even); a sum of n terms taken in
+another order, or accumulated in u_acc, by about sqrt(n) u_acc times the sum of the terms'
+sizes (random walk).  So one rounding per step and the reductions cost sigma per unit of
+what is summed.  (1) The weights are rounded (P is rounded after the row sum is taken:
+nothing renormalises it) and so is the output: sigma (w|V|) each.  (2) A score's error: a
+kernel may hold scale*q, the score, the capped or biased score and s - max in the format
+(XLA and PyTorch's math path keep the scores in the 16-bit format; XLA and OpenVINO round the
+scale to it), moving score j by sigma (T_j + g_j) per rounding.  The softmax renormalises
+score errors e_j: w_j becomes w_j (1 + e_j - sum_l w_l e_l), so the output moves by
+sum_j w_j e_j (v_j - y) - the second term, which vanishes on a saturated row (v_j - y ~ 0
+where w_j ~ 1); the old tensor-wide floor 4 (u + sqrt(n) u_acc + u max S) max M gave every
+row the allowance of the most saturated one.  A kernel that divides by exp(lse) instead of
+the row sum (flash's backward, w = exp(s - lse)) adds its lse's rounding, u_acc |lse| |y|.
+(3) floor_ulps = 2: the weights and the output are two roundings of (w|V|), the score and
+s - max two of the score terms.  (4) factor * e_r: where a row's roundings line up, the
+plain algorithm shows it and a kernel gets twice that, as in flash-attention's tests - per
+row, and never less than the floor (the plain error is 0 where the plain computation is exact
+by chance: one-key rows; and always in float64, where it *is* the reference).  Gradients:
+the same steps through dA = dY V^T, dS = w (dA - rowsum(dA w)), dQ = scale dS K, dK =
+scale dS^T Q, dV = w^T dY (`specs.budget_terms.backward_terms`, with the softcap's
+derivative).  The log-sum-exp: Phi_i = 1 + sum_j w_j (T_j + g_j), plus u |lse_i|.  Weight
+row sums: the log-sum-exp's floor (a kernel may write exp(s - lse)).
 
     dtype     u (unit roundoff)  u_acc (reductions)  factor  floor_ulps  tau (smallest normal)
     float16   2^-11 = 4.9e-4     2^-24 = 6.0e-8      2       2           2^-14
@@ -43,11 +48,10 @@ plus u |lse_i|.  Weight row sums: the log-sum-exp's floor (a kernel may write ex
     float64   2^-53 = 1.1e-16    2^-53 = 1.1e-16     2       2           2^-1022
 
 u: half the spacing of the format's numbers at 1.  u_acc: every 16-bit kernel worth testing
-accumulates reductions in float32.  tau: below it numbers are evenly spaced (subnormals), so
-a rounding errs by u (|x| + tau); the terms carry tau on every rounded weight and dS entry.
-floor_ulps = 1 and factor = 2: measured on every correct kernel here (tests/budget_study.py),
-a row's error beyond 2 e_r stays under 0.7 sigma Phi_r; the worst row uses NN of its allowance.
-Detection power: ``python -m properties.detection_power``.
+accumulates reductions in float32 (and keeps the lse in float32).  Measured on every correct
+kernel here, in every dtype (tests/budget_study.py, tests/test_budget_margins.py): no row
+uses more than MARGIN of its allowance.  Detection power (the smallest defect the suite
+rejects): ``python -m properties.detection_power``.
 
 ``ATTNSPEC_BUDGET_RULE=flash`` switches every budget to flash-attention's rule, 2 x the plain
 error's maximum over the whole tensor and no floor (for comparisons; in float64 it allows
@@ -63,9 +67,10 @@ import numpy as np
 
 from . import budget_terms as terms
 from .invariants import Verdict, worst_offender
-from .problem import Problem, validate, visible
+from .problem import Problem
 from .reference import run_backward, run_forward
-from .rounding import Plain as _Plain, dtype_name, round_bfloat16, round_to  # noqa: F401 - public names
+from .plain import Plain as _Plain, _problem, dtype_name, plain_backward, plain_forward, plain_lse  # noqa: F401
+from .plain import round_bfloat16, round_to  # noqa: F401 - public names
 
 RULES = ("attnspec", "flash")
 RULE_ENV = "ATTNSPEC_BUDGET_RULE"
@@ -116,25 +121,6 @@ def rule() -> str:
     if name not in RULES:
         raise ValueError(f"{RULE_ENV} must be one of {', '.join(RULES)}; got {name!r}")
     return name
-
-
-def _problem(q, k, v, mask, is_causal, scale, fields) -> Problem:
-    return q if isinstance(q, Problem) else validate(q, k, v, mask, is_causal, scale, **fields)
-
-
-def plain_forward(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields) -> np.ndarray:
-    """The naive forward in ``dtype``: the output, in dtype's storage type."""
-    return run_forward(_problem(q, k, v, mask, is_causal, scale, fields), _Plain(dtype)).output
-
-
-def plain_lse(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields) -> np.ndarray:
-    """The naive forward's log-sum-exp (..., Lq) in ``dtype``'s accumulator type."""
-    return run_forward(_problem(q, k, v, mask, is_causal, scale, fields), _Plain(dtype)).lse
-
-
-def plain_backward(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
-    """The naive backward in ``dtype`` (seed 003's chain): (dq, dk, dv[, dbias]) in dtype's storage type."""
-    return run_backward(_problem(q, k, v, mask, is_causal, scale, fields), grad_out, _Plain(dtype))
 
 
 def _as_f64(x, name: str) -> np.ndarray:

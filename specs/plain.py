@@ -1,14 +1,16 @@
-"""Rounding to a format, and the plain same-dtype arithmetic the error budget compares with.
+"""The plain same-dtype computation the error budget compares with, and rounding to a format.
 
 `Plain(dtype)` is an arithmetic for `specs.reference`'s pipeline: each operation is computed
 in the accumulator type (float32 for the 16-bit formats and float32, float64 for float64)
 and its result rounded to dtype - the naive algorithm as a framework runs it.
+`plain_forward`, `plain_lse`, `plain_backward` run it (`specs.error_budget` re-exports them).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .reference import Exact
+from .problem import Problem, validate
+from .reference import Exact, run_backward, run_forward
 
 # dtype -> the NumPy type holding its values (bfloat16 values are float32 numbers)
 STORAGE = {"float16": "float16", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
@@ -56,3 +58,22 @@ class Plain(Exact):
 
     def matmul(self, x, y) -> np.ndarray:
         return self.r(self.a(x) @ self.a(y))
+
+
+def _problem(q, k, v, mask, is_causal, scale, fields) -> Problem:
+    return q if isinstance(q, Problem) else validate(q, k, v, mask, is_causal, scale, **fields)
+
+
+def plain_forward(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+    """The naive forward in ``dtype``: the output, in dtype's storage type."""
+    return run_forward(_problem(q, k, v, mask, is_causal, scale, fields), Plain(dtype)).output
+
+
+def plain_lse(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+    """The naive forward's log-sum-exp (..., Lq) in ``dtype``'s accumulator type."""
+    return run_forward(_problem(q, k, v, mask, is_causal, scale, fields), Plain(dtype)).lse
+
+
+def plain_backward(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+    """The naive backward in ``dtype`` (seed 003's chain): (dq, dk, dv[, dbias]) in dtype's storage type."""
+    return run_backward(_problem(q, k, v, mask, is_causal, scale, fields), grad_out, Plain(dtype))
