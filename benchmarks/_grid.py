@@ -5,11 +5,13 @@
            report) fits in 6 minutes on a 2-core VM with the CPU built-ins.
 - full:    every axis at every value (`attnspec run --full`, or ATTNSPEC_BENCH_GRID=full asv run).
 
-asv parameters are a product; the default grid leaves some corners of it out (16-bit dtypes
-only at T in {4, 256, 2048} forward, for instance).  A left-out combination is skipped in setup
-before anything loads (asv shows n/a); each costs one fork of asv's server, ~10 ms.
-Single axes can be overridden with comma lists: ATTNSPEC_BENCH_T, _E, _OPS, _DTYPES (sweep),
-_LK, _HKV (decode), _MASKS (masked problems).  An axis given explicitly is measured in full.
+asv parameters are a product, so each question has its own class with its own axes (16-bit
+dtypes: TimeHalfPrecision, forward at T in {4, 256, 2048} by default; grouped KV heads:
+TimeGroupedDecode).  The one corner the default leaves out (16-bit decode with Lq = 4) is
+skipped in setup before anything loads (asv shows n/a): one fork of asv's server each.
+Single axes can be overridden with comma lists: ATTNSPEC_BENCH_T, _E, _OPS, _DTYPES (float32
+sweep), _HALF (16-bit dtypes), _LK, _HKV (decode), _MASKS, _SAMPLES.  An axis given explicitly
+is measured in full.
 """
 from __future__ import annotations
 
@@ -61,6 +63,14 @@ def _words(var: str, default, allowed=None) -> list[str]:
     return values
 
 
+# Samples per combination (each at least SAMPLE_SECONDS of calls).  asv calls a change
+# significant only with enough of them: `asv continuous` records samples and runs a
+# Mann-Whitney test at p < 0.002, which 6 against 6 can pass and 5 against 5 cannot; `asv
+# compare` of plain `asv run` results needs finite 99 % intervals of the median: 8 samples
+# (or run with --record-samples).  `attnspec run` asks for 3: a report, not a regression check.
+SAMPLES = _ints("ATTNSPEC_BENCH_SAMPLES", [1 if GRID == "quick" else 6])[0]
+
+
 def explicit(var: str) -> bool:
     return bool(os.environ.get(var))
 
@@ -74,16 +84,25 @@ T_VALUES = _ints("ATTNSPEC_BENCH_T", [64, 256, 1024] if _Q else [4, 16, 64, 256,
                  else [2 ** i for i in range(2, 12)])
 E_VALUES = _ints("ATTNSPEC_BENCH_E", [E_DEFAULT] if not _F else [16, 64, 128])
 OPS = _words("ATTNSPEC_BENCH_OPS", ["forward"] if _Q else OP_NAMES, OP_NAMES)
-DTYPES = _words("ATTNSPEC_BENCH_DTYPES", ["float32"] if _Q else ["float32", *SIXTEEN_BIT], DTYPE_NAMES)
+DTYPES = _words("ATTNSPEC_BENCH_DTYPES", ["float32"], DTYPE_NAMES)  # TimeAttention
+# 16-bit (TimeHalfPrecision): forward at T = 4, 256, 2048 by default, the whole sweep in full
+HALF_DTYPES = [] if _Q else _words("ATTNSPEC_BENCH_HALF", SIXTEEN_BIT, SIXTEEN_BIT)
+HALF_T = T_VALUES if _F or explicit("ATTNSPEC_BENCH_T") else [t for t in SIXTEEN_BIT_T]
+HALF_OPS = OPS if _F or explicit("ATTNSPEC_BENCH_OPS") else ["forward"]
 MEMORY_T = [t for t in T_VALUES if t >= 64] if _D and not explicit("ATTNSPEC_BENCH_T") else T_VALUES
 MEMORY_OPS = ["forward"] if not _F and not explicit("ATTNSPEC_BENCH_OPS") else OPS
 MEMORY_E = [E_DEFAULT] if E_DEFAULT in E_VALUES else E_VALUES[:1]  # extra memory hardly depends on E
 
 # -- decode: Lq new queries against a KV cache of Lk, Hq = 8 query heads over Hkv KV heads ------
+# TimeDecode: Hkv = Hq, every dtype (16-bit for one token only, by default); TimeGroupedDecode:
+# Hkv < Hq, one token against the largest cache by default (what the report's table compares)
 DECODE_LQ = [1] if _Q else [1, 4]
 DECODE_LK = _ints("ATTNSPEC_BENCH_LK", [2048] if _Q else [256, 2048] if _D else [256, 1024, 2048, 8192, 32768])
-DECODE_HKV = _ints("ATTNSPEC_BENCH_HKV", [8] if _Q else [8, 2, 1])
-DECODE_DTYPES = _words("ATTNSPEC_BENCH_DTYPES", ["float32"] if _Q else ["float32", *SIXTEEN_BIT], DTYPE_NAMES)
+DECODE_DTYPES = ["float32"] if _Q else ["float32", *HALF_DTYPES]
+GROUPED_HKV = [h for h in _ints("ATTNSPEC_BENCH_HKV", [] if _Q else [2, 1] if not _F else [4, 2, 1]) if h != HEADS]
+GROUPED_LQ = DECODE_LQ if _F else [1]
+GROUPED_LK = DECODE_LK if _F or explicit("ATTNSPEC_BENCH_LK") else DECODE_LK[-1:]
+GROUPED_DTYPES = DECODE_DTYPES if _F else ["float32"]
 
 # -- causal and sliding-window prefill (Lq = Lk = T): rates over the visible pairs only -------
 MASK_NAMES = ("causal", "window-256")  # window-N: each query sees itself and N - 1 keys before it
@@ -92,21 +111,11 @@ if any(m != "causal" and not (m.startswith("window-") and m[7:].isdigit() and in
     raise ValueError(f"ATTNSPEC_BENCH_MASKS={os.environ.get('ATTNSPEC_BENCH_MASKS')!r}: expected causal or window-N")
 MASK_T = _ints("ATTNSPEC_BENCH_T", [1024] if _Q else [256, 1024, 2048] if _D else [256, 1024, 2048, 4096])
 MASK_OPS = OPS if _F or explicit("ATTNSPEC_BENCH_OPS") else ["forward"]
-MASK_DTYPES = DTYPES if _F or explicit("ATTNSPEC_BENCH_DTYPES") else ["float32"]
+MASK_DTYPES = DTYPES + HALF_DTYPES if _F and not explicit("ATTNSPEC_BENCH_DTYPES") else DTYPES
 
 
-def left_out(kind: str, T=None, op=None, dtype=None, Lq=None, hkv=None, Lk=None) -> str | None:
+def left_out(kind: str, Lq=None, dtype=None) -> str | None:
     """Why the current grid leaves this combination out (None: it is measured)."""
-    if not _D:
-        return None
-    why = "left out of the default grid (ATTNSPEC_BENCH_GRID=full measures it)"
-    if kind == "sweep" and dtype in SIXTEEN_BIT and not explicit("ATTNSPEC_BENCH_DTYPES"):
-        if op != "forward" or T not in SIXTEEN_BIT_T:
-            return why
-    if kind == "decode" and dtype in SIXTEEN_BIT and not explicit("ATTNSPEC_BENCH_DTYPES"):
-        if Lq != 1 or hkv != 8:  # 16-bit decode: one query, every head its own KV head
-            return why
-    if kind == "decode" and hkv != HEADS and not explicit("ATTNSPEC_BENCH_HKV") and not explicit("ATTNSPEC_BENCH_LK"):
-        if Lq != 1 or Lk != max(DECODE_LK):  # grouped heads: one token against the largest cache
-            return why
+    if _D and kind == "decode" and dtype in SIXTEEN_BIT and Lq != 1:  # 16-bit decode: one token
+        return "left out of the default grid (ATTNSPEC_BENCH_GRID=full measures it)"
     return None

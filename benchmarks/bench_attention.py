@@ -21,10 +21,9 @@ class Timed:
     """What every time_ benchmark shares: asv's sampling and the clock."""
 
     rounds = 1  # one process per combination already; a second round doubles the processes
-    # At least 3 samples, at most 7, stop adding once 0.05 s is spent: tiny T gets ~7 samples
-    # of ~5 ms of calls each, T=2048 gets 3 single calls.  The default grid has ~50 combinations
-    # per backend: sampling, not the calls, would dominate its time with more.
-    repeat = (3, 7, 0.05)
+    # _grid.SAMPLES samples at least (6: enough for asv continuous to call a change significant),
+    # up to 10 while the combination has spent under 0.1 s on them; set per call in setup.
+    repeat = (_grid.SAMPLES, max(_grid.SAMPLES, 10), 0.1)
     min_run_count = 1
     warmup_time = 0  # setup already made the first (compiling) and a warm call
     timeout = 600
@@ -35,8 +34,8 @@ class Timed:
         # asv-runner >= 0.3 re-runs setup before each timed call and times calls one by one
         # when number > 1, so a sample of a 10 us call still holds ~SAMPLE_SECONDS of calls.
         self.number = max(1, int(SAMPLE_SECONDS / max(self.prepared.call_seconds, 1e-7)))
-        if self.prepared.call_seconds > 0.5:  # large T: 2-3 single calls (asv reads repeat after setup)
-            self.repeat = (2, 3, 1.0)
+        if self.prepared.call_seconds > 0.1:  # large T: exactly SAMPLES single calls (asv reads repeat after setup)
+            self.repeat = (_grid.SAMPLES, _grid.SAMPLES, 0.0)
         if not getattr(self, "_charged", False):  # setup runs again before every timed call: charge once
             self._charged = True
             _common.spend(backend, max(self.repeat[0] * self.number * self.prepared.call_seconds, self.repeat[2]))
@@ -50,10 +49,16 @@ class TimeAttention(Timed):
     param_names = ["backend", "batch", "heads", "T", "E", "op", "dtype", "clock"]
 
     def setup(self, backend, batch, heads, T, E, op, dtype, clock):
-        why = _grid.left_out("sweep", T=T, op=op, dtype=dtype)
-        if why:
-            _common.skip(why)
         self._prepare(backend, sweep(T, E), op, dtype, clock)
 
     def time_attention(self, backend, batch, heads, T, E, op, dtype, clock):
         self.prepared.run()
+
+
+class TimeHalfPrecision(TimeAttention):
+    """The sweep in bfloat16 and float16, wherever a backend runs them (its own axes: the
+    default grid times the forward at T = 4, 256, 2048; the report rates it against the
+    matmul peak of the same dtype)."""
+
+    params = [_common.backend_names(), [_grid.BATCH], [_grid.HEADS], _grid.HALF_T, _grid.E_VALUES, _grid.HALF_OPS,
+              _grid.HALF_DTYPES, [_common.CLOCK]]

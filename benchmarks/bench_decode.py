@@ -14,14 +14,14 @@ from . import _common, _grid, bench_attention
 
 
 class TimeDecode(bench_attention.Timed):
-    """Seconds per decode step (forward only: inference)."""
+    """Seconds per decode step (forward only: inference), every query head its own KV head."""
 
-    params = [_common.backend_names(), [_grid.BATCH], [_grid.HEADS], _grid.DECODE_HKV, _grid.DECODE_LQ,
+    params = [_common.backend_names(), [_grid.BATCH], [_grid.HEADS], [_grid.HEADS], _grid.DECODE_LQ,
               _grid.DECODE_LK, [_grid.E_DEFAULT], _grid.DECODE_DTYPES, [_common.CLOCK]]
     param_names = ["backend", "batch", "heads", "kv_heads", "Lq", "Lk", "E", "dtype", "clock"]
 
     def setup(self, backend, batch, heads, kv_heads, Lq, Lk, E, dtype, clock):
-        why = _grid.left_out("decode", Lq=Lq, hkv=kv_heads, dtype=dtype, Lk=Lk)
+        why = _grid.left_out("decode", Lq=Lq, dtype=dtype)
         if why:
             _common.skip(why)
         if heads % kv_heads:
@@ -31,3 +31,11 @@ class TimeDecode(bench_attention.Timed):
 
     def time_decode(self, backend, batch, heads, kv_heads, Lq, Lk, E, dtype, clock):
         self.prepared.run()
+
+
+class TimeGroupedDecode(TimeDecode):
+    """Decode with Hq = 8 query heads over fewer KV heads (Hkv = 1: multi-query); by default one
+    token against the largest cache, next to TimeDecode's Hkv = 8 step of the same size."""
+
+    params = [_common.backend_names(), [_grid.BATCH], [_grid.HEADS], _grid.GROUPED_HKV, _grid.GROUPED_LQ,
+              _grid.GROUPED_LK, [_grid.E_DEFAULT], _grid.GROUPED_DTYPES, [_common.CLOCK]]

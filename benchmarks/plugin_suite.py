@@ -34,8 +34,8 @@ import os
 
 os.environ.setdefault("ATTNSPEC_BACKENDS", {backend!r})
 
-from benchmarks.bench_attention import TimeAttention  # noqa: E402,F401
-from benchmarks.bench_decode import TimeDecode  # noqa: E402,F401
+from benchmarks.bench_attention import TimeAttention, TimeHalfPrecision  # noqa: E402,F401
+from benchmarks.bench_decode import TimeDecode, TimeGroupedDecode  # noqa: E402,F401
 from benchmarks.bench_masks import TimeMasked  # noqa: E402,F401
 from benchmarks.bench_memory import MemoryAttention  # noqa: E402,F401
 '''

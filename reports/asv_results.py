@@ -33,7 +33,9 @@ EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk"
 KNOWN = {
     "TimeAttention.time_attention": ("time", "s", {}, "dense"),
     "MemoryAttention.track_extra_bytes": ("memory", "bytes", {}, "dense"),
+    "TimeHalfPrecision.time_attention": ("time", "s", {}, "dense"),
     "TimeDecode.time_decode": ("time", "s", {"op": "forward"}, "decode"),
+    "TimeGroupedDecode.time_decode": ("time", "s", {"op": "forward"}, "decode"),
     "TimeMasked.time_masked": ("time", "s", {}, None),  # problem: the mask parameter
     "PeakMatmul.track_peak_gflops": ("peak_gflops", "GFLOP/s", {"op": "matmul", "dtype": "float32"}, None),
     "Bandwidth.track_bandwidth": ("bandwidth", "GB/s", {}, None),
@@ -45,10 +47,13 @@ KNOWN = {
 # (every layout these benchmarks have had; the one whose length matches the results is used)
 ATTENTION_PARAMS = ["backend", "batch", "heads", "T", "E", "op", "dtype"]
 FIDELITY_PARAMS = ["backend", "T", "E"]
+DECODE_PARAMS = ["backend", "batch", "heads", "kv_heads", "Lq", "Lk", "E", "dtype", "clock"]
 DEFAULT_PARAM_NAMES = {
     "TimeAttention.time_attention": [ATTENTION_PARAMS + ["clock"], ATTENTION_PARAMS],
     "MemoryAttention.track_extra_bytes": [ATTENTION_PARAMS],
-    "TimeDecode.time_decode": [["backend", "batch", "heads", "kv_heads", "Lq", "Lk", "E", "dtype", "clock"]],
+    "TimeHalfPrecision.time_attention": [ATTENTION_PARAMS + ["clock"]],
+    "TimeDecode.time_decode": [DECODE_PARAMS],
+    "TimeGroupedDecode.time_decode": [DECODE_PARAMS],
     "TimeMasked.time_masked": [["backend", "batch", "heads", "T", "E", "mask", "op", "dtype", "clock"]],
     "PeakMatmul.track_peak_gflops": [["library", "dtype", "openblas_coretype", "threads"],
                                      ["library", "openblas_coretype", "threads"]],

@@ -302,7 +302,9 @@ def test_asv_records_two_commits_and_compare_flags_the_regression(tmp_path):
     sh("git", "init", "-q")
     sh("asv", "machine", "--yes", "--machine", "box")  # HOME is tmp_path: ~/.asv-machine.json stays put
     before = commit_and_run("fast")
-    slower = SLOW_PLUGIN.replace("    s = q @", "    import time; time.sleep(0.002)\n    s = q @")
+    # 2 ms of CPU time more per call (the benchmarks' clock is CPU time: a sleep would not count)
+    burn = "    import time; until = time.process_time() + 0.002\n    while time.process_time() < until: pass\n"
+    slower = SLOW_PLUGIN.replace("    s = q @", burn + "    s = q @")
     (repo / "slowplugin.py").write_text(slower)
     after = commit_and_run("slow")
     out = sh("asv", "compare", before, after, "--machine", "box", "--factor", "1.1", "--only-changed")

@@ -21,10 +21,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = ("asv.conf.json", "pyproject.toml", "README.md", "attnspec", "backends", "benchmarks", "properties",
            "reports", "specs")
-# A planted slowdown: the call burns its own CPU time again times FACTOR (the benchmarks time
-# CPU time: it adds exactly that share, whatever else the machine runs).  Large enough that a
-# loaded 2-core CI box cannot hide it; benchmarks/README.md reports a 20 % one caught by hand.
-FACTOR = 0.5
+# A planted slowdown: the call burns its own CPU time again, twice (3x in all).  The benchmarks
+# time CPU time, yet on the shared 2-core VM under load 9 the same T = 128 call measured 4.7 ms
+# in one run and 7.8 ms in the next: a 20 % change is caught on a quiet machine (benchmarks/
+# README.md), not reliably inside a test that runs beside other suites.
+FACTOR = 2.0
 PLANT = '''
 
 def _planted(native):  # a planted slowdown for the asv tests
@@ -63,9 +64,19 @@ def _shell(cwd, env):
     return sh
 
 
-def _regressions(out: str, needle: str) -> list[str]:
-    """asv continuous's table lines for benchmarks that got slower ('+' in the change column)."""
-    return [line for line in out.splitlines() if line.lstrip("| ").startswith("+") and needle in line]
+SIZES = "128,256,512"  # ~1, 3 and 10 ms a call: 10 samples each in a fraction of a second
+
+
+def _changes(out: str, needle: str, mark: str) -> list[str]:
+    """asv continuous's table lines for `needle` marked '+' (slower) or '-' (faster)."""
+    return [line for line in out.splitlines() if line.lstrip("| ").startswith(mark) and needle in line]
+
+
+def _assert_flagged(out: str, needle: str) -> None:
+    """Most sizes flagged slower, none faster (the two commits run one after the other on a
+    shared machine: a load change between them may hide one size, not most)."""
+    assert len(_changes(out, needle, "+")) >= 2 and not _changes(out, needle, "-"), out
+    assert "PERFORMANCE DECREASED" in out, out
 
 
 @pytest.mark.timeout(600)
@@ -79,8 +90,8 @@ def test_fresh_clone_asv_run_continuous_and_publish(tmp_path):
             shutil.copytree(src, repo / part, ignore=shutil.ignore_patterns("__pycache__", "out", ".tmp*"))
         elif os.path.exists(src):
             shutil.copy(src, repo / part)
-    env = _env(tmp_path, ATTNSPEC_BACKENDS="numpy-naive", ATTNSPEC_BENCH_T="256,512", ATTNSPEC_BENCH_DTYPES="float32",
-               ATTNSPEC_BENCH_OPS="forward")
+    env = _env(tmp_path, ATTNSPEC_BACKENDS="numpy-naive", ATTNSPEC_BENCH_T=SIZES, ATTNSPEC_BENCH_DTYPES="float32",
+               ATTNSPEC_BENCH_OPS="forward", ATTNSPEC_BENCH_SAMPLES="10")
     sh = _shell(repo, env)
     sh("git", "init", "-q")
     sh("git", "add", "-A")
@@ -96,9 +107,7 @@ def test_fresh_clone_asv_run_continuous_and_publish(tmp_path):
     sh("git", "commit", "-qam", "slower numpy-naive")
     out = sh("asv", "continuous", "--machine", "box", "--factor", "1.1", "HEAD~1", "HEAD", "--bench", "TimeAttention",
              ok=(0, 1))  # 1: asv found a regression
-    flagged = _regressions(out, "'numpy-naive'")
-    assert len(flagged) == 2, out  # T = 256 and 512
-    assert "PERFORMANCE DECREASED" in out or "SOME BENCHMARKS HAVE CHANGED SIGNIFICANTLY" in out, out
+    _assert_flagged(out, "'numpy-naive'")
     sh("asv", "publish")
     assert (repo / ".asv" / "html" / "index.html").is_file()
     graphs = list((repo / ".asv" / "html" / "graphs").rglob("*.json"))
@@ -147,7 +156,8 @@ def test_a_plugin_runs_attnspecs_benchmarks_in_its_own_asv(tmp_path):
     from benchmarks import plugin_suite
 
     plugin_suite.write(str(repo), backend="mykernel:attention")  # asv.conf.json and asv_bench/
-    env = _env(tmp_path, ATTNSPEC_BENCH_T="256,512", ATTNSPEC_BENCH_DTYPES="float32", ATTNSPEC_BENCH_OPS="forward")
+    env = _env(tmp_path, ATTNSPEC_BENCH_T=SIZES, ATTNSPEC_BENCH_DTYPES="float32", ATTNSPEC_BENCH_OPS="forward",
+               ATTNSPEC_BENCH_SAMPLES="10")
     sh = _shell(repo, env)
     sh("git", "init", "-q")
     sh("git", "add", "-A")
@@ -158,10 +168,10 @@ def test_a_plugin_runs_attnspecs_benchmarks_in_its_own_asv(tmp_path):
     sh("asv", "machine", "--yes", "--machine", "box")
     out = sh("asv", "continuous", "--machine", "box", "--factor", "1.1", "HEAD~1", "HEAD", "--bench", "TimeAttention",
              ok=(0, 1))
-    assert len(_regressions(out, "'mykernel:attention'")) == 2, out
+    _assert_flagged(out, "'mykernel:attention'")
     from reports.asv_results import load_results
 
     df = load_results(str(repo / ".asv" / "results"))
     time = df[(df["metric"] == "time") & (df["backend"] == "mykernel:attention")]
-    assert len(time) == 4 and time["commit"].nunique() == 2 and set(time["problem"]) == {"dense"}
+    assert len(time) == 6 and time["commit"].nunique() == 2 and set(time["problem"]) == {"dense"}
     assert set(df[df["metric"] == "gflops"]["backend"]) == {"mykernel:attention"}

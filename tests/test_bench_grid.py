@@ -18,18 +18,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID_DUMP = ("import json; from benchmarks import _grid as g; from benchmarks import bench_attention, bench_decode, "
              "bench_masks, bench_memory; "
              "left = lambda kind, **k: g.left_out(kind, **k) is not None; "
-             "print(json.dumps(dict(T=g.T_VALUES, E=g.E_VALUES, ops=g.OPS, dtypes=g.DTYPES, memory_T=g.MEMORY_T, "
-             "memory_ops=g.MEMORY_OPS, lk=g.DECODE_LK, hkv=g.DECODE_HKV, lq=g.DECODE_LQ, masks=g.MASKS, "
-             "mask_T=g.MASK_T, sweep_params=bench_attention.TimeAttention.params[3:], "
-             "left_bf16_256_fwd=left('sweep', T=256, op='forward', dtype='bfloat16'), "
-             "left_bf16_64_fwd=left('sweep', T=64, op='forward', dtype='bfloat16'), "
-             "left_f16_2048_bwd=left('sweep', T=2048, op='forward_backward', dtype='float16'), "
-             "left_f32_2048_bwd=left('sweep', T=2048, op='forward_backward', dtype='float32'), "
-             "left_decode_bf16_gqa=left('decode', Lq=1, hkv=2, dtype='bfloat16', Lk=2048), "
-             "left_decode_bf16=left('decode', Lq=1, hkv=8, dtype='bfloat16', Lk=256), "
-             "left_decode_gqa_small=left('decode', Lq=1, hkv=2, dtype='float32', Lk=256), "
-             "left_decode_gqa_spec=left('decode', Lq=4, hkv=1, dtype='float32', Lk=2048), "
-             "left_decode_gqa=left('decode', Lq=1, hkv=1, dtype='float32', Lk=2048), "
+             "print(json.dumps(dict(T=g.T_VALUES, E=g.E_VALUES, ops=g.OPS, dtypes=g.DTYPES, half=g.HALF_DTYPES, "
+             "half_T=g.HALF_T, half_ops=g.HALF_OPS, memory_T=g.MEMORY_T, memory_ops=g.MEMORY_OPS, lk=g.DECODE_LK, "
+             "lq=g.DECODE_LQ, decode_dtypes=g.DECODE_DTYPES, hkv=g.GROUPED_HKV, grouped_lk=g.GROUPED_LK, "
+             "grouped_lq=g.GROUPED_LQ, masks=g.MASKS, mask_T=g.MASK_T, "
+             "half_params=bench_attention.TimeHalfPrecision.params[3:], "
+             "grouped_params=bench_decode.TimeGroupedDecode.params[3:], "
+             "left_decode_bf16_lq4=left('decode', Lq=4, dtype='bfloat16'), "
+             "left_decode_bf16=left('decode', Lq=1, dtype='bfloat16'), "
              "mask_params=bench_masks.TimeMasked.params[5:8])))")
 
 
@@ -44,36 +40,38 @@ def grid(**env) -> dict:
 def test_default_grid_is_the_missions_range_with_16_bit_corners():
     g = grid()
     assert g["T"] == [4, 16, 64, 256, 1024, 2048] and g["E"] == [64]
-    assert g["dtypes"] == ["float32", "bfloat16", "float16"] and g["ops"] == ["forward", "forward_backward"]
-    # 16-bit: forward at T = 4, 256, 2048 only; float32 everything
-    assert not g["left_bf16_256_fwd"] and g["left_bf16_64_fwd"] and g["left_f16_2048_bwd"]
-    assert not g["left_f32_2048_bwd"]
+    assert g["dtypes"] == ["float32"] and g["ops"] == ["forward", "forward_backward"]
+    # 16-bit: forward at T = 4, 256, 2048, its own class (no left-out corners in the product)
+    assert g["half"] == ["bfloat16", "float16"] and g["half_T"] == [4, 256, 2048] and g["half_ops"] == ["forward"]
     assert g["memory_T"] == [64, 256, 1024, 2048] and g["memory_ops"] == ["forward"]
-    assert g["lq"] == [1, 4] and g["lk"] == [256, 2048] and g["hkv"] == [8, 2, 1]
-    assert g["left_decode_bf16_gqa"] and not g["left_decode_bf16"]
-    # grouped heads: one token against the largest cache (what the report's table shows)
-    assert g["left_decode_gqa_small"] and g["left_decode_gqa_spec"] and not g["left_decode_gqa"]
+    assert g["lq"] == [1, 4] and g["lk"] == [256, 2048] and g["decode_dtypes"] == ["float32", "bfloat16", "float16"]
+    assert g["left_decode_bf16_lq4"] and not g["left_decode_bf16"]  # 16-bit decode: one token
+    # grouped heads: one token against the largest cache (what the report's table compares)
+    assert g["grouped_params"] == [[2, 1], [1], [2048], [64], ["float32"], ["process"]]
     assert g["masks"] == ["causal", "window-256"] and g["mask_T"] == [256, 1024, 2048]
-    assert g["mask_params"] == [["causal", "window-256"], ["forward"], ["float32"]]  # no corners left out
+    assert g["mask_params"] == [["causal", "window-256"], ["forward"], ["float32"]]
 
 
 def test_full_grid_leaves_nothing_out():
     g = grid(ATTNSPEC_BENCH_GRID="full")
-    assert g["T"] == [2 ** i for i in range(2, 12)] and g["E"] == [16, 64, 128]
-    assert max(g["lk"]) >= 8192 and g["memory_ops"] == ["forward", "forward_backward"]
-    assert not any(v for k, v in g.items() if k.startswith("left_"))
+    assert g["T"] == [2 ** i for i in range(2, 12)] and g["E"] == [16, 64, 128] and g["half_T"] == g["T"]
+    assert max(g["lk"]) >= 8192 and g["memory_ops"] == ["forward", "forward_backward"] and g["hkv"] == [4, 2, 1]
+    assert g["grouped_lk"] == g["lk"] and g["grouped_lq"] == [1, 4]
+    assert not g["left_decode_bf16_lq4"]
+    assert g["mask_params"][2] == ["float32", "bfloat16", "float16"]
 
 
 def test_an_axis_given_explicitly_is_measured_in_full():
-    g = grid(ATTNSPEC_BENCH_DTYPES="float32,bfloat16", ATTNSPEC_BENCH_T="8,32")
-    assert g["dtypes"] == ["float32", "bfloat16"] and g["T"] == [8, 32] and g["memory_T"] == [8, 32]
-    assert not g["left_bf16_64_fwd"] and not g["left_decode_bf16_gqa"]
+    g = grid(ATTNSPEC_BENCH_HALF="bfloat16", ATTNSPEC_BENCH_T="8,32", ATTNSPEC_BENCH_LK="64,128")
+    assert g["half"] == ["bfloat16"] and g["T"] == [8, 32] and g["memory_T"] == [8, 32] and g["half_T"] == [8, 32]
+    assert g["grouped_lk"] == [64, 128]
 
 
 @pytest.mark.parametrize("env, message", [
     (dict(ATTNSPEC_BENCH_GRID="huge"), "ATTNSPEC_BENCH_GRID='huge': expected one of quick, default, full"),
     (dict(ATTNSPEC_BENCH_MASKS="causal,window"), "ATTNSPEC_BENCH_MASKS='causal,window': expected causal or window-N"),
     (dict(ATTNSPEC_BENCH_DTYPES="float8"), "ATTNSPEC_BENCH_DTYPES='float8': expected comma-separated values from"),
+    (dict(ATTNSPEC_BENCH_HALF="float32"), "ATTNSPEC_BENCH_HALF='float32': expected comma-separated values from"),
     (dict(ATTNSPEC_BENCH_LK="0"), "ATTNSPEC_BENCH_LK='0': expected positive integers"),
 ])
 def test_bad_grid_settings_are_named(env, message):

@@ -26,8 +26,11 @@ from reports.runner import ROOT
 # and the number of backends set the time.  Default: the T sweep 4..2048 (float32 both ops; the
 # 16-bit dtypes forward at T = 4, 256, 2048), decode (Lq 1 and 4, Lk 256 and 2048, Hkv 8/2/1),
 # causal and sliding-window problems, extra memory (forward), the machine's peaks and bandwidth.
-MODES = {"quick": {"ATTNSPEC_BENCH_GRID": "quick"}, "default": {"ATTNSPEC_BENCH_GRID": "default"},
-         "full": {"ATTNSPEC_BENCH_GRID": "full"}}
+# Three samples per combination make the report's medians; asv run by hand takes 6, what asv
+# continuous needs to call a change significant (benchmarks/_grid.py SAMPLES).
+MODES = {"quick": {"ATTNSPEC_BENCH_GRID": "quick"},
+         "default": {"ATTNSPEC_BENCH_GRID": "default", "ATTNSPEC_BENCH_SAMPLES": "3"},
+         "full": {"ATTNSPEC_BENCH_GRID": "full", "ATTNSPEC_BENCH_SAMPLES": "3"}}
 # Seconds per backend: the suite takes 20-140 s per backend here with the machine shared,
 # so the limit only stops a hang; suites run side by side, so it rarely adds to the wall time.
 SUITE_TIMEOUT = {"quick": 300, "default": 600, "full": 1200}
