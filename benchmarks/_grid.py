@@ -86,8 +86,8 @@ E_VALUES = _ints("ATTNSPEC_BENCH_E", [E_DEFAULT] if not _F else [16, 64, 128])
 OPS = _words("ATTNSPEC_BENCH_OPS", ["forward"] if _Q else OP_NAMES, OP_NAMES)
 DTYPES = _words("ATTNSPEC_BENCH_DTYPES", ["float32"], DTYPE_NAMES)  # TimeAttention
 # 16-bit (TimeHalfPrecision): forward at T = 4, 256, 2048 by default, the whole sweep in full
-HALF_DTYPES = [] if _Q else _words("ATTNSPEC_BENCH_HALF", SIXTEEN_BIT, SIXTEEN_BIT)
-HALF_T = T_VALUES if _F or explicit("ATTNSPEC_BENCH_T") else [t for t in SIXTEEN_BIT_T]
+HALF_DTYPES = _words("ATTNSPEC_BENCH_HALF", SIXTEEN_BIT, SIXTEEN_BIT)
+HALF_T = T_VALUES if _F or explicit("ATTNSPEC_BENCH_T") else [256] if _Q else list(SIXTEEN_BIT_T)
 HALF_OPS = OPS if _F or explicit("ATTNSPEC_BENCH_OPS") else ["forward"]
 MEMORY_T = [t for t in T_VALUES if t >= 64] if _D and not explicit("ATTNSPEC_BENCH_T") else T_VALUES
 MEMORY_OPS = ["forward"] if not _F and not explicit("ATTNSPEC_BENCH_OPS") else OPS
@@ -99,7 +99,7 @@ MEMORY_E = [E_DEFAULT] if E_DEFAULT in E_VALUES else E_VALUES[:1]  # extra memor
 DECODE_LQ = [1] if _Q else [1, 4]
 DECODE_LK = _ints("ATTNSPEC_BENCH_LK", [2048] if _Q else [256, 2048] if _D else [256, 1024, 2048, 8192, 32768])
 DECODE_DTYPES = ["float32"] if _Q else ["float32", *HALF_DTYPES]
-GROUPED_HKV = [h for h in _ints("ATTNSPEC_BENCH_HKV", [] if _Q else [2, 1] if not _F else [4, 2, 1]) if h != HEADS]
+GROUPED_HKV = [h for h in _ints("ATTNSPEC_BENCH_HKV", [1] if _Q else [2, 1] if not _F else [4, 2, 1]) if h != HEADS]
 GROUPED_LQ = DECODE_LQ if _F else [1]
 GROUPED_LK = DECODE_LK if _F or explicit("ATTNSPEC_BENCH_LK") else DECODE_LK[-1:]
 GROUPED_DTYPES = DECODE_DTYPES if _F else ["float32"]
