@@ -149,7 +149,7 @@ class JaxNaive(JaxBackend):
         if "q_segment_ids" in a:
             vis = vis & (a["q_segment_ids"][..., None, :, None] == a["kv_segment_ids"][..., None, None, :])
         s = jnp.where(vis, s, -jnp.inf)  # (..., Hq, Lq, Lk)
-        row_max = lax.stop_gradient(s.max(axis=-1, keepdims=True))  # (..., Lq, 1)
+        row_max = lax.stop_gradient(s.max(axis=-1, keepdims=True, initial=-jnp.inf))  # (..., Lq, 1) Lk = 0: -inf
         row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
         e = jnp.exp(s - row_max)  # (..., Lq, Lk) exp(-inf) = 0 on hidden pairs
         total = e.sum(axis=-1, keepdims=True)  # (..., Lq, 1)

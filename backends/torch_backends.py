@@ -131,7 +131,7 @@ class TorchMath(TorchBackend):
         if call.q_segment_ids is not None:
             hidden = hidden | (call.q_segment_ids[..., None, :, None] != call.kv_segment_ids[..., None, None, :])
         s = s.masked_fill(hidden, float("-inf"))  # (..., Hq, Lq, Lk)
-        row_max = s.amax(dim=-1, keepdim=True).detach()  # (..., Lq, 1)
+        row_max = s.amax(dim=-1, keepdim=True).detach() if Lk else s.new_zeros(s.shape[:-1] + (1,))  # (..., Lq, 1)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         e = torch.exp(s - row_max)  # (..., Lq, Lk) exp(-inf) = 0 on hidden pairs
         total = e.sum(dim=-1, keepdim=True)  # (..., Lq, 1)
