@@ -59,7 +59,7 @@ class Defect(TorchMath):
         eye = torch.eye(Lk, dtype=v.dtype, device=v.device).expand(*v.shape[:-2], Lk, Lk)  # (..., Hkv, Lk, Lk)
         res = super()._attention(q, k, eye, call)
         w, lse = res if call.return_lse else (res, None)  # (..., Lq, Lk) torch-math's own weights
-        norm = None if self.d == 0 else self._row_sum_ratio(w.detach())  # (..., Lq, 1)
+        norm = None if self.d == 0 or w.numel() == 0 else self._row_sum_ratio(w.detach())  # (..., Lq, 1)
         if norm is not None:
             w = (w.to(norm.dtype) / norm).to(w.dtype)  # one more rounding, as a kernel dividing late does
         out = w @ v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3) if call.enable_gqa else w @ v
