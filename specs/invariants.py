@@ -2,7 +2,8 @@
 
 Each check returns a `Verdict`: truthy when the property holds; otherwise ``where``
 is the index of the worst offender, ``(batch..., row, col)``, and ``amount`` how far
-off it is.  ``amount`` is reported even when the property holds (the worst measured
+off it is.  Tolerances (``atol``) are one number or an array broadcastable to what is
+judged - per-row budgets (`specs.error_budget.forward_allowed_rows`) as ``allowed[..., None]``.  ``amount`` is reported even when the property holds (the worst measured
 deviation), so callers can see the margin.  Rows with no visible key are never judged:
 the spec leaves them to implementations (seed 000's three properties, and seed 003's
 "la máscara causal pone a cero las contribuciones futuras", are about real rows).
@@ -65,15 +66,30 @@ def worst_offender(deviation, judged=None) -> tuple:
     return _idx(flat, dev.shape), float(dev.flat[flat])
 
 
-def _verdict(name: str, deviation: np.ndarray, judged: np.ndarray, atol: float, what: str) -> Verdict:
-    """Worst deviation over judged entries; NaN counts as an infinite deviation."""
-    where, worst = worst_offender(deviation, judged)
+def _verdict(name: str, deviation: np.ndarray, judged: np.ndarray, atol, what: str) -> Verdict:
+    """Worst deviation over judged entries; NaN counts as an infinite deviation.
+
+    ``atol``: one tolerance, or an array broadcastable to the deviation (per-row budgets,
+    e.g. ``allowed[..., None]``); the worst offender is then the entry furthest past its own.
+    """
+    tol = np.asarray(atol, dtype=np.float64)
+    if tol.ndim == 0:
+        where, worst = worst_offender(deviation, judged)
+        limit = float(tol)
+    else:
+        dev = np.asarray(deviation, dtype=np.float64)
+        tol = np.broadcast_to(tol, dev.shape)
+        with np.errstate(invalid="ignore"):
+            where, _ = worst_offender(dev - tol, judged)  # inf - inf (NaN) counts as infinite
+        worst = None if where is None else float(dev[where])
+        worst = np.inf if worst is not None and worst != worst else worst
+        limit = None if where is None else float(tol[where])
     if where is None:
         return Verdict(name, True, None, 0.0, f"{name}: nothing to judge (no visible rows)")
-    holds = worst <= atol
-    msg = (f"{name}: holds (worst {what} {worst:.3g} at {where}, tolerance {atol:.3g})" if holds
-           else f"{name}: violated at {where}: {what} {worst:.6g} exceeds tolerance {atol:.3g}")
-    return Verdict(name, holds, where, worst, msg, float(atol))
+    holds = bool(worst <= limit)
+    msg = (f"{name}: holds (worst {what} {worst:.3g} at {where}, tolerance {limit:.3g})" if holds
+           else f"{name}: violated at {where}: {what} {worst:.6g} exceeds tolerance {limit:.3g}")
+    return Verdict(name, holds, where, worst, msg, limit)
 
 
 def _vis(weights: np.ndarray, visible) -> np.ndarray:
@@ -90,7 +106,7 @@ def weights_nonnegative(weights, visible=None) -> Verdict:
     return _verdict("weights_nonnegative", -w, judged, 0.0, "negative weight of size")
 
 
-def rows_sum_to_one(weights, visible=None, atol: float = 1e-12) -> Verdict:
+def rows_sum_to_one(weights, visible=None, atol=1e-12) -> Verdict:
     """Each judged row sums to 1 within atol (the whole row: mass on masked keys counts)."""
     w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
     vis = _vis(w, visible)
@@ -98,7 +114,7 @@ def rows_sum_to_one(weights, visible=None, atol: float = 1e-12) -> Verdict:
     return _verdict("rows_sum_to_one", dev, vis.any(axis=-1), atol, "|row sum - 1| =")
 
 
-def order_preserved(scores, weights, visible=None, atol: float = 0.0) -> Verdict:
+def order_preserved(scores, weights, visible=None, atol=0.0) -> Verdict:
     """Among visible keys of a row, a strictly higher score never gets a lower weight.
 
     The deviation of key j is max over visible keys i with s_i < s_j of (w_i - w_j);
@@ -129,7 +145,7 @@ def order_preserved(scores, weights, visible=None, atol: float = 0.0) -> Verdict
     return _verdict("order_preserved", dev, judged, atol, "a lower score has more weight by")
 
 
-def convex_combination(output, value, visible=None, atol: float = 0.0) -> Verdict:
+def convex_combination(output, value, visible=None, atol=0.0) -> Verdict:
     """Each output entry lies within [min, max] of its column over the visible V rows."""
     out = np.asarray(output, dtype=np.float64)  # (..., Lq, Ev)
     v = np.asarray(value, dtype=np.float64)  # (..., Lk, Ev)

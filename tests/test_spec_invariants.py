@@ -180,3 +180,28 @@ def test_saturation_study_shows_the_seeds_claim():
     assert abs(big.scaled_entropy_bits - small.scaled_entropy_bits) < 0.1
     assert big.unscaled_entropy_bits < small.unscaled_entropy_bits < small.scaled_entropy_bits
     assert big.max_entropy_bits == math.log2(4)
+
+
+def test_worst_offender_counts_nan_as_infinite_and_skips_unjudged():
+    dev = np.array([[0.1, np.nan, 0.3], [5.0, 0.2, 0.0]])
+    assert inv.worst_offender(dev) == ((0, 1), np.inf)
+    judged = np.array([[True, False, True], [False, True, True]])
+    assert inv.worst_offender(dev, judged) == ((0, 2), 0.3)
+    assert inv.worst_offender(dev, np.zeros_like(judged)) == (None, 0.0)
+    assert inv.worst_offender(np.zeros((0, 3))) == (None, 0.0)
+
+
+def test_tolerances_may_be_per_row():
+    """A per-row budget: each row judged against its own tolerance; where = the row furthest past it."""
+    w = np.array([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])  # (Lq, Lk)
+    w[0] *= 1.01  # sums to 1.01: within row 0's tolerance 0.02
+    w[2] *= 1.001  # sums to 1.001: past row 2's tolerance 1e-4
+    verdict = inv.rows_sum_to_one(w, atol=np.array([0.02, 1e-6, 1e-4]))
+    assert not verdict and verdict.where == (2,) and verdict.limit == 1e-4
+    assert verdict.amount == pytest.approx(1e-3) and verdict.used == pytest.approx(10)
+    assert inv.rows_sum_to_one(w, atol=np.array([0.02, 1e-6, 2e-3]))
+    s = np.array([[0.0, 1.0], [0.0, 1.0]])  # (Lq, Lk)
+    flipped = np.array([[0.55, 0.45], [0.6, 0.4]])  # a near-tie flipped by 0.1 and by 0.2
+    verdict = inv.order_preserved(s, flipped, atol=np.array([[0.15], [0.15]]))
+    assert not verdict and verdict.where == (1, 1) and verdict.amount == pytest.approx(0.2)
+    assert inv.order_preserved(s, flipped, atol=np.array([[0.15], [0.25]]))
