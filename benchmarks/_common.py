@@ -258,9 +258,10 @@ def spend(name: str, seconds: float) -> None:
     """Add seconds of calls to the backend's account for this run (asv runs one at a time)."""
     if not BACKEND_BUDGET_SECONDS:
         return
+    total = _spent(name) + seconds  # read before opening for writing: "w" empties the file
     os.makedirs(_run_folder(), exist_ok=True)
     with open(_marker(name), "w") as f:
-        f.write(repr(_spent(name) + seconds))
+        f.write(repr(total))
 
 
 def _check_predicted_time(backend, w: Workload, op: str, dtype: str) -> None:

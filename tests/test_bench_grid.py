@@ -140,6 +140,9 @@ def test_calls_over_the_budget_leave_the_backend_out_of_the_rest_of_the_run(monk
     with pytest.raises(NotImplementedError, match=r"its calls took .* left out of the rest of this run"):
         _common.prepared("numpy-tiled", _common.Workload(1, 2, 2, 16, 16, 16), "forward", "float32")
     assert _common._over_budget("numpy-naive") is None  # each backend has its own account
+    _common.spend("numpy-naive", 1.5)
+    _common.spend("numpy-naive", 2.0)
+    assert _common._spent("numpy-naive") == 3.5  # the account adds up over the run's processes
 
 
 # -- threads ----------------------------------------------------------------------------------------
