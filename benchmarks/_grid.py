@@ -89,7 +89,7 @@ DTYPES = _words("ATTNSPEC_BENCH_DTYPES", ["float32"], DTYPE_NAMES)  # TimeAttent
 HALF_DTYPES = _words("ATTNSPEC_BENCH_HALF", SIXTEEN_BIT, SIXTEEN_BIT)
 HALF_T = T_VALUES if _F or explicit("ATTNSPEC_BENCH_T") else [256] if _Q else list(SIXTEEN_BIT_T)
 HALF_OPS = OPS if _F or explicit("ATTNSPEC_BENCH_OPS") else ["forward"]
-MEMORY_T = [t for t in T_VALUES if t >= 64] if _D and not explicit("ATTNSPEC_BENCH_T") else T_VALUES
+MEMORY_T = [t for t in T_VALUES if t >= 256] if _D and not explicit("ATTNSPEC_BENCH_T") else T_VALUES  # the fit range
 MEMORY_OPS = ["forward"] if not _F and not explicit("ATTNSPEC_BENCH_OPS") else OPS
 MEMORY_E = [E_DEFAULT] if E_DEFAULT in E_VALUES else E_VALUES[:1]  # extra memory hardly depends on E
 

@@ -43,7 +43,7 @@ def test_default_grid_is_the_missions_range_with_16_bit_corners():
     assert g["dtypes"] == ["float32"] and g["ops"] == ["forward", "forward_backward"]
     # 16-bit: forward at T = 4, 256, 2048, its own class (no left-out corners in the product)
     assert g["half"] == ["bfloat16", "float16"] and g["half_T"] == [4, 256, 2048] and g["half_ops"] == ["forward"]
-    assert g["memory_T"] == [64, 256, 1024, 2048] and g["memory_ops"] == ["forward"]
+    assert g["memory_T"] == [256, 1024, 2048] and g["memory_ops"] == ["forward"]
     assert g["lq"] == [1, 4] and g["lk"] == [256, 2048] and g["decode_dtypes"] == ["float32", "bfloat16", "float16"]
     assert g["left_decode_bf16_lq4"] and not g["left_decode_bf16"]  # 16-bit decode: one token
     # grouped heads: one token against the largest cache (what the report's table compares)
