@@ -172,6 +172,8 @@ class Backend:
             x = getattr(p, name)
             if x is not None:
                 arr = np.asarray(x, dtype=np.int64 if cast == "int32" else np.float64)
+                if cast == "wide":
+                    cast = "float64" if dtype == "float64" else "float32"
                 natives[name] = self.to_native(arr, cast or dtype)
         return Call(mask=None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None),
                     is_causal=is_causal, scale=scale, enable_gqa=p.enable_gqa,

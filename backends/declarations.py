@@ -72,13 +72,15 @@ class Call:
     kv_lengths: object = None
     q_segment_ids: object = None   # int32 (..., Lq)
     kv_segment_ids: object = None  # int32 (..., Lk)
-    alibi_slopes: object = None    # float32 (Hq,)
+    alibi_slopes: object = None    # (Hq,) float64 for float64 input, else float32
     return_lse: bool = False       # then return (output, lse (..., Hq, Lq), natural log)
     dtype: str = "float64"         # the dtype q, k, v were cast to
 
 
+# how Call's arrays are cast: None = the input dtype; "wide" = float64 for float64 input, float32 else
+# (ALiBi slopes such as 2^-0.5 for 16 heads are not float32 numbers: a float64 call gets them exactly)
 _ARRAY_FIELDS = {"bias": None, "q_lengths": "int32", "kv_lengths": "int32", "q_segment_ids": "int32",
-                 "kv_segment_ids": "int32", "alibi_slopes": "float32"}
+                 "kv_segment_ids": "int32", "alibi_slopes": "wide"}
 
 
 def numpy_layout(x: np.ndarray, layout: str) -> np.ndarray:

@@ -219,6 +219,9 @@ def validate(query, key, value, mask=None, is_causal=False, scale=None, *, bias=
     batch_shape, group = _heads(qs, ks, vs, bool(enable_gqa))
     scores_shape = batch_shape + (Lq, Lk)
     if mask is not None:
+        if not hasattr(mask, "shape"):
+            raise ValueError(f"mask must be a boolean array broadcastable to (..., Lq, Lk); got {type(mask).__name__} "
+                             f"{mask!r} (for a causal mask pass is_causal=True)")
         mshape = tuple(getattr(mask, "shape", ()))
         if _dtype_name(mask) != "bool":
             raise ValueError(f"mask must be boolean (True = takes part; a float mask is a bias); "

@@ -112,3 +112,20 @@ def test_visible_combines_mask_and_causal():
     vis = P.visible(P.validate(q, k, v, mask=mask, is_causal=True))
     assert vis.shape == (2, 3, 3)
     assert vis[0].tolist() == [[True, False, False], [True, False, False], [True, False, True]]
+
+
+def test_a_python_bool_is_not_a_mask():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"mask must be a boolean array .* got bool True .*is_causal=True"):
+        P.validate(q, k, v, True)
+
+
+def test_alibi_slopes_reach_float64_backends_exactly():
+    """16 heads: the slopes 2^(-h/2) are not float32 numbers; a float64 call must get them exactly."""
+    from backends.registry import resolve
+    from specs import error_budget
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 16, 8, 8)), rng.standard_normal((1, 16, 40, 8)), rng.standard_normal((1, 16, 40, 8))
+    slopes = P.alibi_slopes(16)
+    out = resolve("numpy-naive").forward(q, k, v, dtype="float64", alibi_slopes=slopes)
+    assert error_budget.check_forward(out, q, k, v, dtype="float64", alibi_slopes=slopes)
