@@ -80,7 +80,7 @@ def _names(config) -> list[str]:
     from backends import registry
 
     names = [n.strip() for raw in (config.getoption("attnspec_backend") or []) for n in raw.split(",") if n.strip()]
-    return names or registry.names_from_env() or registry.builtin_names()
+    return names or registry.names_from_env() or registry.suite_names()
 
 
 def runs_suite(config) -> bool:

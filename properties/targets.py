@@ -55,19 +55,21 @@ _WORKER: list = []
 
 def call_with_limit(backend: Backend, what: str, fn, *args, **kwargs):
     """fn(*args, **kwargs) on the worker thread; BackendFailure if it has not returned in time."""
+    # a backend that compiles on first sight of a shape may say how long a call can take
+    limit = max(call_timeout(), float(getattr(backend, "call_timeout", 0) or 0))
     if id(backend) in _HUNG:
         raise BackendFailure(backend.name, f"{what} not attempted: an earlier call ({_HUNG[id(backend)]}) "
-                                           f"did not return within {call_timeout():g} s")
+                                           f"did not return within {limit:g} s")
     if not _WORKER:
         _WORKER.append(_Worker())
     box: dict = {}
     done = threading.Event()
     _WORKER[0].jobs.put((fn, args, kwargs, box, done))
-    if not done.wait(call_timeout()):
+    if not done.wait(limit):
         _HUNG[id(backend)] = what
         _WORKER.clear()  # abandon the stuck thread; the next call starts a fresh one
-        raise BackendFailure(backend.name, f"{what} did not return within {call_timeout():g} s "
-                                           "(per-call limit, ATTNSPEC_CALL_TIMEOUT)")
+        raise BackendFailure(backend.name, f"{what} did not return within {limit:g} s "
+                                           "(per-call limit, ATTNSPEC_CALL_TIMEOUT or the backend's call_timeout)")
     if "error" in box:
         raise box["error"]
     return box["value"]

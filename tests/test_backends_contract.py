@@ -158,3 +158,11 @@ def test_function_backend_sees_numpy_arrays():
     case = random_cases()[1]
     FunctionBackend(spy, "spy").forward(*case.args(), dtype="float32")
     assert seen == [(np.ndarray, np.ndarray, False, None)]
+
+
+def test_the_suite_checks_every_builtin_by_default_but_the_opt_in_ones():
+    """torch.compile'd flex compiles every shape (tens of seconds each): checked only when named."""
+    assert set(registry.SUITE_OPT_IN) <= set(registry.builtin_names())
+    assert registry.suite_names() == [n for n in registry.builtin_names() if n not in registry.SUITE_OPT_IN]
+    assert "torch-flex-compiled" in registry.SUITE_OPT_IN and "torch-flex" in registry.suite_names()
+    assert all(len(why) > 40 for why in registry.SUITE_OPT_IN.values())  # a reason a user can act on

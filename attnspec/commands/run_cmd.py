@@ -173,6 +173,8 @@ def run(args) -> int:
 
 
 def _run(args, build, inputs) -> int:
+    from backends import registry  # imports no framework
+
     _require_tools(args)
     commit = None if args.no_bench else _procs.git_head()  # before the long part: fail fast
     start = time.monotonic()
@@ -180,7 +182,10 @@ def _run(args, build, inputs) -> int:
     limit = args.suite_timeout or SUITE_TIMEOUT[args.mode]
     workdir = tempfile.mkdtemp(prefix="attnspec-run-")
     try:
-        suite = run_suites(chosen, limit, workdir, args.jobs or min(len(chosen), os.cpu_count() or 1))
+        checked = chosen if named(args) else [(n, s) for n, s in chosen if n not in registry.SUITE_OPT_IN]
+        for name in sorted({n for n, _ in chosen} - {n for n, _ in checked}):
+            print(f"  not checked by default (benchmarked only): {name}: {registry.SUITE_OPT_IN[name]}")
+        suite = run_suites(checked, limit, workdir, args.jobs or min(len(checked), os.cpu_count() or 1))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     collected = inputs.Inputs(conformance=skipped + suite["conformance"], semantics=suite["semantics"])
