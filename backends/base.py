@@ -43,7 +43,7 @@ class BackendFailure(AssertionError):
 
 # the declarations live in backends/declarations.py; everything imports them from here too
 from .declarations import (_ARRAY_FIELDS, CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, LAYOUTS, OPS,  # noqa: E402,F401
-                           Call, Capabilities, Semantics, numpy_layout)
+                           Call, Capabilities, Deviation, Semantics, numpy_layout)
 
 
 class Backend:
@@ -280,7 +280,8 @@ class Backend:
                 "layouts": list(c.layouts),
                 "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
                 "padded_rows": s.padded_rows, "output_dtypes": [list(x) for x in s.output_dtypes],
-                "effective_precision": s.effective_precision, "notes": list(s.notes)}
+                "effective_precision": s.effective_precision, "notes": list(s.notes),
+                "deviations": [{"property": d.property, "dtypes": list(d.dtypes), "why": d.why} for d in s.deviations]}
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"

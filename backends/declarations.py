@@ -40,6 +40,23 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class Deviation:
+    """A known departure from the spec, declared with its reason (an upstream bug, a documented limit).
+
+    The suite still runs the property: where it fails as declared the result is `deviation` (shown
+    as such in the summary, the JSON and the report, with its reproducer), never `passed`; any
+    other failure is still a failure.  ``dtypes`` () means every dtype.
+    """
+
+    property: str
+    why: str
+    dtypes: tuple = ()
+
+    def covers(self, prop: str, dtype: str) -> bool:
+        return prop == self.property and (not self.dtypes or dtype in self.dtypes)
+
+
+@dataclass(frozen=True)
 class Semantics:
     """Declared behaviour where the spec leaves a choice; None = not declared."""
 
@@ -54,6 +71,11 @@ class Semantics:
     # Results that come back in another dtype by policy, as (input dtype, output dtype) pairs,
     # e.g. (("float64", "float32"),) for a library that computes float64 input in float32.
     output_dtypes: tuple = ()
+    deviations: tuple = ()  # Deviation(property, why, dtypes): known departures, reported as such
+
+    def deviation(self, prop: str, dtype: str):
+        """The declared Deviation covering this property at this dtype, or None."""
+        return next((d for d in self.deviations if d.covers(prop, dtype)), None)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 import re
 import textwrap
 
-STATUSES = ("passed", "failed", "error", "skipped", "recorded")
+STATUSES = ("passed", "failed", "error", "skipped", "recorded", "deviation")
 REPRO_DIR = os.path.join(".attnspec", "repro")  # under the rootdir when no JSON path says otherwise
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -89,7 +89,8 @@ def per_backend(rows) -> dict:
 
 def count_words(counts: dict) -> str:
     """'3 passed, 1 failed' in pytest's order, zero counts left out."""
-    return ", ".join(f"{counts[s]} {s}" for s in ("failed", "passed", "skipped", "error", "recorded") if counts.get(s))
+    return ", ".join(f"{counts[s]} {s}" for s in ("failed", "passed", "skipped", "error", "recorded", "deviation")
+                     if counts.get(s))
 
 
 def backend_lines(rows) -> list[str]:
@@ -97,6 +98,7 @@ def backend_lines(rows) -> list[str]:
     width = max([len(b) for b in per] + [8])
     out = [f"{name:{width}s} {s['passed']:4d} passed {s['failed']:3d} failed {s['error']:3d} error "
            f"{s['skipped']:4d} skipped {s['recorded']:3d} recorded {s['seconds']:7.1f} s"
+           + (f"  {s['deviation']} declared deviation(s)" if s.get("deviation") else "")
            + ("  NOT TESTED: every check skipped" if s["skipped"] and not (s["passed"] + s["failed"] + s["error"]) else "")
            for name, s in per.items()]
     total = {st: sum(s[st] for s in per.values()) for st in STATUSES}

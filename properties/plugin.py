@@ -367,11 +367,26 @@ def pytest_runtest_makereport(item, call):
     elif report.skipped:
         longrepr = report.longrepr
         message = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    status, message = _declared_deviation(report, target, prop, status, message)
     if status in ("passed", "recorded"):
         output.forget_reproducers(folder, target.name, target.dtype, prop)
     row = dict(backend=target.name, property=prop, dtype=target.dtype, status=status, examples=target.examples,
                seconds=round(report.duration, 4), counterexample=counterexample, message=message, reproducer=path)
     report.user_properties.append(("attnspec_conformance", row))
+
+
+def _declared_deviation(report, target, prop: str, status: str, message):
+    """A failure the backend declares as a known deviation is `deviation`, not a failure (and not a pass)."""
+    declared = target.backend.semantics.deviation(prop, target.dtype) if hasattr(
+        target.backend.semantics, "deviation") else None
+    if declared is None:
+        return status, message
+    if status == "failed":
+        report.outcome, report.longrepr = "passed", None  # the session does not fail on it
+        return "deviation", f"declared deviation: {declared.why} | observed: {message}"
+    if status == "passed":
+        return status, f"declared deviation not seen in this run: {declared.why}"
+    return status, message
 
 
 def _row_of(report):
@@ -386,6 +401,8 @@ def pytest_report_teststatus(report, config):
         return None
     if row["status"] == "recorded":
         return "recorded", "r", "RECORDED"
+    if row["status"] == "deviation":
+        return "deviation", "d", "DEVIATION"
     if row["status"] == "error" and report.failed:
         return "error", "E", "ERROR"
     return None

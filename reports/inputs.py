@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 CONFORMANCE_COLUMNS = ("backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message")
 SEMANTICS_COLUMNS = ("backend", "question", "dtype", "observed", "declared", "agrees")
 # "recorded": a semantics question the backend declares nothing about (never failed, never a pass)
-STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out", "recorded")
+# "deviation": a failure the backend declares as a known departure (Semantics.deviations)
+STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out", "recorded", "deviation")
 # When two runs (say a CPU and a GPU box) judged the same check, the more telling result wins:
 # a failure anywhere is shown; a skip is superseded by any real result.
-_STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "passed": 4, "recorded": 5, "skipped": 6}
+_STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "deviation": 4, "passed": 5, "recorded": 6,
+                "skipped": 7}
 _OPTIONAL = {"dtype": ""}  # semantics rows of suites before per-dtype answers lack it
 NOT_ATTEMPTED = "not attempted: "  # how a failed row that never ran begins (after a backend hung)
 RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it

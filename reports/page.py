@@ -20,11 +20,12 @@ from .inputs import NOT_ATTEMPTED
 from .tables import FIT_T_MIN
 
 STATUS_TEXT = {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "error",
-               "crashed": "crashed", "timed_out": "timed out", "recorded": "recorded (nothing declared)"}
+               "crashed": "crashed", "timed_out": "timed out", "recorded": "recorded (nothing declared)",
+               "deviation": "declared deviation"}
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "error": "!", "crashed": "‼", "timed_out": "…",
-               "recorded": "○"}
-COUNTS = ("passed", "failed", "error", "skipped", "semantics contradicted")  # verdict columns, in order
+               "recorded": "○", "deviation": "≠"}
+COUNTS = ("passed", "failed", "error", "skipped", "deviations", "semantics contradicted")  # verdict columns
 OPEN_FAILURES = 6  # the first few unfolded; the rest one line each, a click away
 
 
@@ -69,14 +70,16 @@ def verdict_data(f) -> dict:
     rows = []
     for _, r in tested.iterrows():
         kind = ("crashed" if r["verdict"] == "crashed" else "timed_out" if r["verdict"] == "timed out"
-                else "failed" if r["verdict"].startswith("does not") else "passed")
+                else "failed" if r["verdict"].startswith("does not")
+                else "deviation" if int(r.get("deviations", 0) or 0) else "passed")
         times = speed_by.get(r["backend"])
         rows.append({"backend": text(r["backend"]), "kind": kind, "verdict": text(r["verdict"]),
-                     "counts": [int(r[c]) for c in COUNTS], "reason": text(r["reason"]),
+                     "counts": [int(r.get(c, 0) or 0) for c in COUNTS], "reason": text(r["reason"]),
                      "times": [] if times is None else [
                          f"{x['forward time']} (T={int(x['T'])})" + (f" on {x['machine']}" if several else "")
                          for _, x in times.iterrows()]})
-    columns = ["backend", "verdict", "passed", "failed", "error", "skipped", "declarations contradicted",
+    columns = ["backend", "verdict", "passed", "failed", "error", "skipped", "declared deviations",
+               "declarations contradicted",
                "forward time at the largest T"] + (["why"] if has_reason else [])
     return {"columns": columns, "tested": rows, "has_reason": has_reason,
             "untested": [{"reason": text(reason) or "every check skipped", "backends": ", ".join(sorted(g["backend"]))}
@@ -110,11 +113,11 @@ def conformance_data(f) -> dict:
 
 
 def failures(conf: pd.DataFrame) -> list:
-    """Each failed, erroring, crashed or timed-out check: message and shrunk counterexample.
+    """Each failed, erroring, crashed or timed-out check, and each declared deviation: message and counterexample.
 
     The checks a hung backend never ran are one entry per backend, not one each."""
     out, skipped_after_hang = [], {}
-    for r in conf[conf["status"].isin(["failed", "error", "crashed", "timed_out"])].itertuples():
+    for r in conf[conf["status"].isin(["failed", "error", "crashed", "timed_out", "deviation"])].itertuples():
         if text(r.message).startswith(NOT_ATTEMPTED):
             skipped_after_hang.setdefault((text(r.backend), text(r.message)), []).append(f"{r.property} [{r.dtype}]")
             continue

@@ -110,7 +110,8 @@ def verdict_frame(conf: pd.DataFrame, sem: pd.DataFrame) -> pd.DataFrame:
     for b in backends:
         c = conf[conf["backend"] == b]
         counts = c["status"].value_counts()
-        n = {s: int(counts.get(s, 0)) for s in ("passed", "failed", "error", "skipped", "crashed", "timed_out")}
+        n = {s: int(counts.get(s, 0)) for s in ("passed", "failed", "error", "skipped", "crashed", "timed_out",
+                                                "deviation")}
         disagree = int(sum(1 for a in sem[sem["backend"] == b]["agrees"] if a is not None and a == False))  # noqa: E712
         if n["crashed"]:
             verdict = "crashed"
@@ -119,14 +120,15 @@ def verdict_frame(conf: pd.DataFrame, sem: pd.DataFrame) -> pd.DataFrame:
         elif n["failed"] or n["error"]:
             bad = n["failed"] + n["error"]
             verdict = f"does not conform ({bad} check{'s' if bad > 1 else ''})"
-        elif n["passed"]:
-            verdict = "conforms" + (f"; {disagree} declaration(s) contradicted" if disagree else "")
+        elif n["passed"] or n["deviation"]:
+            verdict = "conforms" + (f" but for {n['deviation']} declared deviation(s)" if n["deviation"] else "") + (
+                f"; {disagree} declaration(s) contradicted" if disagree else "")
         else:
             verdict = "not tested (all skipped)"
         rows.append({"backend": b, "verdict": verdict, "passed": n["passed"], "failed": n["failed"],
-                     "error": n["error"], "skipped": n["skipped"], "semantics contradicted": disagree,
-                     "reason": _first_reason(c)})
-    return pd.DataFrame(rows, columns=["backend", "verdict", "passed", "failed", "error", "skipped",
+                     "error": n["error"], "skipped": n["skipped"], "deviations": n["deviation"],
+                     "semantics contradicted": disagree, "reason": _first_reason(c)})
+    return pd.DataFrame(rows, columns=["backend", "verdict", "passed", "failed", "error", "skipped", "deviations",
                                        "semantics contradicted", "reason"])
 
 

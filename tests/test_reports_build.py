@@ -28,7 +28,8 @@ SCHEMAS = {
                        "commit", "clock", "problem", "kv_heads", "Lq", "Lk"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
     "worked_examples.csv": ["source", "quantity", "kind", "printed", "computed", "agrees"],
-    "verdicts.csv": ["backend", "verdict", "passed", "failed", "error", "skipped", "semantics contradicted", "reason"],
+    "verdicts.csv": ["backend", "verdict", "passed", "failed", "error", "skipped", "deviations", "semantics contradicted",
+                     "reason"],
 }
 
 

@@ -1,0 +1,28 @@
+"""Backends for the declared-deviation tests: one known departure, declared or not."""
+from __future__ import annotations
+
+from backends.base import Deviation, Semantics
+from backends.numpy_backends import NumpyNaive
+
+
+class LeaksPaddingNaN(NumpyNaive):
+    """numpy-naive reading the padding: 0 * NaN in a padded value reaches the output (JAX's and
+    flex's behaviour with sequence lengths).  Declares nothing about it."""
+
+    name = "leaks-padding-nan"
+
+    def native_attention(self, q, k, v, call):
+        w, lse = self._weights(q, k, call)  # (..., Lq, Lk) zero weight on padded keys
+        return w @ v  # (..., Lq, Ev) 0 * NaN = NaN
+
+
+class LeaksPaddingNaNDeclared(LeaksPaddingNaN):
+    name = "leaks-padding-nan-declared"
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
+        Deviation("nan_in_padding_changes_nothing", "reads padded values: 0 * NaN reaches the output"),))
+
+
+class DeclaresADeviationItHasNot(NumpyNaive):
+    name = "declares-a-deviation-it-has-not"
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
+        Deviation("nan_in_padding_changes_nothing", "said to read padded values"),))

@@ -1,0 +1,42 @@
+"""Declared deviations: a known departure is reported as `deviation`, never as a pass, and only there.
+
+A built-in adapter declares what its framework is known to get wrong (an upstream bug, with its
+reproducer) so that a run over every built-in tells those apart from new failures; the property
+still runs, and any failure it does not declare is still a failure.
+"""
+from __future__ import annotations
+
+import pytest
+
+from properties.runner import run_suite
+
+PLUGIN = "tests.plugins.deviating"
+ONLY = ["-k", "nan_in_padding"]
+
+
+def _rows(result, backend):
+    return [r for r in result.conformance if r["backend"] == backend]
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_declared_deviation_is_reported_as_such_and_only_then_spares_the_run(declared):
+    name = f"{PLUGIN}:LeaksPaddingNaN" + ("Declared" if declared else "")
+    result = run_suite([name], extra_args=ONLY, timeout=600)
+    backend = "leaks-padding-nan" + ("-declared" if declared else "")
+    statuses = {r["status"] for r in _rows(result, backend)}
+    if declared:
+        assert statuses == {"deviation"}, result.output[-2000:]
+        assert result.returncode == 0, result.output[-2000:]
+        assert all("declared deviation: reads padded values" in r["message"] for r in _rows(result, backend))
+        assert all(r["reproducer"] for r in _rows(result, backend))  # the reproducer is kept: it shows the bug
+        assert "deviation" in result.output.splitlines()[-1]  # pytest's own closing line counts them
+    else:
+        assert statuses == {"failed"}, result.output[-2000:]
+        assert result.returncode == 1
+
+
+def test_a_declared_deviation_that_does_not_show_passes_and_says_so():
+    result = run_suite([f"{PLUGIN}:DeclaresADeviationItHasNot"], extra_args=ONLY, timeout=600)
+    rows = _rows(result, "declares-a-deviation-it-has-not")
+    assert {r["status"] for r in rows} == {"passed"} and result.returncode == 0, result.output[-2000:]
+    assert all(r["message"].startswith("declared deviation not seen in this run") for r in rows)
