@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .base import Backend, BackendUnavailable, Call, Capabilities, Semantics, Unsupported
+from .base import LAYOUTS, Backend, BackendUnavailable, Call, Capabilities, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")
@@ -58,6 +58,21 @@ class TorchBackend(Backend):
         if dtype is not None:
             t = t.to(getattr(self.torch, dtype))
         return t.to(self.device)
+
+    def relayout(self, x, layout):
+        """The same values with other strides (Backend.relayout): what a model hands SDPA mid-graph."""
+        if layout == "transposed":  # the innermost axis not contiguous (pytorch/pytorch#187506)
+            return x.transpose(-1, -2).contiguous().transpose(-1, -2)
+        if layout == "offset":  # a view into a larger buffer, storage offset 7
+            view = self.torch.empty(x.numel() + 7, dtype=x.dtype, device=x.device)[7:].view(x.shape)
+            return view.copy_(x)
+        if layout == "permuted":  # stored (B, L, H, E), viewed (B, H, L, E)
+            return x.transpose(-3, -2).contiguous().transpose(-3, -2) if x.dim() >= 3 else x
+        if layout == "expanded":  # batch stride 0 (pytorch/pytorch#191937)
+            if x.dim() < 3 or not bool((x == x[:1]).all()):
+                raise ValueError("an expanded layout needs equal batch slices")
+            return x[:1].expand(x.shape)
+        return x
 
     def from_native(self, y):
         y = y.detach()
@@ -93,7 +108,7 @@ class TorchMath(TorchBackend):
     """
 
     name = "torch-math"
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE,
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE, layouts=LAYOUTS,
                                 bias_gradient=True)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
@@ -166,7 +181,7 @@ class TorchSdpa(TorchBackend):
 
     kernel: str | None = None  # an SDPBackend member name, e.g. "FLASH_ATTENTION"
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_SDPA_FEATURES,
-                                bias_gradient=True, mask_with_causal=False)
+                                bias_gradient=True, mask_with_causal=False, layouts=LAYOUTS)
 
     def _attention(self, q, k, v, call):
         Lq, Ev = q.shape[-2], v.shape[-1]
@@ -248,7 +263,7 @@ class TorchSdpaCpuMath(TorchSdpa):
 class TorchSdpaCpuFlash(TorchSdpa):
     name, kernel = "torch-sdpa-cpu-flash", "FLASH_ATTENTION"
     # no dBias: the CPU flash kernel refuses an attn_mask that requires grad ("No available kernel")
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, equal_head_dims=True,
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, equal_head_dims=True, layouts=LAYOUTS,
                                 features=_SDPA_FEATURES | {"lse"}, mask_with_causal=False)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left",
                           notes=("CPU flash kernel accepts boolean and float masks, grouped KV heads and float64 "
