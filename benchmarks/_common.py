@@ -219,6 +219,11 @@ def prepared(name: str, w: Workload, op: str, dtype: str, time_warm_call: bool =
     return _CACHE[key]
 
 
+def _under_asv() -> bool:
+    """The budget is per asv run; a test or script calling prepared() keeps no account."""
+    return bool(os.environ.get("ASV_ENV_TYPE"))
+
+
 def _run_folder() -> str:
     """A folder shared by the processes of one asv run: keyed by their parent (asv's server)."""
     import tempfile
@@ -246,7 +251,7 @@ def _spent(name: str) -> float:
 
 def _over_budget(name: str) -> str | None:
     """Why this run leaves `name` out: its calls used up the grid's budget (BACKEND_BUDGET_SECONDS)."""
-    spent = _spent(name) if BACKEND_BUDGET_SECONDS else 0.0
+    spent = _spent(name) if BACKEND_BUDGET_SECONDS and _under_asv() else 0.0
     if spent <= (BACKEND_BUDGET_SECONDS or float("inf")):
         return None
     return (f"its calls took {spent:.0f} s so far in this run (first calls: compilation, lazy initialisation; "
@@ -256,7 +261,7 @@ def _over_budget(name: str) -> str | None:
 
 def spend(name: str, seconds: float) -> None:
     """Add seconds of calls to the backend's account for this run (asv runs one at a time)."""
-    if not BACKEND_BUDGET_SECONDS:
+    if not BACKEND_BUDGET_SECONDS or not _under_asv():
         return
     total = _spent(name) + seconds  # read before opening for writing: "w" empties the file
     os.makedirs(_run_folder(), exist_ok=True)
