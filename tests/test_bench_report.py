@@ -130,3 +130,29 @@ def test_report_shows_the_new_sections(tmp_path):
     assert page.count("<svg") >= 6  # time, memory, GFLOP/s, dtypes, decode, masked
     bench = pd.read_csv(tmp_path / "out" / "benchmarks.csv")
     assert {"problem", "kv_heads", "Lq", "Lk", "clock"} <= set(bench.columns) and summary["benchmark_rows"] == len(bench)
+
+
+def test_every_benchmark_class_loads_by_its_class_and_method(tmp_path):
+    """Names match on Class.method, whatever module asv found them in (a plug-in's own suite)."""
+    import json
+
+    box = tmp_path / "box"
+    box.mkdir()
+    (box / "machine.json").write_text('{"machine": "box"}')
+    decode = [["'k'"], ["1"], ["8"], ["2", "1"], ["1"], ["2048"], ["64"], ["'float32'"], ["'process'"]]
+    half = [["'k'"], ["1"], ["8"], ["256"], ["64"], ["'forward'"], ["'bfloat16'"], ["'process'"]]
+    results = {"bench_attnspec.TimeGroupedDecode.time_decode": [[2e-3, 1e-3], decode],
+               "bench_attnspec.TimeHalfPrecision.time_attention": [[1e-3], half],
+               "bench_machine.Bandwidth.track_bandwidth": [[20.0, 10.0], [["'triad'"], ["16", "512"], ["1"]]]}
+    (box / "c0ffee-env.json").write_text(json.dumps({"version": 2, "commit_hash": "c0ffee", "params": {},
+                                                    "result_columns": ["result", "params"], "results": results}))
+    df = load_results(str(tmp_path))
+    grouped = df[(df["metric"] == "time") & (df["problem"] == "decode")].sort_values("kv_heads")
+    assert list(grouped["kv_heads"]) == [1, 2] and set(grouped["Lq"]) == {1} and set(grouped["op"]) == {"forward"}
+    kv = df[df["metric"] == "kv_gbps"].sort_values("kv_heads")
+    assert kv["value"].tolist() == pytest.approx([1 * 1 * 2048 * 128 * 4 / 1e-3 / 1e9, 2 * 2048 * 128 * 4 / 2e-3 / 1e9])
+    half_row = _one(df, metric="time", dtype="bfloat16")
+    assert (half_row["problem"], half_row["T"], half_row["Lq"], half_row["Lk"]) == ("dense", 256, 256, 256)
+    bw = df[df["metric"] == "bandwidth"].sort_values("value")
+    assert list(bw["op"]) == ["512 MiB arrays", "16 MiB arrays"] and set(bw["backend"]) == {"triad"}
+    assert set(bw["unit"]) == {"GB/s"}
