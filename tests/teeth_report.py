@@ -49,7 +49,7 @@ def run_suite(out_dir: Path, workers: str | None = None) -> dict:
     for key in [k for k in env if k.startswith("PYTEST_XDIST") or k == "PYTEST_CURRENT_TEST"]:
         env.pop(key)  # an outer xdist run must not leak into the inner pytest
     cmd = [sys.executable, "-m", "pytest", "properties", "-q", "-p", "no:cacheprovider",
-           "-p", "tests.teeth_plugin",  # shorter shrinking: the verdicts do not depend on it
+           "-p", "tests.teeth_plugin",  # bounded shrinking: the verdicts do not depend on it
            "--attnspec-json", str(json_path)]
     cmd += [f"--backend={e.spec}" for e in BROKEN + CORRECT]
     if workers is None:  # both CI cores by default, when pytest-xdist is there
@@ -104,7 +104,8 @@ def rows(results, entry):
 
 def failures(results, entry, statuses=REJECTED, dtype=None) -> list:
     """(property[dtype], counterexample, message) for each property whose status is in `statuses`
-    and each contradicted declaration, in `dtype` only when given; the expected family's first.
+    and each contradicted declaration, in `dtype` only when given; the expected family's first, its
+    most specific property (the first it lists) first.
 
     A semantics row without a dtype (the profile asked in the backend's widest dtype only) counts
     for that widest dtype."""
@@ -115,11 +116,17 @@ def failures(results, entry, statuses=REJECTED, dtype=None) -> list:
     out += [(f"semantics:{r.get('question')}[{r.get('dtype') or widest}]", None,
              f"observed {r.get('observed')!r}, declared {r.get('declared')!r}")
             for r in sem if r.get("agrees") is False and dtype in (None, r.get("dtype") or widest)]
-    return sorted(out, key=lambda f: not expected(entry, f[0]))
+    return sorted(out, key=lambda f: rank(entry, f[0]))
 
 
 def expected(entry, prop: str) -> bool:
     return any(c in prop for c in entry.catches)
+
+
+def rank(entry, prop: str) -> int:
+    """Where the property stands in the entry's expected family (listed most specific first);
+    past the end when it is not in the family."""
+    return next((i for i, c in enumerate(entry.catches) if c in prop), len(entry.catches))
 
 
 def short(text, limit=240) -> str:

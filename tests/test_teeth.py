@@ -92,7 +92,8 @@ def test_correct_agrees_on_every_witness(entry):
             except Unsupported:
                 continue
             judged += 1
-            assert all(verdicts), f"{entry.label} on {make.__name__} in {dtype}: {[v.message for v in verdicts if not v]}"
+            assert all(verdicts), (f"{entry.label} on {make.__name__} in {dtype}: "
+                                   f"{[v.message for v in verdicts if not v]}")
     assert judged >= 3, f"{entry.label} supports too few witness problems ({judged}) to mean anything"
 
 

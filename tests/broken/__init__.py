@@ -4,8 +4,8 @@ The proof of teeth (tests/test_teeth.py) runs the conformance suite on each: eve
 must be rejected in every dtype it declares, with a failure in its expected property family;
 every CORRECT entry accepted in every dtype it declares.
 
-``catches``: substrings of the property names expected among the failures (any one suffices;
-the property that actually caught it is reported).  ``witness``: a problem from
+``catches``: substrings of the property names expected among the failures, most specific first
+(any one suffices; the report names the first of them that failed).  ``witness``: a problem from
 ``tests.broken.witnesses`` on which the bug visibly shows against the reference.  ``family``:
 the kind of bug; each family is proven in every dtype (float16, bfloat16, float32, float64) by
 one member or another, while each member runs in one or two dtypes (its class declares them):
@@ -30,11 +30,11 @@ class Entry:
 
     @property
     def spec(self) -> str:
-        return f"{PKG}.{self.target}"
+           return f"{PKG}.{self.target}"
 
     @property
     def label(self) -> str:
-        return self.target.split(":")[1]
+           return self.target.split(":")[1]
 
 
 # property names of the suite (properties/test_*.py, without "test_"); any listed one suffices
@@ -50,7 +50,7 @@ GRADS = ("gradients_match_reference", "gradient_scaling_law")
 # the variants' families (properties/test_<family>.py)
 GQA = ("grouped_heads_match_repeated_kv",) + REF
 BIAS = ("additive_bias_matches_reference", "additive_bias_row_constant_changes_nothing",
-        "neg_inf_bias_equals_boolean_mask") + REF
+           "neg_inf_bias_equals_boolean_mask") + REF
 ALIGNMENT = ("causal_alignment_as_asked",) + CAUSAL
 LSE = ("lse_matches_reference", "split_merge_identity")
 WINDOW = ("zero_weight_outside_window", "window_equals_its_mask") + REF
@@ -64,67 +64,64 @@ FAMILIES = ("scale", "softmax", "masking", "alignment", "online kernel", "gradie
             "lse", "window", "sequences", "softcap", "alibi")
 
 
-def _e(target, catches, witness, origin, family):
-    return Entry(target, catches, witness, origin, family)
-
-
 BROKEN = (
     # the seeds' mistakes and the classic masking and kernel bugs
-    _e("seed_mistakes:ScaleByD", REF + SCALE, w.default_path, "seed 004: scale by d, not sqrt(d)", "scale"),
-    _e("seed_mistakes:NoScale", REF + SCALE, w.default_path, "seed 004: no 1/sqrt(d)", "scale"),
-    _e("kernel_bugs:ExplicitScaleIgnored", ("explicit_scale_honoured",) + REF, w.explicit_scale,
-       "scale swallowed, hao-ai-lab/FastVideo#1457, huggingface/transformers#44380", "scale"),
-    _e("seed_mistakes:MaskAfterSoftmax", WEIGHTS + REF + MASKED, w.with_mask,
-       "seed 000: weights zeroed after the softmax", "softmax"),
-    _e("seed_mistakes:SumNormalised", WEIGHTS + REF, w.default_path, "normalised by the sum of scores", "softmax"),
-    _e("seed_mistakes:NoMaxSubtraction", REF + WEIGHTS, w.huge_logits, "seed 004: no max subtraction", "softmax"),
-    _e("mask_bugs:CausalDiagonalExcluded", CAUSAL + REF + WEIGHTS, w.causal_square, "causal j < i", "masking"),
-    _e("mask_bugs:CausalOneAhead", CAUSAL, w.causal_square, "causal j <= i + 1", "masking"),
-    _e("mask_bugs:InvertedMask", MASKED + REF, w.with_mask, "mask polarity: True = masked", "masking"),
-    _e("mask_bugs:CausalIgnoredWithoutMask", CAUSAL, w.causal_square, "early return, jax-ml/jax#32300", "masking"),
-    _e("mask_bugs:FiniteMaskFill", ("fully_masked_rows",) + MASKED + CAUSAL, w.fully_masked_row,
-       "-1e4 mask fill, hyunwoongko/transformer#10", "masking"),
-    _e("mask_bugs:CausalBottomRightDeclaredTopLeft", CAUSAL, w.causal_rectangular,
-       "flash-attn 2.1 alignment, Dao-AILab/flash-attention#951", "alignment"),
-    _e("kernel_bugs:OnlineNoRescale", REF + WEIGHTS, w.growing_max, "online softmax: sum not rescaled", "online kernel"),
-    _e("kernel_bugs:OnlineMaskedBlockNaN", REF + MASKED + ("fully_masked_rows",) + WEIGHTS,
-       w.first_block_masked, "no -inf guard, pytorch/pytorch#109517", "online kernel"),
-    _e("kernel_bugs:TailBlockZeroPad", REF + WEIGHTS + ("edge_shapes",), w.short_tail,
-       "unmasked Lk % 64 tail, flashinfer-ai/flashinfer#5090, jax-ml/jax#27224", "online kernel"),
-    _e("kernel_bugs:LongSequenceFastPathDropsMask", MASKED + REF, w.long_masked,
-       "Lk > 64 path drops the mask, pytorch/pytorch#107884", "online kernel"),
-    _e("kernel_bugs:LowPrecisionAccumulation", REF + ("edge_shapes",), w.long_float32,
-       "fp16 accumulation for fp32, pytorch/executorch#20089", "online kernel"),
-    _e("kernel_bugs:NaNForFullyMaskedDeclaredZeros", ("fully_masked_rows",), w.fully_masked_row,
-       "NaN rows declared zeros, pytorch/pytorch#103963", "online kernel"),
-    _e("gradient_bugs:DqMissingScale", GRADS, w.gradient, "dQ without the scale", "gradients"),
-    _e("gradient_bugs:BackwardRecomputeDropsMask", GRADS, w.gradient_causal,
-       "backward recompute ignores the mask", "gradients"),
+    Entry("seed_mistakes:ScaleByD", SCALE + REF, w.default_path, "seed 004: scale by d, not sqrt(d)", "scale"),
+    Entry("seed_mistakes:NoScale", SCALE + REF, w.default_path, "seed 004: no 1/sqrt(d)", "scale"),
+    Entry("kernel_bugs:ExplicitScaleIgnored", ("explicit_scale_honoured",) + REF, w.explicit_scale,
+          "scale swallowed, hao-ai-lab/FastVideo#1457, huggingface/transformers#44380", "scale"),
+    Entry("seed_mistakes:MaskAfterSoftmax", WEIGHTS + REF + MASKED, w.with_mask,
+          "seed 000: weights zeroed after the softmax", "softmax"),
+    Entry("seed_mistakes:SumNormalised", WEIGHTS + REF, w.default_path, "normalised by the sum of scores", "softmax"),
+    Entry("seed_mistakes:NoMaxSubtraction", REF + WEIGHTS, w.huge_logits, "seed 004: no max subtraction", "softmax"),
+    Entry("mask_bugs:CausalDiagonalExcluded", CAUSAL + REF + WEIGHTS, w.causal_square, "causal j < i", "masking"),
+    Entry("mask_bugs:CausalOneAhead", CAUSAL, w.causal_square, "causal j <= i + 1", "masking"),
+    Entry("mask_bugs:InvertedMask", MASKED + REF, w.with_mask, "mask polarity: True = masked", "masking"),
+    Entry("mask_bugs:CausalIgnoredWithoutMask", CAUSAL, w.causal_square, "early return, jax-ml/jax#32300", "masking"),
+    Entry("mask_bugs:FiniteMaskFill", ("fully_masked_rows",) + MASKED + CAUSAL, w.fully_masked_row,
+          "-1e4 mask fill, hyunwoongko/transformer#10", "masking"),
+    Entry("mask_bugs:CausalBottomRightDeclaredTopLeft", ("causal_alignment",) + CAUSAL, w.causal_rectangular,
+          "flash-attn 2.1 alignment, Dao-AILab/flash-attention#951", "alignment"),
+    Entry("kernel_bugs:OnlineNoRescale", REF + WEIGHTS, w.growing_max, "online softmax: sum not rescaled",
+          "online kernel"),
+    Entry("kernel_bugs:OnlineMaskedBlockNaN", REF + MASKED + ("fully_masked_rows",) + WEIGHTS,
+          w.first_block_masked, "no -inf guard, pytorch/pytorch#109517", "online kernel"),
+    Entry("kernel_bugs:TailBlockZeroPad", ("edge_shapes",) + REF + WEIGHTS, w.short_tail,
+          "unmasked Lk % 64 tail, flashinfer-ai/flashinfer#5090, jax-ml/jax#27224", "online kernel"),
+    Entry("kernel_bugs:LongSequenceFastPathDropsMask", MASKED + REF, w.long_masked,
+          "Lk > 64 path drops the mask, pytorch/pytorch#107884", "online kernel"),
+    Entry("kernel_bugs:LowPrecisionAccumulation", REF + ("edge_shapes",), w.long_float32,
+          "fp16 accumulation for fp32, pytorch/executorch#20089", "online kernel"),
+    Entry("kernel_bugs:NaNForFullyMaskedDeclaredZeros", ("fully_masked_rows",), w.fully_masked_row,
+          "NaN rows declared zeros, pytorch/pytorch#103963", "online kernel"),
+    Entry("gradient_bugs:DqMissingScale", GRADS, w.gradient, "dQ without the scale", "gradients"),
+    Entry("gradient_bugs:BackwardRecomputeDropsMask", GRADS, w.gradient_causal,
+          "backward recompute ignores the mask", "gradients"),
     # issue 9: grouped heads, bias, alignment, LSE
-    _e("variant_bugs:KvHeadModulo", GQA, w.grouped, "head h reads KV head h % Hkv, flash-attention#2528",
-       "grouped heads"),
-    _e("variant_bugs:KvHeadZero", GQA, w.grouped, "every head reads KV head 0", "grouped heads"),
-    _e("variant_bugs:DkFirstOfGroup", ("grouped_heads_gradients_are_group_sums",) + GRADS, w.grouped_gradient,
-       "dK not summed over the group, levanter#449", "grouped heads"),
-    _e("variant_bugs:BiasScaled", BIAS, w.biased, "bias scaled with the scores, tt-metal#42891", "bias"),
-    _e("variant_bugs:FloatMaskAsBool", BIAS, w.biased, "float mask read as boolean (mask.bool())", "bias"),
-    _e("variant_bugs:CausalBottomRightAsTopLeft", ALIGNMENT, w.causal_bottom_right,
-       "bottom-right computed top-left, pytorch#108108", "alignment"),
-    _e("variant_bugs:LseUnscaled", LSE, w.lse, "LSE without the scale, flash-sparse-attention#106", "lse"),
+    Entry("variant_bugs:KvHeadModulo", GQA, w.grouped, "head h reads KV head h % Hkv, flash-attention#2528",
+          "grouped heads"),
+    Entry("variant_bugs:KvHeadZero", GQA, w.grouped, "every head reads KV head 0", "grouped heads"),
+    Entry("variant_bugs:DkFirstOfGroup", ("grouped_heads_gradients_are_group_sums",) + GRADS, w.grouped_gradient,
+          "dK not summed over the group, levanter#449", "grouped heads"),
+    Entry("variant_bugs:BiasScaled", BIAS, w.biased, "bias scaled with the scores, tt-metal#42891", "bias"),
+    Entry("variant_bugs:FloatMaskAsBool", BIAS, w.biased, "float mask read as boolean (mask.bool())", "bias"),
+    Entry("variant_bugs:CausalBottomRightAsTopLeft", ALIGNMENT, w.causal_bottom_right,
+          "bottom-right computed top-left, pytorch#108108", "alignment"),
+    Entry("variant_bugs:LseUnscaled", LSE, w.lse, "LSE without the scale, flash-sparse-attention#106", "lse"),
     # issue 11: windows, padded and packed sequences, softcap, ALiBi
-    _e("variant_bugs:WindowLeftExclusive", WINDOW, w.windowed, "window left edge off by one, vllm#3385", "window"),
-    _e("variant_bugs:WindowRightOneMore", WINDOW, w.windowed, "window right edge off by one, transformers#29623",
-       "window"),
-    _e("variant_bugs:WindowTopLeft", WINDOW, w.window_bottom_right, "window top-left where bottom-right was asked",
-       "window"),
-    _e("variant_bugs:SoftcapAfterMask", SOFTCAP, w.softcapped_causal, "softcap after masking, flash-attention#1025",
-       "softcap"),
-    _e("variant_bugs:PaddedRowsNaN", PADDED, w.padded, "padded rows NaN, declared zeros, flash-attention#1228",
-       "sequences"),
-    _e("variant_bugs:SegmentEndInclusive", SEGMENTS, w.packed, "segment [start, end]: leaks the next one's first key",
-       "sequences"),
-    _e("variant_bugs:AlibiPow2Slopes", ALIBI, w.alibi_6_heads, "ALiBi 2^(-8h/H) for 6 heads, ml-explore/mlx#343",
-       "alibi"),
+    Entry("variant_bugs:WindowLeftExclusive", WINDOW, w.windowed, "window left edge off by one, vllm#3385", "window"),
+    Entry("variant_bugs:WindowRightOneMore", WINDOW, w.windowed, "window right edge off by one, transformers#29623",
+          "window"),
+    Entry("variant_bugs:WindowTopLeft", WINDOW, w.window_bottom_right, "window top-left where bottom-right was asked",
+          "window"),
+    Entry("variant_bugs:SoftcapAfterMask", SOFTCAP, w.softcapped_causal, "softcap after masking, flash-attention#1025",
+          "softcap"),
+    Entry("variant_bugs:PaddedRowsNaN", PADDED, w.padded, "padded rows NaN, declared zeros, flash-attention#1228",
+          "sequences"),
+    Entry("variant_bugs:SegmentEndInclusive", SEGMENTS, w.packed, "segment [start, end]: sees the next one's first key",
+          "sequences"),
+    Entry("variant_bugs:AlibiPow2Slopes", ALIBI, w.alibi_6_heads, "ALiBi 2^(-8h/H) for 6 heads, ml-explore/mlx#343",
+          "alibi"),
 )
 
 CORRECT = (

@@ -17,7 +17,7 @@ class OnlineNoRescale(NumpyBackend):
     maximum, e.g. always when Lk <= 16."""
 
     name = "broken-online-no-rescale"
-    capabilities = numpy_caps("bfloat16", "float64")
+    capabilities = numpy_caps("bfloat16")
     block = 16
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
@@ -127,7 +127,7 @@ class ExplicitScaleIgnored(NumpyBackend):
     (GPT-2 scaling silently ignored on SDPA/FlashAttention backends)."""
 
     name = "broken-explicit-scale-ignored"
-    capabilities = numpy_caps("float32", "float64")
+    capabilities = numpy_caps("float32")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, None))  # (..., Lq, Lk) scale dropped here

@@ -68,7 +68,7 @@ class NoMaxSubtraction(NumpyBackend):
     for logits above ~709 (float64) or ~88 (float32), and inf/inf is NaN."""
 
     name = "broken-no-max-subtraction"
-    capabilities = numpy_caps("float32", "float64")
+    capabilities = numpy_caps("float32")
 
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, scale))  # (..., Lq, Lk)
