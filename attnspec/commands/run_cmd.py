@@ -58,7 +58,7 @@ def add_parser(sub):
                       "dtype and op, decode up to Lk = 32768")
     p.add_argument("--no-bench", action="store_true", help="skip the benchmarks (conformance only)")
     p.add_argument("--jobs", type=int, metavar="N", help="suites run side by side (default: one per core); "
-                   "the benchmarks always run alone")
+                   "the attention benchmarks run one asv process per core (ATTNSPEC_BENCH_JOBS)")
     p.add_argument("--suite-timeout", type=float, metavar="SECONDS",
                    help="limit for one backend's suite (default 600; 300 with --quick, 1200 with --full)")
     p.set_defaults(func=run, mode="default")
@@ -150,17 +150,56 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
 
 
 def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, int]:
-    """asv over the available backends at `commit`; returns asv's results folder."""
+    """asv over the available backends at `commit`; returns asv's results folder and status.
+
+    The machine's benchmarks (matmul peaks, bandwidth, fidelity) run first, alone; then the
+    attention benchmarks in one asv process per core (ATTNSPEC_BENCH_JOBS), each with its own
+    share of the backends.  Every benchmark is single-threaded and times CPU time, so two side by
+    side on two cores use the machine as one would not: half the wall time.  Each shard is an
+    asv "existing" environment of its own interpreter path (a link under .asv/shards/), so its
+    results file never overwrites another's; a backend's shard is fixed by its name, so its
+    results of two runs share an environment and `asv compare` matches them."""
+    import zlib
+    from concurrent.futures import ThreadPoolExecutor
+
     _procs.ensure_asv_machine()
-    env = _procs.child_env(ATTNSPEC_BACKENDS=",".join(n for n, _ in chosen), **MODES[mode])
-    cmd = ["asv", "run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commit]
-    cmd += ["--quick"] if mode == "quick" else []
-    print(f"[bench] asv run at commit {commit[:8]} (grid: {mode}; benchmarks/README.md)", flush=True)
+    names = [n for n, _ in chosen]
+    jobs = max(1, min(int(os.environ.get("ATTNSPEC_BENCH_JOBS") or os.cpu_count() or 1), len(names)))
+    shards = [[n for n in names if zlib.crc32(n.encode()) % jobs == i] for i in range(jobs)]
+    shards = [s for s in shards if s] or [names]
+    base = ["asv", "run", "--set-commit-hash", commit] + (["--quick"] if mode == "quick" else [])
+    print(f"[bench] asv run at commit {commit[:8]} (grid: {mode}; {len(shards)} process(es) side by side; "
+          "benchmarks/README.md)", flush=True)
     start = time.monotonic()
-    rc = _procs.stream(cmd, env=env, prefix="  ")
+    machine_env = _procs.child_env(ATTNSPEC_BACKENDS=",".join(names), **MODES[mode])
+    rcs = [_procs.stream(base + ["--environment", f"existing:{sys.executable}", "--bench", "^bench_machine"],
+                         env=machine_env, prefix="  ")]
+
+    def shard(i: int) -> int:
+        env = _procs.child_env(ATTNSPEC_BACKENDS=",".join(shards[i]), **MODES[mode])
+        cmd = base + ["--environment", f"existing:{_shard_python(i)}", "--bench", "^(?!bench_machine)"]
+        return _procs.stream(cmd, env=env, prefix=f"  [{i + 1}/{len(shards)}] " if len(shards) > 1 else "  ")
+
+    with ThreadPoolExecutor(max_workers=len(shards)) as pool:
+        rcs += list(pool.map(shard, range(len(shards))))
+    rc = next((r for r in rcs if r), 0)
     state = "done" if rc == 0 else f"asv exited with status {rc}; the report keeps what it recorded"
     print(f"[bench] {state} in {time.monotonic() - start:.0f} s", flush=True)
     return _procs.asv_results_dir(), rc
+
+
+def _shard_python(i: int) -> str:
+    """This interpreter, under a path of its own for shard i > 0 (asv names environments by path)."""
+    if i == 0:
+        return sys.executable
+    folder = os.path.join(ROOT, ".asv", "shards", str(i))
+    link = os.path.join(folder, "python")
+    os.makedirs(folder, exist_ok=True)
+    if os.path.realpath(link) != os.path.realpath(sys.executable):
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(sys.executable, link)
+    return link
 
 
 def run(args) -> int:

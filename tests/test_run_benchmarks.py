@@ -1,0 +1,63 @@
+"""attnspec run's asv phase (run_cmd.run_benchmarks): the machine alone, then the backends split
+over asv processes side by side, each its own asv environment (asv itself is stubbed here;
+tests/test_asv_workflow.py and tests/test_asv_results.py run the real one)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from attnspec.commands import run_cmd
+from reports import runner
+
+NAMES = ["numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "jax-naive", "jax-dpa", "onnxruntime-attention"]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+
+    def stream(cmd, env=None, prefix=""):
+        seen.append((cmd, env))
+        return 0
+
+    monkeypatch.setattr(runner, "stream", stream)
+    monkeypatch.setattr(runner, "ensure_asv_machine", lambda: None)
+    return seen
+
+
+def _run(monkeypatch, jobs, rcs=None):
+    monkeypatch.setenv("ATTNSPEC_BENCH_JOBS", str(jobs))
+    return run_cmd.run_benchmarks([(n, n) for n in NAMES], "default", "c0ffee" * 6 + "c0ff")
+
+
+def test_machine_first_then_disjoint_shards(monkeypatch, calls):
+    results_dir, rc = _run(monkeypatch, 2)
+    assert rc == 0 and results_dir.endswith(os.path.join(".asv", "results"))
+    machine_cmd, machine_env = calls[0]
+    assert machine_cmd[-2:] == ["--bench", "^bench_machine"] and f"existing:{sys.executable}" in machine_cmd
+    shards = calls[1:]
+    assert len(shards) == 2
+    backends = [env["ATTNSPEC_BACKENDS"].split(",") for _, env in shards]
+    assert sorted(sum(backends, [])) == sorted(NAMES) and not set(backends[0]) & set(backends[1])
+    envs = {cmd[cmd.index("--environment") + 1] for cmd, _ in shards}
+    assert len(envs) == 2  # one asv environment (results file) per shard
+    assert all(env["ATTNSPEC_BENCH_GRID"] == "default" and env["ATTNSPEC_BENCH_SAMPLES"] == "3" for _, env in shards)
+    assert all(cmd[-2:] == ["--bench", "^(?!bench_machine)"] for cmd, _ in shards)
+
+
+def test_a_backend_keeps_its_shard_across_runs(monkeypatch, calls):
+    _run(monkeypatch, 2)
+    first = {cmd[cmd.index("--environment") + 1]: env["ATTNSPEC_BACKENDS"] for cmd, env in calls[1:]}
+    calls.clear()
+    _run(monkeypatch, 2)
+    assert {cmd[cmd.index("--environment") + 1]: env["ATTNSPEC_BACKENDS"] for cmd, env in calls[1:]} == first
+    link = [e for e in first if e != f"existing:{sys.executable}"][0].split(":", 1)[1]
+    assert os.path.realpath(link) == os.path.realpath(sys.executable)
+
+
+def test_one_job_runs_one_process_and_a_failure_is_reported(monkeypatch, calls):
+    monkeypatch.setattr(runner, "stream", lambda cmd, env=None, prefix="": calls.append((cmd, env)) or (3 if len(calls) == 2 else 0))
+    _, rc = _run(monkeypatch, 1)
+    assert len(calls) == 2 and calls[1][1]["ATTNSPEC_BACKENDS"] == ",".join(NAMES) and rc == 3
