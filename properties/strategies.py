@@ -24,6 +24,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from specs.error_budget import round_to
+from specs.problem import alibi_slopes
 
 from . import variants as V
 from .case import Case, fields_literal, literal, seed_case  # noqa: F401 - re-exported
@@ -35,7 +36,7 @@ LARGE_LENGTHS, LARGE_DIMS = (100, 127, 128, 129, 200, 256, 257, 300), (64, 80, 1
 LARGE_WORK = 257 * 257 * 64  # Lq * Lk * max(E, Ev) cap: 257 x 257 x 64 or 257 x 64 x 256, not 300 x 300 x 256
 REGIMES = ("small", "small", "small", "medium", "medium", "large")  # element-wise half the time
 BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3))
-SMALL_GQA_HEADS = ((2, 1), (3, 1), (4, 2))
+SMALL_GQA_HEADS = ((4, 2), (2, 1), (3, 1))
 
 
 class Shape(NamedTuple):
@@ -69,25 +70,31 @@ _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**
 
 @st.composite
 def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = False, probe: bool = False,
-           grouped: bool = False):
+           grouped: bool = False, odd_heads: bool = False):
     """A Shape; small ones first so shrinking goes there.
 
     equal_dims: the backend needs Ev == E; with probe (V = identity, so Ev becomes Lk) also E == Lk.
-    grouped: fewer KV heads than query heads (Hq % Hkv == 0).
+    grouped: fewer KV heads than query heads (Hq % Hkv == 0).  odd_heads: mostly head counts that
+    are not powers of two (ALiBi's slopes interpolate there).
     """
     if compiled:  # the largest menu shape only where large problems are drawn at all
         menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
         return draw(st.sampled_from(menu), label="shape")
     if grouped:
         B = draw(st.sampled_from((1, 2)), label="batch")
-        H, Hkv = draw(st.sampled_from(V.GQA_HEADS), label="query heads, KV heads")
+        H, Hkv = draw(st.sampled_from(V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS), label="query heads, KV heads")
+    elif odd_heads:
+        B, H = 1, draw(st.sampled_from(V.ODD_HEADS), label="heads")
+        Hkv = H
     else:
         B, H = draw(st.sampled_from(BATCH_HEADS), label="batch, heads")
         Hkv = H
     regime = draw(st.sampled_from(regimes), label="regime")
     if regime == "small":  # at most a few dozen entries an array: element-wise draws are slow
-        if grouped:
+        if grouped and not odd_heads:
             B, (H, Hkv) = 1, draw(st.sampled_from(SMALL_GQA_HEADS), label="small query heads, KV heads")
+        elif odd_heads:
+            B, H, Hkv = 1, 3, (1 if grouped else 3)
         else:
             H = Hkv = min(H, 3 - B)
         L, D = st.integers(1, SMALL_MAX_LEN), st.integers(1, SMALL_MAX_DIM)
@@ -232,7 +239,7 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
     grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
                                   and draw(st.integers(0, 3), label="grouped heads") == 0)
-    s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped), label="shape")
+    s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use), label="shape")
     if not isinstance(s, Shape):
         s = Shape(s[0], s[1], s[1], *s[2:]) if len(s) == 6 else Shape(*s)
     kinds = [k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)]
@@ -255,13 +262,18 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     if group > 1:
         fields["enable_gqa"] = True
     positional = kind in ("causal", "causal_mask") or {"window", "alibi"} & use
-    if positional and len(alignments) > 1 and s.Lq != s.Lk:
-        fields["causal_alignment"] = draw(st.sampled_from(alignments), label="causal alignment")
+    if positional and len(alignments) > 1:  # bottom-right first: the classic draws are top-left already
+        fields["causal_alignment"] = draw(st.sampled_from(("bottom_right", "top_left")), label="causal alignment")
     elif positional and alignments[0] != "top_left":
         fields["causal_alignment"] = alignments[0]
     S = score_terms(env["q"] * 2.0**amp, env["k"] * 2.0**amp, used_scale, group)
-    if "bias" in use:
-        field_lines += draw(V.bias_lines(s, dtype, SCORE_CAP[dtype], allow_empty_rows or kind != "none"))
+    cap = SCORE_CAP[dtype]
+    if "alibi" in use and dtype in LOW_PRECISION and "alibi" not in need:
+        if float(np.max(alibi_slopes(s.H))) * max(s.Lq, s.Lk) > cap / 2:  # distances x slopes past the cap
+            use = use - {"alibi"}
+    if "bias" in use:  # the bias takes what the scores leave of the cap (a quarter of it at most)
+        room = min(cap / 4, cap - S)
+        field_lines += draw(V.bias_lines(s, dtype, room, allow_empty_rows or kind != "none"))
         fields["bias"] = None
     if "window" in use:
         fields["window"] = draw(V.window_value(compiled))

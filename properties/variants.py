@@ -20,7 +20,11 @@ OPTIONAL = ("bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")
 DRAW_RATE = 0.25  # each supported optional field independently; tests needing one force it
 WINDOW_LEFT, WINDOW_RIGHT = (None, 1, 2, 3, 8), (None, 0, 1, 2)  # (0, 0) would leave one key a row
 COMPILED_WINDOWS = ((2, 1), (None, 0), (3, None))
-GQA_HEADS = ((2, 1), (4, 2), (4, 1), (6, 3), (6, 2))  # (Hq, Hkv)
+# (Hq, Hkv); Hypothesis favours the first: a group of 2 with 2 KV heads (MQA, Hkv = 1, hides a
+# head index taken modulo Hkv or always 0)
+GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2))
+# head counts that are not powers of two, where ALiBi's standard slopes interpolate
+ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
 
 
 @st.composite
@@ -49,11 +53,12 @@ def _grid_values(draw, dims, dtype, amplitude: float, label: str):
 
 
 @st.composite
-def bias_lines(draw, shape, dtype, cap: float, allow_hidden: bool) -> list:
-    """``bias = ...``: a broadcastable float array, |bias| <= cap/4, sometimes with -inf entries."""
+def bias_lines(draw, shape, dtype, room: float, allow_hidden: bool) -> list:
+    """``bias = ...``: a broadcastable float array, |bias| <= room (a power of two, at least 1/4),
+    sometimes with -inf entries."""
     B, H, Lq, Lk = shape.B, shape.H, shape.Lq, shape.Lk
     dims = draw(st.sampled_from(((Lq, Lk), (B, H, Lq, Lk), (1, H, 1, Lk), (B, 1, Lq, Lk))), label="bias shape")
-    amplitude = float(2.0 ** np.floor(np.log2(max(cap / 4, 0.25))))
+    amplitude = float(2.0 ** np.floor(np.log2(max(room, 0.25))))
     expr, _ = _grid_values(draw, dims, dtype, amplitude, "bias")
     lines = [f"bias = {expr}  # {dims}, added to the scaled scores"]
     if allow_hidden and draw(st.booleans(), label="bias hides keys (-inf)"):
@@ -75,7 +80,8 @@ def window_value(draw, compiled: bool):
 @st.composite
 def lengths_lines(draw, shape, allow_empty: bool) -> list:
     def length(L, lo, label):  # mostly the upper half (padding, not one key); 0 or 1 sometimes
-        upper = st.integers(0, L - max(lo, (L + 1) // 2)).map(lambda cut: L - cut)  # simplest: no padding
+        keep = min(L, max(lo, (L + 1) // 2, 2))  # at least two rows or keys stay: one would judge nothing
+        upper = st.integers(0, L - keep).map(lambda cut: L - cut)  # simplest: no padding
         if not allow_empty or L < 2:
             return upper
         rare = st.integers(0, 19).map(lambda i: i == 9)  # a middle value: Hypothesis favours the ends
@@ -90,7 +96,8 @@ def lengths_lines(draw, shape, allow_empty: bool) -> list:
 @st.composite
 def segment_lines(draw, shape) -> list:
     """Packed sequences: sorted segment ids per batch element, the same segments on both sides."""
-    n = draw(st.integers(1, max(1, min(3, min(shape.Lq, shape.Lk) // 3))), label="segments")
+    most = max(1, min(3, min(shape.Lq, shape.Lk) // 2))  # simplest: two segments (one shows no boundary)
+    n = draw(st.sampled_from(tuple(dict.fromkeys((min(2, most), most, 1)))), label="segments")
     rows = []
     for side, L in (("q", shape.Lq), ("kv", shape.Lk)):
         ids = np.sort(np.array([draw(st.lists(st.integers(0, n - 1), min_size=L, max_size=L), label=f"{side} ids")

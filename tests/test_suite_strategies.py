@@ -18,7 +18,7 @@ from specs import reference
 
 _CAPS = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"),
                      features=frozenset(("gqa", "bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")))
-N = 150
+N = 250
 # a row is saturated when one key takes this much of the weight; bfloat16's scores stop at 8
 # (SCORE_CAP: beyond it one rounding of a score moves a weight by more than the budget can
 # tell from a bug), where a 0.99 share needs most of that range in one row
