@@ -47,7 +47,8 @@ def draw_case(data, target, **kwargs) -> Case:
         case = data.rounded(target.dtype)
     else:
         case = data.draw(cases(target.dtype, target.caps, compiled=target.compiled,
-                               equal_dims=target.equal_head_dims, alignments=target.alignments, **kwargs),
+                               equal_dims=target.equal_head_dims, alignments=target.alignments,
+                               within=target.budget_dtype, **kwargs),
                          label="problem")
     target.examples += 1
     return case

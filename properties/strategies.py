@@ -229,12 +229,15 @@ def _amplitude(draw, dtype, q, k, scale, group) -> int:
 @st.composite
 def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allow_empty_rows: bool = True,
           scales=SCALES, shape=None, regimes=REGIMES, equal_dims: bool = False, probe: bool = False,
-          alignments=("top_left",), need=frozenset(), avoid=frozenset()):
+          alignments=("top_left",), need=frozenset(), avoid=frozenset(), within: str | None = None):
     """A Case for `dtype` within the backend's capabilities (masks, causal, optional features).
 
     ``alignments``: the causal alignments the backend takes; ``need``/``avoid``: optional fields
-    (names of specs.problem.FEATURES) every draw must / must not use.
+    (names of specs.problem.FEATURES) every draw must / must not use.  ``within``: a narrower
+    format whose budget judges the results (a float64 call computed in float32): values, score
+    sizes and bias stay in its range and are exact in it, so its plain computation cannot overflow.
     """
+    fmt = within or dtype
     supported = getattr(caps, "features", frozenset())
     use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
     grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
@@ -249,13 +252,13 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     menu = ([x for x in scales if x in (None, 0.5)] or [0.5]) if compiled else scales  # a compile per scale
     scale = draw(st.sampled_from(menu), label="scale")
     small = _is_small(s)
-    lines = draw(_values_small(s, dtype) if small else _values_large(s, dtype))
+    lines = draw(_values_small(s, fmt) if small else _values_large(s, fmt))
     lines += draw(_mask_lines(kind, s, compiled, allow_empty_rows, small))
     env = {"np": np}
     exec("\n".join(lines), env)  # noqa: S102 - our own generated statements
     group = s.H // s.Hkv
     used_scale = scale if scale is not None else 1.0 / np.sqrt(s.E)
-    amp = _amplitude(draw, dtype, env["q"], env["k"], used_scale, group)
+    amp = _amplitude(draw, fmt, env["q"], env["k"], used_scale, group)
     if amp:
         lines.append(f"q, k = q * 2.0**{amp}, k * 2.0**{amp}")
     fields, field_lines = {}, []
@@ -267,13 +270,13 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     elif positional and alignments[0] != "top_left":
         fields["causal_alignment"] = alignments[0]
     S = score_terms(env["q"] * 2.0**amp, env["k"] * 2.0**amp, used_scale, group)
-    cap = SCORE_CAP[dtype]
-    if "alibi" in use and dtype in LOW_PRECISION and "alibi" not in need:
+    cap = SCORE_CAP[fmt]
+    if "alibi" in use and fmt in LOW_PRECISION and "alibi" not in need:
         if float(np.max(alibi_slopes(s.H))) * max(s.Lq, s.Lk) > cap / 2:  # distances x slopes past the cap
             use = use - {"alibi"}
     if "bias" in use:  # the bias takes what the scores leave of the cap (a quarter of it at most)
         room = min(cap / 4, cap - S)
-        field_lines += draw(V.bias_lines(s, dtype, room, allow_empty_rows or kind != "none"))
+        field_lines += draw(V.bias_lines(s, fmt, room, allow_empty_rows or kind != "none"))
         fields["bias"] = None
     if "window" in use:
         fields["window"] = draw(V.window_value(compiled))

@@ -24,15 +24,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from backends.base import Unsupported  # noqa: E402
-from backends.registry import resolve  # noqa: E402
+from backends.registry import resolve, suite_names  # noqa: E402
 from specs import error_budget as eb  # noqa: E402
 from specs.problem import validate, visible  # noqa: E402
+from tests.broken import CORRECT as TEETH_CORRECT  # noqa: E402
 
-CORRECT = ("numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "torch-sdpa-cpu-math",
-           "torch-sdpa-cpu-flash", "jax-naive", "jax-dpa", "tests.broken.correct:EinsumAttention",
-           "tests.broken.correct:einsum_attention", "tests.broken.correct:TiledOnline",
-           "tests.broken.correct:NaNForFullyMasked", "tests.broken.correct:LogSpace",
-           "tests.broken.correct:Float32Internal")
+# every built-in the suite checks by default (torch-flex-compiled, opt-in there, compiles each
+# shape for ~20 s: python tests/budget_study.py --backend torch-flex-compiled)
+BUILTINS = tuple(suite_names())
+CORRECT = BUILTINS + tuple(e.spec for e in TEETH_CORRECT)  # and every correct kernel of tests/broken/
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 # (B, Hq, Hkv, Lq, Lk, E): E == Ev so kernels that need it (flash, jax-dpa) run every one;
 # a short menu keeps JAX's per-shape compiles few

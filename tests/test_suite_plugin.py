@@ -102,7 +102,9 @@ from hypothesis import given, settings, strategies as st
 
 @given(st.integers())
 def test_hypothesis_keeps_its_defaults(x):  # imported after install(): attnspec's profile did not leak
-    assert settings.default.max_examples == 100 and settings.default.deadline is not None
+    # Hypothesis' own profile: "default", or "ci" where it detects a CI (CI=true: no deadline there)
+    assert settings.get_current_profile_name() in ("default", "ci")
+    assert settings.default.max_examples == 100
 '''
 
 
