@@ -116,6 +116,9 @@ class JaxNaive(JaxBackend):
 
     def _attend(self, q, k, v, a, call):
         jnp, lax = self.jnp, self.jax.lax
+        if "kv_lengths" in a:  # padding is never read: 0 * NaN there would reach the output
+            padded = jnp.arange(k.shape[-2]) >= a["kv_lengths"][..., None, None]  # (..., 1, Lk)
+            k, v = (jnp.where(padded[..., None], jnp.zeros((), x.dtype), x) for x in (k, v))  # (..., Hkv, Lk, ·)
         if call.enable_gqa:  # query head h reads KV head h // group
             k, v = (jnp.repeat(x, q.shape[-3] // x.shape[-3], axis=-3) for x in (k, v))  # (..., Hq, Lk, ·)
         Lq, Lk = q.shape[-2], k.shape[-2]

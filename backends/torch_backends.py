@@ -114,6 +114,9 @@ class TorchMath(TorchBackend):
 
     def _attention(self, q, k, v, call):
         torch = self.torch
+        if call.kv_lengths is not None:  # padding is never read: 0 * NaN there would reach the output
+            padded = torch.arange(k.shape[-2], device=k.device) >= call.kv_lengths[..., None, None]  # (..., 1, Lk)
+            k, v = (x.masked_fill(padded[..., None], 0) for x in (k, v))  # (..., Hkv, Lk, ·)
         if call.enable_gqa:  # query head h reads KV head h // group
             k, v = (x.repeat_interleave(q.shape[-3] // x.shape[-3], dim=-3) for x in (k, v))  # (..., Hq, Lk, ·)
         Lq, Lk = q.shape[-2], k.shape[-2]
