@@ -117,6 +117,15 @@ def pytest_configure(config):
         return
     if not config.getoption("hypothesis_profile", None):  # an explicit --hypothesis-profile wins
         profiles.load(config._attnspec_profile)
+    config._attnspec_seed = None
+    if config._attnspec_profile == "ci" and config.getoption("hypothesis_seed", None) is None:
+        try:
+            config._attnspec_seed = profiles.ci_seed(str(config.rootpath))
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        from hypothesis import core  # what --hypothesis-seed sets
+
+        core.global_force_seed = config._attnspec_seed[0]
     if config.getoption("attnspec_backend") or os.environ.get("ATTNSPEC_BACKENDS", "").strip():
         _targets(config, _names(config))  # a bad name is a usage error now, not a collection error per module
 
@@ -124,7 +133,9 @@ def pytest_configure(config):
 def pytest_report_header(config):
     if getattr(config, "_attnspec_suite", False):
         name = getattr(config, "_attnspec_profile", "dev")
-        return [f"attnspec: profile {name} ({profiles.EXAMPLES[name]} drawn examples a test); "
+        seed = getattr(config, "_attnspec_seed", None)
+        seeded = f"; seed {seed[0]} ({seed[1]}; again: --hypothesis-seed={seed[0]})" if seed else ""
+        return [f"attnspec: profile {name} ({profiles.EXAMPLES[name]} drawn examples a test{seeded}); "
                 f"reproducers in {output.shown_path(config._attnspec_repro)}"]
     return None
 

@@ -69,3 +69,26 @@ def test_unknown_backend_is_a_usage_error_naming_it():
     result = run_suite(["no-such-backend"], timeout=120)
     assert result.returncode == 4  # pytest's usage-error exit code
     assert "unknown backend 'no-such-backend'" in result.output
+
+
+def test_ci_seed_follows_the_commit_unless_given(tmp_path):
+    """ci draws change with the commit (issue 12: not the same draws forever), reproducibly."""
+    import subprocess
+
+    from properties import profiles
+
+    assert profiles.ci_seed(str(tmp_path), {"ATTNSPEC_SEED": "17"}) == (17, "ATTNSPEC_SEED")
+    with pytest.raises(ValueError, match="ATTNSPEC_SEED must be an integer; got 'x'"):
+        profiles.ci_seed(str(tmp_path), {"ATTNSPEC_SEED": "x"})
+    assert profiles.ci_seed(str(tmp_path), {}) == (0, "no git commit here")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    seeds = []
+    for i in range(2):
+        (tmp_path / "f").write_text(str(i))
+        subprocess.run(git + ["add", "f"], cwd=tmp_path, check=True)
+        subprocess.run(git + ["commit", "-q", "-m", str(i)], cwd=tmp_path, check=True)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout
+        seeds.append(profiles.ci_seed(str(tmp_path), {}))
+        assert seeds[-1] == (int(head[:8], 16), f"commit {head[:8]}")
+    assert seeds[0] != seeds[1]
