@@ -218,8 +218,8 @@ def _amplitude(draw, dtype, q, k, scale, group) -> int:
         return 0
     kind, target = draw(st.sampled_from(AMPLITUDES), label="score size")
     goal = SCORE_CAP[dtype] if target is None else min(2.0**target, SCORE_CAP[dtype])
-    j = int(np.floor(np.log2(goal / S) / 2))  # q and k each scaled by 2^j: S by 4^j
-    while S * 4.0**j > SCORE_CAP[dtype]:
+    j = int(np.floor((np.log2(goal) - np.log2(S)) / 2))  # q and k each scaled by 2^j: S by 4^j (goal / S may overflow)
+    while np.ldexp(S, 2 * j) > SCORE_CAP[dtype]:  # S * 4^j, inf rather than OverflowError
         j -= 1
     while j and not (_exact_after(q, j, dtype) and _exact_after(k, j, dtype)):
         j += 1 if j < 0 else -1  # toward 1: never leave the format's exact normal numbers

@@ -4,7 +4,7 @@ Every row r of a result computed in ``dtype`` (an output or dQ row: one query; a
 row: one key of a KV head; a dBias row: the bias's last axis; the log-sum-exp: one entry)
 may err, against the float64 reference, by::
 
-    allowed_r = factor * e_r + floor_ulps * (sigma * Phi_r + u * tau)
+    allowed_r = factor * e_r + floor_ulps * (sigma * Phi_r + tiny)
     e_r       = max over row r of |plain - ref|      the plain same-dtype algorithm's error there
     sigma     = u + sqrt(n) * u_acc                  one rounding, plus an n-term reduction's
     Phi_r     = max over row r of the row's terms    (specs.budget_terms; forward below)
@@ -17,7 +17,9 @@ w, output y and, per visible key j, T_j = scale |q_i|.|k_j| (capped by a softcap
 
     Phi_ic = (w |V|)_ic + sum_j w_j (T_j + g_j) |v_jc - y_ic|
 
-Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
+tiny = tau (the smallest normal number) in float32, bfloat16 and float64, whose CPU kernels may
+flush subnormal results to zero (FTZ/DAZ: XLA, OpenVINO); u * tau in float16, whose subnormals
+every kernel keeps.  Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
 (tau: the smallest normal number; below it the spacing is even); a sum of n terms taken in
 another order, or accumulated in u_acc, by about sqrt(n) u_acc times the sum of the terms'
 sizes (random walk).  So one rounding per step and the reductions cost sigma per unit of
@@ -85,6 +87,11 @@ class Budget:
     floor_ulps: float           # the floor, in units of sigma * Phi
     normal_min: float           # tau: the smallest normal number; a rounding errs by u (|x| + tau)
     storage: str                # the NumPy dtype holding dtype's values (bfloat16 -> float32)
+    # Kernels may flush subnormal results to zero: CPUs run float32/float64 code with FTZ/DAZ
+    # (XLA sets it; OpenVINO's CPU plugin too) and bfloat16 shares float32's range, so a result
+    # below tau may come back as 0 - an error below tau, nothing a defect of any size hides in.
+    # float16's subnormals are kept: its kernels compute in float32 and round.
+    flushes_subnormals: bool = True
 
     def sigma(self, n: int) -> float:
         """u + sqrt(n) u_acc: one rounding plus an n-term reduction's, relative."""
@@ -97,12 +104,13 @@ class Budget:
 
     @property
     def tiny(self) -> float:
-        """u * tau: what rounding a number near 0 may err by (half the subnormals' spacing)."""
-        return self.unit_roundoff * self.normal_min
+        """What a result near 0 may err by: tau where kernels may flush subnormals to zero,
+        else u * tau (half the subnormals' spacing)."""
+        return self.normal_min if self.flushes_subnormals else self.unit_roundoff * self.normal_min
 
 
 BUDGETS = {
-    "float16": Budget("float16", 2.0**-11, 2.0**-24, 2.0, 2.0, 2.0**-14, "float16"),
+    "float16": Budget("float16", 2.0**-11, 2.0**-24, 2.0, 2.0, 2.0**-14, "float16", flushes_subnormals=False),
     "bfloat16": Budget("bfloat16", 2.0**-8, 2.0**-24, 2.0, 2.0, 2.0**-126, "float32"),
     "float32": Budget("float32", 2.0**-24, 2.0**-24, 2.0, 2.0, 2.0**-126, "float32"),
     "float64": Budget("float64", 2.0**-53, 2.0**-53, 2.0, 2.0, 2.0**-1022, "float64"),

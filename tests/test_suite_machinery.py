@@ -92,3 +92,21 @@ def test_ci_seed_follows_the_commit_unless_given(tmp_path):
         seeds.append(profiles.ci_seed(str(tmp_path), {}))
         assert seeds[-1] == (int(head[:8], 16), f"commit {head[:8]}")
     assert seeds[0] != seeds[1]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_amplitude_handles_the_formats_extremes(dtype):
+    """A key at the smallest normal number: the goal/S ratio overflows float64 (it raised
+    OverflowError inside a draw); the amplitude still lands the scores at or below the cap."""
+    from properties.strategies import SCORE_CAP, _amplitude, score_terms
+
+    tiny = float(np.finfo(dtype).tiny)
+    q, k = np.array([[[[0.0], [1.0]]]]), np.array([[[[0.0], [tiny]]]])
+
+    @settings(max_examples=20, database=None, deadline=None)
+    @given(st.data())
+    def check(data):
+        j = _amplitude(data.draw, dtype, q, k, 1.0, 1)
+        assert score_terms(q * 2.0**j, k * 2.0**j, 1.0) <= SCORE_CAP[dtype]
+
+    check()
