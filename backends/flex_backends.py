@@ -21,13 +21,22 @@ from __future__ import annotations
 
 import warnings
 
-from .base import BackendUnavailable, Capabilities, Semantics
+from .base import BackendUnavailable, Capabilities, Deviation, Semantics
 from .torch_backends import TorchBackend, _fold
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
                             "softcap", "alibi", "lse"))
 _EAGER_WARNING = "flex_attention called without torch.compile"
+# torch 2.13, CPU; both found by the suite (reproducers in the report)
+_DEVIATIONS = (
+    Deviation("nan_in_padding_changes_nothing",
+              "a mask_mod hides padded keys from the softmax, but their weights (exact zeros) still multiply "
+              "the padded values: NaN there gives 0 * NaN = NaN rows"),
+    Deviation("edge_shapes_match_reference",
+              "no key at all (Lk = 0) raises IndexError ('max(): Expected reduction dim 3 to have non-zero "
+              "size') instead of returning the declared fully-masked rows"),
+)
 _RECOMPILE_LIMIT = 1024  # dynamo's default (8 per function) would run flex eagerly after 8 shapes
 
 
@@ -38,6 +47,7 @@ class TorchFlex(TorchBackend):
     compiled = False
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False, features=_EVERY_FEATURE)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
+                          deviations=_DEVIATIONS,
                           notes=("eager flex_attention materialises the scores (its warning is silenced)",
                                  "no gradients: FlexAttention has no backward on CPU (torch 2.13)"))
 
@@ -134,6 +144,7 @@ class TorchFlexCompiled(TorchFlex):
     capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cpu", gradients=False,
                                 features=_EVERY_FEATURE - {"lse"})
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
+                          deviations=_DEVIATIONS,
                           notes=("torch.compile(flex_attention): the first call at a new shape, dtype or static "
                                  "field compiles (15-45 s on 2 CPU cores)",
                                  "CPU: float16/bfloat16/float32 only, inference only, no LSE (torch 2.13)"))

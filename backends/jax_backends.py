@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
+from .base import Backend, BackendUnavailable, Capabilities, Deviation, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
@@ -183,7 +183,11 @@ class JaxDpa(JaxBackend):
                "local_window_size=(L, R) is top-left: window=(left, right) maps to L=left, R=right",
                "no float16 on CPU (XLA:CPU lacks the float16 dot it asks for)",
                "bfloat16 with Lq = Lk = 1 on CPU: XLA:CPU fails to compile it "
-               "(ALG_DOT_BF16_BF16_F32 not supported by the ElementalIrEmitter): declared unsupported"))
+               "(ALG_DOT_BF16_BF16_F32 not supported by the ElementalIrEmitter): declared unsupported"),
+        deviations=(Deviation("nan_in_padding_changes_nothing",
+                              "key_value_seq_lengths hides padded keys from the softmax but the weights "
+                              "(exact zeros) still multiply the padded values: NaN there gives 0 * NaN = NaN "
+                              "rows (jax 0.10.2, implementation='xla')"),))
 
     def native_attention(self, q, k, v, call):
         self._refuse_degenerate_bf16(q, k)

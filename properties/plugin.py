@@ -268,12 +268,18 @@ def pytest_runtest_setup(item):
         pytest.skip(reason)
 
 
+DEVIATION_SHRINK_SECONDS = 2  # a declared deviation's counterexample is known: little shrinking
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    if _target_of(item) is None or getattr(item.config, "_attnspec_profile", None) == "thorough":
+    target = _target_of(item)
+    if target is None or getattr(item.config, "_attnspec_profile", None) == "thorough":
         yield
         return
-    with profiles.bounded_shrinking():
+    semantics = target.backend.semantics
+    declared = hasattr(semantics, "deviation") and semantics.deviation(target.current_property, target.dtype)
+    with profiles.bounded_shrinking(DEVIATION_SHRINK_SECONDS if declared else profiles.SHRINK_SECONDS):
         yield
 
 

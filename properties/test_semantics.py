@@ -214,4 +214,12 @@ def test_effective_precision(target, record_semantics):
                 break
     semantics = target.backend.semantics
     declared_any = getattr(semantics, "effective_precision", None) or target.backend.output_dtype(target.dtype) != target.dtype
-    _judge(record_semantics, target, "effective_precision", observed, target.budget_dtype if declared_any else None)
+    declared = target.budget_dtype if declared_any else None
+    # a declared precision is a floor on the error allowed, not a promise of that error: results
+    # more accurate than declared (openvino-sdpa's float32 calls at its bfloat16 hint meet the
+    # float16 budget) agree with it; only worse ones contradict
+    agrees = None if declared is None else BUDGETS.get(observed, BUDGETS[declared]).unit_roundoff <= \
+        BUDGETS[declared].unit_roundoff and observed != "worse than bfloat16"
+    record_semantics("effective_precision", observed, declared, agrees)
+    assert agrees is not False, (f"{target.name} declares effective_precision = {declared!r} but at {target.dtype} "
+                                 f"its results are only {observed!r}-accurate")

@@ -211,10 +211,11 @@ def test_onnxruntime_refuses_a_mask_broadcast_over_queries(dtype):
                                                                      "attn_mask": np.ones((1, 1, 1, 3), bool)})
 
 
-def _after_a_head_size_1_call(backend_type, dtype):
+def _after_a_head_size_1_call(backend_type, dtype, static_shapes=False):
     """Error of an E = 16 call made after an E = 1 call on the same compiled model."""
     rng = np.random.default_rng(8)
     backend = backend_type()
+    backend.static_shapes = static_shapes  # False: one dynamic-shape model, as a deployment keeps it
     backend.forward(*(_normal(rng, 1, 1, L, 1) for L in (1, 2, 2)), dtype=dtype)  # E = 1
     q, k, v = (_normal(rng, 1, 1, L, 16) for L in (1, 2, 2))
     out = backend.forward(q, k, v, dtype=dtype)  # (1, 1, 1, 16)
@@ -234,6 +235,13 @@ def test_openvino_bf16_kernel_is_corrupted_by_a_head_size_1_call(name, dtype):
         assert not all(verdicts), "the bfloat16 kernel answered correctly after an E = 1 call: update the finding"
     else:
         assert all(verdicts), [v.message for v in verdicts]
+
+
+def test_the_openvino_adapter_keeps_each_shape_apart():
+    """The suite's adapter compiles a model per shape: the E = 1 call above leaves the next alone."""
+    backend = _backend("openvino-sdpa-f32")
+    verdicts = [_after_a_head_size_1_call(type(backend), "bfloat16", static_shapes=True) for _ in range(3)]
+    assert all(verdicts), [v.message for v in verdicts]
 
 
 def test_openvino_truncates_float64_inputs_to_bfloat16():
@@ -271,6 +279,7 @@ def test_a_cached_model_agrees_with_a_fresh_one_across_shapes(name):
     nothing (a stateful runtime would give another answer, or a NaN row, after a shape change).
     Head size 1, which corrupts OpenVINO's bfloat16 kernel, is the test above."""
     shared = type(_backend(name))()  # its own cache
+    shared.static_shapes = False  # one model for every shape (OpenVINO; ORT's session always is)
     rng = np.random.default_rng(7)
     for B, H, Lq, Lk, E in ((1, 1, 1, 1, 4), (2, 2, 17, 33, 16), (1, 2, 5, 5, 4), (2, 1, 1, 40, 32),
                             (1, 2, 40, 1, 8), (1, 1, 3, 5, 8), (2, 2, 17, 33, 16)):
