@@ -72,6 +72,10 @@ def float32_inside(query, key, value, attn_mask=None, is_causal=False, scale=Non
     return _attention(query, key, value, attn_mask, is_causal, scale, inside=np.float32)
 
 
+def float16_inside(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    return plain(*(x.astype(np.float16) for x in (query, key, value)), attn_mask, is_causal, scale).astype(query.dtype)
+
+
 def padded_zeros(query, key, value, attn_mask=None, is_causal=False, scale=None, q_lengths=None):
     return _attention(query, key, value, attn_mask, is_causal, scale, q_lengths=q_lengths)
 
@@ -155,7 +159,11 @@ def test_effective_precision_is_recorded_and_judged_when_declared():
     assert ask(S.test_effective_precision, float32_inside, "float64") == ("recorded", dict(
         question="effective_precision", observed="float32", declared=None, agrees=None))
     assert ask(S.test_effective_precision, _declared(float32_inside, effective_precision="float32"), "float64")[0] == "passed"
-    assert ask(S.test_effective_precision, _declared(plain, effective_precision="float32"), "float64")[0] == "failed"
+    # a declared precision bounds the error from above: more accurate results agree, worse ones contradict
+    assert ask(S.test_effective_precision, _declared(plain, effective_precision="float32"), "float64") == (
+        "passed", dict(question="effective_precision", observed="float64", declared="float32", agrees=True))
+    assert ask(S.test_effective_precision, _declared(float16_inside, effective_precision="float32"), "float64") == (
+        "failed", dict(question="effective_precision", observed="float16", declared="float32", agrees=False))
     # narrower than the input only: float16 input is judged as float16
     assert ask(S.test_effective_precision, _declared(float32_inside, effective_precision="float32"), "float16") == (
         "passed", dict(question="effective_precision", observed="float16", declared="float16", agrees=True))
