@@ -84,8 +84,10 @@ class TorchFlex(TorchBackend):
         torch = self.torch
         o = Lk - Lq if call.causal_alignment == "bottom_right" else 0  # query i's diagonal is key i + o
 
-        def per_head(x):  # mask or bias (..., Lq, Lk) -> (B, H, Lq, Lk), a view where it can be
-            return None if x is None else x.expand(*batch, Lq, Lk).reshape(B, H, Lq, Lk)
+        def per_head(x):  # mask or bias (..., Lq, Lk) -> (B, H, Lq, Lk), contiguous: dynamo guards
+            # on the strides of captured tensors, and a broadcast's zero strides change with every
+            # shape - a retrace (~0.4 s) per call; contiguous ones follow the shape it has generalised
+            return None if x is None else x.expand(*batch, Lq, Lk).reshape(B, H, Lq, Lk).contiguous()
 
         def per_sequence(x, *tail):  # lengths (...,) or segment ids (..., L) -> (B, ·)
             return None if x is None else x.expand(*batch[:-1], *tail).reshape(B, *tail)
