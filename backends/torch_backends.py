@@ -112,11 +112,16 @@ class TorchMath(TorchBackend):
                                 bias_gradient=True)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
+    def _unpadded(self, x, call):
+        """Keys or values past kv_lengths zeroed: padding is never read (0 * NaN would reach the output)."""
+        if call.kv_lengths is None:
+            return x
+        padded = self.torch.arange(x.shape[-2], device=x.device) >= call.kv_lengths[..., None, None]  # (..., 1, Lk)
+        return x.masked_fill(padded[..., None], 0)  # (..., Hkv, Lk, ·)
+
     def _attention(self, q, k, v, call):
         torch = self.torch
-        if call.kv_lengths is not None:  # padding is never read: 0 * NaN there would reach the output
-            padded = torch.arange(k.shape[-2], device=k.device) >= call.kv_lengths[..., None, None]  # (..., 1, Lk)
-            k, v = (x.masked_fill(padded[..., None], 0) for x in (k, v))  # (..., Hkv, Lk, ·)
+        k, v = self._unpadded(k, call), self._unpadded(v, call)
         if call.enable_gqa:  # query head h reads KV head h // group
             k, v = (x.repeat_interleave(q.shape[-3] // x.shape[-3], dim=-3) for x in (k, v))  # (..., Hq, Lk, ·)
         Lq, Lk = q.shape[-2], k.shape[-2]

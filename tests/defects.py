@@ -62,6 +62,7 @@ class Defect(TorchMath):
         norm = None if self.d == 0 or w.numel() == 0 else self._row_sum_ratio(w.detach())  # (..., Lq, 1)
         if norm is not None:
             w = (w.to(norm.dtype) / norm).to(w.dtype)  # one more rounding, as a kernel dividing late does
+        v = self._unpadded(v, call)  # (..., Hkv, Lk, Ev) as torch-math reads it
         out = w @ v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3) if call.enable_gqa else w @ v
         if lse is None:
             return out
