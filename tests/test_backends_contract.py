@@ -7,15 +7,10 @@ a `*.dist-info` directory written to a tmp dir on sys.path, which importlib.meta
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from attnspec.cli import main  # noqa: E402
 from backends import registry  # noqa: E402

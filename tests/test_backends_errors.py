@@ -3,15 +3,10 @@ pinned PyTorch kernels never fall back to another kernel.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from backends.base import BackendFailure, BackendUnavailable, Unsupported  # noqa: E402
 from backends.numpy_backends import NumpyTiled  # noqa: E402

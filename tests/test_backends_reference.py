@@ -9,15 +9,10 @@ with their reason ("no CUDA device").
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from backends.base import Unsupported  # noqa: E402
 from backends.registry import builtin_names, resolve  # noqa: E402

@@ -16,15 +16,10 @@ per configuration, so it runs the combined problem in float32 only.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from backends.base import Unsupported  # noqa: E402
 from backends.registry import resolve  # noqa: E402

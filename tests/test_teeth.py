@@ -18,15 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the implementations are named tests.broken.*: importable from the root
-    sys.path.insert(0, str(ROOT))
 
 from backends.base import Unsupported  # noqa: E402
 from backends.registry import resolve  # noqa: E402
