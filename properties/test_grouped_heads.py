@@ -49,8 +49,10 @@ def test_grouped_heads_match_repeated_kv(target, data):
 @given(data=st.data())
 def test_grouped_heads_gradients_are_group_sums(target, data):
     requires(target, "gqa")
+    # medium first: seeded normal values in every head (small draws favour zeros, and a query
+    # head of zeros adds nothing to dK - a group sum that drops it looks right)
     case = draw_case(data, target, need=frozenset({"gqa"}), allow_empty_rows=False,
-                     regimes=("small", "small", "medium"))
+                     regimes=("medium", "small", "medium"))
     assume(judged_rows(case).all())
     g, line = _grad_out(data, case, target.dtype)
     got = target.backward(case, g, grad_line=line)  # (dq, dk (B, Hkv, Lk, E), dv, [dbias])
