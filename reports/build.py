@@ -31,6 +31,7 @@ SECTIONS = (
     ("dtypes", "Performance in 16-bit dtypes"),
     ("decode", "Decode: KV-cache bandwidth and grouped KV heads"),
     ("masked", "Causal and sliding-window problems: rate over useful work"),
+    ("detection", "Detection power: the smallest defect the suite rejects"),
     ("worked", "The seeds' worked examples"),
 )
 
@@ -67,7 +68,7 @@ def matmul_peaks(bench) -> dict:
 def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, title: str = "attnspec report",
           _before_swap=None) -> dict:
     """Write the report; return a small summary (counts, paths) for the command to print."""
-    if not inputs.conformance and not inputs.semantics and not inputs.asv_dirs:
+    if not inputs.conformance and not inputs.semantics and not inputs.asv_dirs and not inputs.detection:
         raise inp.ReportInputError("no results to report: run `attnspec run`, or name suite JSON files, "
                                    "asv results folders or report folders")
     with staging(out_dir) as tmp:
@@ -75,6 +76,8 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
         os.makedirs(os.path.join(raw, "asv"))
         write_text(raw, inp.SUITE_FILE, json.dumps({"conformance": inputs.conformance,
                                                     "semantics": inputs.semantics}, indent=1, default=str))
+        if inputs.detection:
+            _write_csv_rows(os.path.join(raw, inp.DETECTION_FILE), inputs.detection)
         kept = []
         for i, src in enumerate(inputs.asv_dirs):
             dst = os.path.join(raw, "asv", str(i))
@@ -87,6 +90,15 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
             _before_swap(tmp)
     summary["out"] = os.path.abspath(out_dir)
     return summary
+
+
+def _write_csv_rows(path: str, rows: list) -> None:
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
 
 
 @dataclass
@@ -104,6 +116,7 @@ class Frames:
     head: object      # the benchmark rows the plots and fits use (one E, one dtype)
     slopes: dict      # (backend, op, metric[, machine]) -> fitted exponent, for the legends
     peaks: dict       # machine -> measured float32 matmul GFLOP/s (the roofline)
+    detection: object = None  # detection_power.csv rows (a DataFrame; empty when not measured)
 
 
 def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: str) -> dict:
@@ -125,9 +138,14 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     slopes = {}
     for r in scaling.itertuples():
         slopes[(r.backend, r.op, r.metric) + ((r.machine,) if several else ())] = r.exponent
+    import pandas as pd
+
+    detection = pd.DataFrame(inputs.detection)
+    if not detection.empty:
+        detection.to_csv(os.path.join(tmp, inp.DETECTION_FILE), index=False)
     frames = Frames(conf=conf, sem=sem, bench=bench, scaling=scaling, worked=worked, worked_note=worked_note,
                     verdicts=verdicts, speed=tables.speed_summary(bench), head=head, slopes=slopes,
-                    peaks=matmul_peaks(bench))
+                    peaks=matmul_peaks(bench), detection=detection)
     sections = [(anchor, name, getattr(page, f"{anchor}_data")(frames)) for anchor, name in SECTIONS]
     machines = sorted(set(bench["machine"].dropna())) if not bench.empty else []
     commits = sorted({str(c)[:8] for c in bench["commit"].dropna()}) if not bench.empty else []

@@ -23,6 +23,11 @@ _OPTIONAL = {"dtype": ""}  # semantics rows of suites before per-dtype answers l
 NOT_ATTEMPTED = "not attempted: "  # how a failed row that never ran begins (after a backend hung)
 RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it
 SUITE_FILE = "suite.json"
+# `python -m properties.detection_power --out DIR` writes it; the report shows it when given DIR
+# (attnspec run takes reports/detection-power/, the figures measured for this checkout)
+DETECTION_FILE = "detection_power.csv"
+DETECTION_COLUMNS = ("dtype", "defect", "smallest_d_rejected", "flash_rule_smallest_d_rejected", "target",
+                     "meets_target")
 
 
 class ReportInputError(ValueError):
@@ -34,6 +39,7 @@ class Inputs:
     conformance: list = field(default_factory=list)  # dicts with CONFORMANCE_COLUMNS
     semantics: list = field(default_factory=list)    # dicts with SEMANTICS_COLUMNS
     asv_dirs: list = field(default_factory=list)     # asv results folders (one subfolder per machine)
+    detection: list = field(default_factory=list)    # detection_power.csv rows (dicts of strings)
 
     def add_suite(self, data: dict) -> None:
         self.conformance += data["conformance"]
@@ -79,6 +85,21 @@ def is_asv_results_dir(path: str) -> bool:
         return False
 
 
+def read_detection_csv(path: str) -> list:
+    """The rows of a detection_power.csv; ReportInputError naming what is wrong."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ReportInputError(f"{path}: not a readable CSV file ({e})") from None
+    missing = [c for c in DETECTION_COLUMNS if rows and c not in rows[0]]
+    if missing:
+        raise ReportInputError(f"{path}: not a detection_power.csv (missing columns {', '.join(missing)})")
+    return rows
+
+
 def collect(paths) -> Inputs:
     """Suite JSON files, asv results folders and report folders (their raw/), merged."""
     inputs = Inputs()
@@ -90,11 +111,16 @@ def collect(paths) -> Inputs:
             suite = os.path.join(path, SUITE_FILE)
             if os.path.isfile(suite):
                 inputs.add_suite(read_suite_json(suite))
+            detection = os.path.join(path, DETECTION_FILE)
+            if os.path.isfile(detection):
+                inputs.detection = read_detection_csv(detection)  # one measurement: the last named wins
             asv_dirs = [path] if is_asv_results_dir(path) else _kept_asv_dirs(path)
-            if not asv_dirs and not os.path.isfile(suite):
+            if not asv_dirs and not os.path.isfile(suite) and not os.path.isfile(detection):
                 raise ReportInputError(f"{path}: neither an asv results folder (one subfolder per machine with "
                                        "machine.json), nor a report folder, nor a suite JSON file")
             inputs.asv_dirs += asv_dirs
+        elif os.path.basename(path) == DETECTION_FILE and os.path.isfile(path):
+            inputs.detection = read_detection_csv(path)
         elif os.path.isfile(path) or path.endswith(".json"):
             inputs.add_suite(read_suite_json(path))
         else:

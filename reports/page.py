@@ -227,3 +227,20 @@ def worked_data(f) -> dict:
         n[3] += int(r["erratum"])
     return {"rows": rows, "errata": [r for r in rows if r["erratum"]], "note": f.worked_note,
             "inputs": sum(r["kind"] == "input" for r in rows), "per_file": [per_file[s] for s in sorted(per_file)]}
+
+
+def detection_data(f) -> dict:
+    """One row per dtype and defect: the smallest d rejected, by this suite and by flash's rule."""
+    df = f.detection if f.detection is not None else pd.DataFrame()
+    if df.empty:
+        return {"rows": [], "note": "Not measured for this report: python -m properties.detection_power "
+                                    "--out reports/detection-power (then attnspec run or attnspec report "
+                                    "reports/out reports/detection-power)."}
+    alarms = "flash_rule_control_failed"
+    rows = [[text(r.get("dtype")), text(r.get("defect")), text(r.get("smallest_d_rejected")),
+             text(r.get("target")), {"True": "yes", "False": "no"}.get(text(r.get("meets_target")), ""),
+             text(r.get("flash_rule_smallest_d_rejected")),
+             text(r.get(alarms)).replace(" ", ", ") or "none"]
+            for _, r in df.iterrows()]
+    runs = sorted({text(r) for r in df.get("runs", pd.Series(dtype=object)).dropna()})
+    return {"rows": rows, "note": "", "runs": ", ".join(runs)}

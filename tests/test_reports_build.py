@@ -251,3 +251,26 @@ def test_a_corrupt_asv_results_file_is_an_input_error(tmp_path):
     result.write_text("{truncated")
     with pytest.raises(inputs.ReportInputError, match="asv results"):
         make_report(tmp_path / "out", [str(asv)])
+
+
+def test_detection_power_reaches_the_page_and_its_csv(tmp_path):
+    """A detection_power.csv folder (python -m properties.detection_power --out DIR) is a report
+    input: the page gets its table, the folder its CSV and raw/ copy; a wrong CSV is named."""
+    from reports import build, inputs
+
+    measured = tmp_path / "dp"
+    measured.mkdir()
+    (measured / "detection_power.csv").write_text(
+        "dtype,defect,smallest_d_rejected,flash_rule_smallest_d_rejected,target,meets_target,runs,"
+        "flash_rule_control_failed\nfloat16,gain,0.001,0.0003,0.003,True,1,gradients_match_reference\n")
+    build.build(inputs.collect([str(measured)]), str(tmp_path / "out"))
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert 'id="detection"' in page and "0.0003" in page and "gradients_match_reference" in page
+    assert (tmp_path / "out" / "detection_power.csv").read_text().startswith("dtype,defect")
+    rebuilt = inputs.collect([str(tmp_path / "out")])  # the report folder keeps it in raw/
+    assert rebuilt.detection and rebuilt.detection[0]["smallest_d_rejected"] == "0.001"
+    (measured / "detection_power.csv").write_text("a,b\n1,2\n")
+    import pytest
+
+    with pytest.raises(inputs.ReportInputError, match="not a detection_power.csv"):
+        inputs.collect([str(measured)])

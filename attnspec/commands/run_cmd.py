@@ -230,6 +230,9 @@ def _run(args, build, inputs) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     collected = inputs.Inputs(conformance=skipped + suite["conformance"], semantics=suite["semantics"])
+    measured = os.path.join(ROOT, "reports", "detection-power", inputs.DETECTION_FILE)
+    if os.path.isfile(measured):  # the detection-power figures measured for this checkout
+        collected.detection = inputs.read_detection_csv(measured)
     asv_rc = 0
     if not args.no_bench:
         results_dir, asv_rc = run_benchmarks(chosen, args.mode, commit)
