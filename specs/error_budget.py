@@ -17,9 +17,10 @@ w, output y and, per visible key j, T_j = scale |q_i|.|k_j| (capped by a softcap
 
     Phi_ic = (w |V|)_ic + sum_j w_j (T_j + g_j) |v_jc - y_ic|
 
-tiny = tau (the smallest normal number) in float32, bfloat16 and float64, whose CPU kernels may
-flush subnormal results to zero (FTZ/DAZ: XLA, OpenVINO); u * tau in float16, whose subnormals
-every kernel keeps.  Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
+tiny = n * tau (tau: the smallest normal number) in float32, bfloat16 and float64, whose CPU
+kernels may flush subnormal numbers to zero (FTZ/DAZ: XLA, OpenVINO) - each of a sum's n terms
+may be flushed, so a normal result near tau may come back as 0 (XLA: a dK of 3.0e-38 made of
+subnormal products); u * tau in float16, whose subnormals every kernel keeps.  Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
 (tau: the smallest normal number; below it the spacing is even); a sum of n terms taken in
 another order, or accumulated in u_acc, by about sqrt(n) u_acc times the sum of the terms'
 sizes (random walk).  So one rounding per step and the reductions cost sigma per unit of
@@ -100,13 +101,14 @@ class Budget:
     def floor(self, magnitude: float, n: int, score_size: float = 0.0) -> float:
         """The tensor-wide floor for callers without a problem: terms of size `magnitude`,
         scores of size `score_size` (Phi <= (1 + 2 S) M, the S u of every rounded score)."""
-        return self.floor_ulps * (self.sigma(n) * (1.0 + 2.0 * score_size) * magnitude + self.tiny)
+        return self.floor_ulps * (self.sigma(n) * (1.0 + 2.0 * score_size) * magnitude + self.tiny(n))
 
-    @property
-    def tiny(self) -> float:
-        """What a result near 0 may err by: tau where kernels may flush subnormals to zero,
-        else u * tau (half the subnormals' spacing)."""
-        return self.normal_min if self.flushes_subnormals else self.unit_roundoff * self.normal_min
+    def tiny(self, n: int = 1) -> float:
+        """What a result near 0 may err by: n tau where kernels may flush subnormals to zero (each
+        of n summed terms), else u * tau (half the subnormals' spacing)."""
+        if self.flushes_subnormals:
+            return max(1, n) * self.normal_min
+        return self.unit_roundoff * self.normal_min
 
 
 BUDGETS = {
@@ -163,7 +165,7 @@ def _rows(ref, plain, phi, dtype, n: int, extra=0.0, per_row: bool = True) -> np
     if rule() == "flash":
         return np.full(e.shape, b.factor * float(np.max(e, initial=0.0)))
     phi = np.max(phi, axis=-1, initial=0.0) if per_row else phi
-    return b.factor * e + b.floor_ulps * (b.sigma(n) * phi + extra + b.tiny)
+    return b.factor * e + b.floor_ulps * (b.sigma(n) * phi + extra + b.tiny(n))
 
 
 def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):

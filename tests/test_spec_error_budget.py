@@ -304,3 +304,16 @@ def test_flash_rule_is_selectable_and_allows_nothing_in_float64(monkeypatch):
         eb.forward_allowed_rows(q, k, v, dtype="float16")
     monkeypatch.delenv(eb.RULE_ENV)
     assert eb.check_forward(r + 1e-15, q, k, v, dtype="float64")  # ours: rounding dust is fine
+
+
+def test_flushing_subnormal_terms_is_allowed_where_cpu_kernels_do_it():
+    """XLA returned 0 for a float32 dK of -3.0e-38: a sum of subnormal products, each flushed.
+    Each of a row's n terms may be flushed (n tau) in float32/bfloat16/float64; float16 keeps
+    its subnormals (its kernels compute in float32 and round), so there only u tau."""
+    from specs.error_budget import BUDGETS
+
+    tau32 = float(np.finfo(np.float32).tiny)
+    assert BUDGETS["float32"].tiny(6) == 6 * tau32 and BUDGETS["bfloat16"].tiny(1) == tau32
+    assert BUDGETS["float64"].tiny(3) == 3 * float(np.finfo(np.float64).tiny)
+    assert BUDGETS["float16"].tiny(6) == 2.0**-11 * 2.0**-14
+    assert BUDGETS["float32"].floor(0.0, 6) >= 2 * 3.04006e-38  # the flushed dK above fits
