@@ -76,8 +76,6 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
         os.makedirs(os.path.join(raw, "asv"))
         write_text(raw, inp.SUITE_FILE, json.dumps({"conformance": inputs.conformance,
                                                     "semantics": inputs.semantics}, indent=1, default=str))
-        if inputs.detection:
-            _write_csv_rows(os.path.join(raw, inp.DETECTION_FILE), inputs.detection)
         kept = []
         for i, src in enumerate(inputs.asv_dirs):
             dst = os.path.join(raw, "asv", str(i))
@@ -90,15 +88,6 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
             _before_swap(tmp)
     summary["out"] = os.path.abspath(out_dir)
     return summary
-
-
-def _write_csv_rows(path: str, rows: list) -> None:
-    import csv
-
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
 
 
 @dataclass
@@ -141,8 +130,9 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     import pandas as pd
 
     detection = pd.DataFrame(inputs.detection)
-    if not detection.empty:
-        detection.to_csv(os.path.join(tmp, inp.DETECTION_FILE), index=False)
+    if not detection.empty:  # the page's table, and raw/'s copy for rebuilding the folder
+        for folder in (tmp, os.path.join(tmp, inp.RAW)):
+            detection.to_csv(os.path.join(folder, inp.DETECTION_FILE), index=False)
     frames = Frames(conf=conf, sem=sem, bench=bench, scaling=scaling, worked=worked, worked_note=worked_note,
                     verdicts=verdicts, speed=tables.speed_summary(bench), head=head, slopes=slopes,
                     peaks=matmul_peaks(bench), detection=detection)

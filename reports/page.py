@@ -243,4 +243,5 @@ def detection_data(f) -> dict:
              text(r.get(alarms)).replace(" ", ", ") or "none"]
             for _, r in df.iterrows()]
     runs = sorted({text(r) for r in df.get("runs", pd.Series(dtype=object)).dropna()})
-    return {"rows": rows, "note": "", "runs": ", ".join(runs)}
+    own = sorted({p for v in df.get("control_failed", pd.Series(dtype=object)).dropna() for p in text(v).split()})
+    return {"rows": rows, "note": "", "runs": ", ".join(runs), "own_alarms": ", ".join(own)}

@@ -266,6 +266,7 @@ def test_detection_power_reaches_the_page_and_its_csv(tmp_path):
     build.build(inputs.collect([str(measured)]), str(tmp_path / "out"))
     page = (tmp_path / "out" / "index.html").read_text()
     assert 'id="detection"' in page and "0.0003" in page and "gradients_match_reference" in page
+    assert "own false alarms on the correct kernel: none" in page
     assert (tmp_path / "out" / "detection_power.csv").read_text().startswith("dtype,defect")
     rebuilt = inputs.collect([str(tmp_path / "out")])  # the report folder keeps it in raw/
     assert rebuilt.detection and rebuilt.detection[0]["smallest_d_rejected"] == "0.001"
