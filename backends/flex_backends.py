@@ -16,9 +16,15 @@ scores (it warns so; that one warning is silenced here) and takes float64.  Comp
 float16/bfloat16/float32 only, inference only and no LSE ("torch.compile on CPU only
 supports inference and `return_lse` is not supported yet"); its first call at a new shape,
 dtype or static field (softcap, window, scale...) compiles, 15-45 s here, later calls reuse it.
+
+Eager flex_attention still traces its hooks with dynamo (backend "eager") and retraces (~0.4 s)
+on a new structure, constant or size class; for small problems the eager backend therefore
+writes the hooks with every field as tensor data (`_uniform_mods`) and traces size-obliviously
+(`_tracing`): the suite's eager run went from 584 s to ~130 s.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 from .base import BackendUnavailable, Capabilities, Deviation, Semantics
@@ -37,6 +43,7 @@ _DEVIATIONS = (
               "no key at all (Lk = 0) raises IndexError ('max(): Expected reduction dim 3 to have non-zero "
               "size') instead of returning the declared fully-masked rows"),
 )
+_BLOCK = 128  # flex_attention's default block size
 _RECOMPILE_LIMIT = 1024  # dynamo's default (8 per function) would run flex eagerly after 8 shapes
 
 
@@ -63,9 +70,9 @@ class TorchFlex(TorchBackend):
     def _attention(self, q, k, v, call):
         Lq, Ev = q.shape[-2], v.shape[-1]
         q, k, v, batch = _fold(q, k, v, call)  # (B, N, L, ·)
-        score_mod, block_mask = self._mods(call, batch, q.shape[0], q.shape[1], Lq, k.shape[-2], q.device)
+        score_mod, block_mask = self._mods(call, batch, q.shape[0], q.shape[1], Lq, k.shape[-2], q.device, q.dtype)
         aux = self._fa.AuxRequest(lse=True) if call.return_lse else None
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), self._tracing():
             # compiled: running eagerly (dynamo gave up) must fail loudly, never pass as compiled
             warnings.filterwarnings("error" if self.compiled else "ignore", message=_EAGER_WARNING)
             y = self._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale,
@@ -77,16 +84,90 @@ class TorchFlex(TorchBackend):
     def _flex(self):
         return self._fa.flex_attention
 
-    def _mods(self, call, batch, B, H, Lq, Lk, device):
+    def _tracing(self):
+        """Eager flex_attention still traces its hooks through dynamo (backend "eager"), and dynamo
+        specialises every size of 0 or 1: with the suite's small shapes nearly every call retraced
+        (~0.4 s each, 37 retraces in 48 calls measured).  Size-oblivious tracing keeps one graph per
+        structure; the graph run is the same eager math, so results are unchanged (the suite checks)."""
+        return self.torch.fx.experimental._config.patch(backed_size_oblivious=True)
+
+    def _mods(self, call, batch, B, H, Lq, Lk, device, dtype):
         """(score_mod, block_mask) for this call; the last call's are reused (benchmarks repeat one)."""
         if self._memo is not None and self._memo[0] is call and self._memo[1] == (B, H, Lq, Lk):
             return self._memo[2]
+        if self.uniform_hooks and B * H * Lq * Lk <= self.UNIFORM_MAX_SCORES:
+            mods = self._uniform_mods(call, batch, B, H, Lq, Lk, device, dtype)
+        else:
+            mods = self._specialised_mods(call, batch, B, H, Lq, Lk, device)
+        self._memo = (call, (B, H, Lq, Lk), mods)
+        return mods
+
+    # Eager flex_attention traces its hooks through dynamo (backend "eager"), which retraces (~0.4 s)
+    # whenever a hook's Python structure or constants change: hooks written per field (below) retraced
+    # 83 times in 145 of the suite's calls (test_output.py: 57 s).  For small problems, where that
+    # retrace is the whole cost, the eager backend writes every field as tensor data in one hook of
+    # fixed structure - an absent field is its identity (bias 0, slope 0, no cap, every key visible),
+    # exact in every dtype - and dynamo keeps a graph or two per dtype (11 retraces, 18 s).  Large
+    # problems (benchmarks) get the per-field hooks: no zero bias or all-True mask to read.
+    uniform_hooks = True
+    UNIFORM_MAX_SCORES = 1 << 16  # B * H * Lq * Lk up to which the uniform hooks are used
+
+    def _uniform_mods(self, call, batch, B, H, Lq, Lk, device, dtype):
+        torch = self.torch
+        i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
+        wide = torch.float64 if dtype == torch.float64 else torch.float32  # the dtype alibi_slopes come in
+
+        # every captured tensor of one dtype and row-major strides (even on size-1 axes, which
+        # .contiguous() leaves as they are), given or absent: dynamo guards on dtypes and strides
+        dense = torch.contiguous_format
+
+        def per_head(x, absent, dtype):  # mask or bias (..., Lq, Lk) -> (B, H, Lq, Lk)
+            x = torch.full((), absent, dtype=dtype, device=device) if x is None else x
+            return x.expand(*batch, Lq, Lk).reshape(B, H, Lq, Lk).clone(memory_format=dense)
+
+        def per_sequence(x, absent, *tail):  # lengths (...,) or segment ids (..., L) -> (B, ·)
+            if x is None:
+                return torch.full((B, *tail), absent, **i32)
+            return x.expand(*batch[:-1], *tail).reshape(B, *tail).clone(memory_format=dense)
+
+        bias, mask = per_head(call.bias, 0.0, dtype), per_head(call.mask, True, torch.bool)
+        capped = torch.tensor(call.softcap is not None, device=device)
+        cap = torch.tensor(call.softcap if call.softcap is not None else 1.0, dtype=torch.float64, device=device)
+        slopes = call.alibi_slopes if call.alibi_slopes is not None else torch.zeros(H, dtype=wide, device=device)
+        q_len, kv_len = per_sequence(call.q_lengths, Lq), per_sequence(call.kv_lengths, Lk)
+        q_seg, kv_seg = per_sequence(call.q_segment_ids, 0, Lq), per_sequence(call.kv_segment_ids, 0, Lk)
+        o = torch.tensor(Lk - Lq if call.causal_alignment == "bottom_right" else 0, **i64)
+        unlimited = Lq + Lk  # a window side this wide hides no key
+        left, right = call.window if call.window is not None else (None, None)
+        left, right = (torch.tensor(unlimited if side is None else side, **i64) for side in (left, right))
+        not_causal = torch.tensor(not call.is_causal, device=device)
+
+        def score_mod(score, b, h, q_idx, kv_idx):  # score: already scaled
+            score = torch.where(capped, torch.tanh(score / cap) * cap, score)
+            score = score + bias[b, h, q_idx, kv_idx]
+            return score - (slopes[h] * (q_idx + o - kv_idx).abs()).to(score.dtype)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = not_causal | (kv_idx <= q_idx + o)
+            keep = keep & (kv_idx <= q_idx + o + right) & (kv_idx >= q_idx + o - left)
+            keep = keep & mask[b, h, q_idx, kv_idx] & (kv_idx < kv_len[b]) & (q_idx < q_len[b])
+            return keep & (q_seg[b, q_idx] == kv_seg[b, kv_idx])
+
+        # Every block partial (mask_mod decides each pair): a valid, conservative BlockMask, and all
+        # eager flex reads of it - its dense math evaluates mask_mod at every pair.  create_block_mask
+        # would vmap mask_mod over the grid first (~60 ms a call here) only to find the blocks.
+        blocks = (-(-Lq // _BLOCK), -(-Lk // _BLOCK))
+        kv_indices = torch.arange(blocks[1], **i32).expand(B, H, *blocks).clone(memory_format=dense)
+        kv_count = torch.full((B, H, blocks[0]), blocks[1], **i32)
+        return score_mod, self._fa.BlockMask.from_kv_blocks(kv_count, kv_indices, BLOCK_SIZE=_BLOCK,
+                                                            mask_mod=mask_mod, seq_lengths=(Lq, Lk))
+
+    def _specialised_mods(self, call, batch, B, H, Lq, Lk, device):
+        """Hooks with only the problem's fields: what a compiled kernel specialises on (block skipping)."""
         torch = self.torch
         o = Lk - Lq if call.causal_alignment == "bottom_right" else 0  # query i's diagonal is key i + o
 
-        def per_head(x):  # mask or bias (..., Lq, Lk) -> (B, H, Lq, Lk), contiguous: dynamo guards
-            # on the strides of captured tensors, and a broadcast's zero strides change with every
-            # shape - a retrace (~0.4 s) per call; contiguous ones follow the shape it has generalised
+        def per_head(x):  # mask or bias (..., Lq, Lk) -> (B, H, Lq, Lk)
             return None if x is None else x.expand(*batch, Lq, Lk).reshape(B, H, Lq, Lk).contiguous()
 
         def per_sequence(x, *tail):  # lengths (...,) or segment ids (..., L) -> (B, ·)
@@ -131,9 +212,7 @@ class TorchFlex(TorchBackend):
         hides = causal or call.window is not None or per_batch
         block_mask = self._fa.create_block_mask(mask_mod, B if per_batch else None, H if mask is not None else None,
                                                 Lq, Lk, device=device) if hides else None
-        mods = (score_mod if scored else None, block_mask)
-        self._memo = (call, (B, H, Lq, Lk), mods)
-        return mods
+        return (score_mod if scored else None, block_mask)
 
 
 class TorchFlexCompiled(TorchFlex):
@@ -142,6 +221,7 @@ class TorchFlexCompiled(TorchFlex):
     name = "torch-flex-compiled"
     compiled = True
     compiles_per_shape = True  # the suite gives it a bounded shape menu
+    uniform_hooks = False  # one kernel per static field, as users write their hooks
     call_timeout = 300.0  # s: a first call compiles (12-63 s measured here, more on a loaded machine)
     capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cpu", gradients=False,
                                 features=_EVERY_FEATURE - {"lse"})
@@ -164,3 +244,6 @@ class TorchFlexCompiled(TorchFlex):
 
     def _flex(self):
         return self._compiled_flex
+
+    def _tracing(self):
+        return contextlib.nullcontext()  # dynamic=False: one kernel per shape, as users compile it
