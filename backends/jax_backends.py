@@ -2,9 +2,11 @@
 
 jax is imported in ``load``.  float64 needs JAX's x64 mode: it is switched on with
 ``jax.enable_x64`` around each conversion and call, never globally.  Each backend jits its
-forward and its vjp once per static configuration (operation, causal, alignment, window,
-softcap, scale, which arrays are present, whether the LSE is returned) and reuses them; jit
-itself caches per shape and dtype, so a benchmark's timed call never retraces.
+forward and its vjp once per static configuration and reuses them; jit itself caches per shape
+and dtype, so a benchmark's timed call never retraces.  jax-dpa's static configuration is what
+the library takes as Python values (causal, alignment, window, scale, which arrays are given,
+whether the LSE is returned); jax-naive, our own jnp, takes every field as an argument (only
+grouped heads and the LSE are static), so a run of the suite compiles per shape and dtype only.
 
 jax.nn.dot_product_attention (jax 0.10.2, implementation="xla") takes natively: a bias (added
 to the scaled logits), a boolean mask, key/value with fewer heads (grouped: query head n reads
@@ -61,8 +63,11 @@ class JaxBackend(Backend):
         return scoped(True)
 
     def to_native(self, x, dtype):
+        # cast by NumPy (ml_dtypes for bfloat16): jnp.asarray(x, dtype) compiles a conversion per
+        # shape (74 of 259 compiles in two test modules); the suite's inputs are exact in the dtype
+        x = np.asarray(x).astype(self.jnp.dtype(dtype or bool))
         with self._x64(dtype == "float64"):
-            return self.jax.device_put(self.jnp.asarray(x, dtype=dtype or bool), self.jax_device)
+            return self.jax.device_put(x, self.jax_device)
 
     def from_native(self, y):
         y = np.asarray(y)
@@ -71,12 +76,17 @@ class JaxBackend(Backend):
     def sync(self, y):
         y.block_until_ready()
 
-    def _jitted(self, op, call, with_dbias=False):
-        """The jitted forward or vjp for this call's static fields; arrays are arguments."""
+    def _static(self, call, op):
+        """(the call a jitted function is specialised on, its cache key): every field but the arrays."""
         present = tuple(getattr(call, n) is not None for n in _ARRAYS)
         static = replace(call, return_lse=call.return_lse and op == "forward", **dict.fromkeys(_ARRAYS))
-        key = (op, static.is_causal, static.causal_alignment, static.window, static.softcap, static.scale,
-               static.enable_gqa, static.return_lse, present, with_dbias)
+        return static, (op, static.is_causal, static.causal_alignment, static.window, static.softcap,
+                        static.scale, static.enable_gqa, static.return_lse, present)
+
+    def _jitted(self, op, call, with_dbias=False):
+        """The jitted forward or vjp for this call's static fields; arrays are arguments."""
+        static, key = self._static(call, op)
+        key += (with_dbias,)
         if key not in self._compiled:
             def forward(q, k, v, arrays):
                 return self._attend(q, k, v, arrays, static)  # (..., Lq, Ev) or with (..., Lq)
@@ -92,18 +102,18 @@ class JaxBackend(Backend):
             self._compiled[key] = self.jax.jit(forward if op == "forward" else backward)
         return self._compiled[key]
 
-    @staticmethod
-    def _arrays(call) -> dict:
+    def _arrays(self, call, q, k, with_dbias=False) -> dict:
         return {n: getattr(call, n) for n in _ARRAYS if getattr(call, n) is not None}
 
     def native_attention(self, q, k, v, call):
         with self._x64(q.dtype == np.float64):
-            return self._jitted("forward", call)(q, k, v, self._arrays(call))
+            return self._jitted("forward", call)(q, k, v, self._arrays(call, q, k))
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         with_dbias = call.bias is not None and self.capabilities.bias_gradient
         with self._x64(q.dtype == np.float64):
-            return tuple(self._jitted("backward", call, with_dbias)(q, k, v, grad_out, self._arrays(call)))
+            return tuple(self._jitted("backward", call, with_dbias)(q, k, v, grad_out,
+                                                                       self._arrays(call, q, k, with_dbias)))
 
 
 class JaxNaive(JaxBackend):
@@ -114,43 +124,74 @@ class JaxNaive(JaxBackend):
                                 bias_gradient=True)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
+    # One jitted program per shape and dtype: every field is an argument (an absent one its identity:
+    # no cap, bias 0, slope 0, every key visible), not a constant the program is specialised on.
+    # Specialised per field, a run of the suite compiled per draw (causal, window, softcap, scale,
+    # which arrays...); the identities are exact, so the results are those of the specialised program.
+    def _static(self, call, op):
+        static = replace(call, return_lse=call.return_lse and op == "forward", **dict.fromkeys(_ARRAYS))
+        return static, (op, static.enable_gqa, static.return_lse)
+
+    def _arrays(self, call, q, k, with_dbias=False) -> dict:
+        wide = np.float64 if q.dtype == np.float64 else np.float32  # alibi_slopes' dtype
+        batch, Lq, Lk, E = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+        lead = batch[:-1]  # lengths and segment ids broadcast over these (not the head axis)
+        unlimited = Lq + Lk  # a window side this wide hides no key
+        left, right = call.window if call.window is not None else (None, None)
+        a = {"mask": np.ones((1, 1), bool), "bias": np.zeros((1, 1), q.dtype),
+             "q_lengths": np.full(lead, Lq, np.int32), "kv_lengths": np.full(lead, Lk, np.int32),
+             "q_segment_ids": np.zeros(lead + (Lq,), np.int32), "kv_segment_ids": np.zeros(lead + (Lk,), np.int32),
+             "alibi_slopes": np.zeros(q.shape[-3:-2], wide),  # (Hq,), or () without a head axis
+             "scale": np.asarray(1.0 / math.sqrt(E) if call.scale is None else call.scale, q.dtype),
+             "capped": np.asarray(call.softcap is not None),
+             "cap": np.asarray(1.0 if call.softcap is None else call.softcap, q.dtype),
+             "causal": np.asarray(call.is_causal),
+             "offset": np.asarray(Lk - Lq if call.causal_alignment == "bottom_right" else 0, np.int32),
+             "left": np.asarray(unlimited if left is None else left, np.int32),
+             "right": np.asarray(unlimited if right is None else right, np.int32)}
+        given = super()._arrays(call, q, k, with_dbias)
+        if math.prod(q.shape[:-1]) * Lk <= self.CANONICAL_MAX_SCORES:
+            # host arrays all (jit compiles apart for device-placed and host arguments), and a mask
+            # or bias broadcast to the scores' shape: one program whatever shape it was given in
+            # (5 bias and 4 mask shapes are drawn); not for dbias, which has the given shape
+            scores = q.shape[:-2] + (Lq, Lk)
+            given = {name: np.asarray(x) for name, x in given.items()}
+            for name in ("mask",) + (() if with_dbias else ("bias",)):
+                if name in given:
+                    x = given[name]
+                    given[name] = np.ascontiguousarray(np.broadcast_to(x, np.broadcast_shapes(x.shape, scores)))
+        return {**a, **given}
+
+    CANONICAL_MAX_SCORES = 1 << 16  # B * H * Lq * Lk up to which masks and biases are broadcast
+
     def _attend(self, q, k, v, a, call):
         jnp, lax = self.jnp, self.jax.lax
-        if "kv_lengths" in a:  # padding is never read: 0 * NaN there would reach the output
-            padded = jnp.arange(k.shape[-2]) >= a["kv_lengths"][..., None, None]  # (..., 1, Lk)
-            k, v = (jnp.where(padded[..., None], jnp.zeros((), x.dtype), x) for x in (k, v))  # (..., Hkv, Lk, ·)
+        Lq, Lk = q.shape[-2], k.shape[-2]
+
+        def at_rank(x, tail=()):  # lengths (...,) or segment ids (..., ·): 1-axes after the leading
+            lead = x.shape[:x.ndim - len(tail)]  # axes, to the scores' rank (none without a head axis)
+            return x.reshape(lead + (1,) * (q.ndim - len(lead) - len(tail)) + tail)
+
+        q_len, kv_len = at_rank(a["q_lengths"]), at_rank(a["kv_lengths"])  # (..., 1, 1, 1)
+        q_seg = at_rank(a["q_segment_ids"][..., :, None], (Lq, 1))  # (..., 1, Lq, 1)
+        kv_seg = at_rank(a["kv_segment_ids"][..., None, :], (1, Lk))  # (..., 1, 1, Lk)
+        # padding is never read: 0 * NaN there would reach the output
+        padded = jnp.arange(Lk)[:, None] >= kv_len  # (..., 1, Lk, 1)
+        k, v = (jnp.where(padded, jnp.zeros((), x.dtype), x) for x in (k, v))  # (..., Hkv, Lk, ·)
         if call.enable_gqa:  # query head h reads KV head h // group
             k, v = (jnp.repeat(x, q.shape[-3] // x.shape[-3], axis=-3) for x in (k, v))  # (..., Hq, Lk, ·)
-        Lq, Lk = q.shape[-2], k.shape[-2]
-        sc = 1.0 / math.sqrt(q.shape[-1]) if call.scale is None else call.scale
-        s = (q @ jnp.swapaxes(k, -1, -2)) * jnp.asarray(sc, q.dtype)  # (..., Lq, Lk)
-        if call.softcap is not None:
-            cap = jnp.asarray(call.softcap, q.dtype)
-            s = jnp.tanh(s / cap) * cap
-        if "bias" in a:
-            s = s + a["bias"]  # (..., Hq, Lq, Lk)
+        s = (q @ jnp.swapaxes(k, -1, -2)) * a["scale"]  # (..., Lq, Lk)
+        s = jnp.where(a["capped"], jnp.tanh(s / a["cap"]) * a["cap"], s)
+        s = s + a["bias"]  # (..., Hq, Lq, Lk)
         rows, cols = jnp.arange(Lq)[:, None], jnp.arange(Lk)[None, :]  # (Lq, 1), (1, Lk)
-        diag = rows + (Lk - Lq if call.causal_alignment == "bottom_right" else 0)  # (Lq, 1) query i's diagonal
-        if "alibi_slopes" in a:
-            wide = jnp.promote_types(s.dtype, jnp.float32)  # distances exact, one rounding to s's dtype
-            dist = jnp.abs(diag - cols).astype(wide)  # (Lq, Lk)
-            s = s - (a["alibi_slopes"].astype(wide)[:, None, None] * dist).astype(s.dtype)  # (..., Hq, Lq, Lk)
-        vis = jnp.ones((Lq, Lk), dtype=bool)  # (Lq, Lk) fused away by XLA
-        left, right = call.window if call.window is not None else (None, None)
-        if call.is_causal:
-            vis = vis & (cols <= diag)
-        if right is not None:
-            vis = vis & (cols <= diag + right)
-        if left is not None:
-            vis = vis & (cols >= diag - left)
-        if "mask" in a:
-            vis = vis & a["mask"]  # (..., Lq, Lk)
-        if "kv_lengths" in a:
-            vis = vis & (cols < a["kv_lengths"][..., None, None, None])  # (..., 1, 1, Lk)
-        if "q_lengths" in a:
-            vis = vis & (rows < a["q_lengths"][..., None, None, None])  # (..., 1, Lq, 1)
-        if "q_segment_ids" in a:
-            vis = vis & (a["q_segment_ids"][..., None, :, None] == a["kv_segment_ids"][..., None, None, :])
+        diag = rows + a["offset"]  # (Lq, 1) query i's diagonal
+        wide = jnp.promote_types(s.dtype, jnp.float32)  # distances exact, one rounding to s's dtype
+        dist = jnp.abs(diag - cols).astype(wide)  # (Lq, Lk)
+        s = s - (a["alibi_slopes"].astype(wide)[..., None, None] * dist).astype(s.dtype)  # (..., Hq, Lq, Lk)
+        vis = (cols <= diag) | ~a["causal"]  # (Lq, Lk)
+        vis = vis & (cols <= diag + a["right"]) & (cols >= diag - a["left"])
+        vis = vis & a["mask"]  # (..., Lq, Lk)
+        vis = vis & (cols < kv_len) & (rows < q_len) & (q_seg == kv_seg)  # (..., Hq|1, Lq, Lk)
         s = jnp.where(vis, s, -jnp.inf)  # (..., Hq, Lq, Lk)
         row_max = lax.stop_gradient(s.max(axis=-1, keepdims=True, initial=-jnp.inf))  # (..., Lq, 1) Lk = 0: -inf
         row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)

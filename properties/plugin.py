@@ -100,6 +100,7 @@ def runs_suite(config) -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_gradients: the test calls Backend.backward (skipped without)")
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker")
     _ROWS["conformance"].clear()  # pytest.main() may run twice in one process
     _ROWS["semantics"].clear()
     config._attnspec_tb = config.getoption("attnspec_tb", None) or ("long" if config.getoption("verbose") > 0 else "block")
@@ -243,7 +244,10 @@ def pytest_generate_tests(metafunc):
         _enable_jax_cache(per_backend)
         metafunc.config._attnspec_jax_cache = True
     flat = [t for ts in per_backend for t in ts]
-    metafunc.parametrize("target", flat, ids=[t.id for t in flat])
+    # xdist_group: with `-n N --dist loadgroup` a backend's tests share one worker, and with it the
+    # compiled programs (JAX, flex) and loaded runtimes - split, each worker would compile them again
+    metafunc.parametrize("target", [pytest.param(t, id=t.id, marks=pytest.mark.xdist_group(t.backend.name))
+                                    for t in flat])
 
 
 def _target_of(item):
