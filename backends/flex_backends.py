@@ -132,7 +132,8 @@ class TorchFlex(TorchBackend):
 
         bias, mask = per_head(call.bias, 0.0, dtype), per_head(call.mask, True, torch.bool)
         capped = torch.tensor(call.softcap is not None, device=device)
-        cap = torch.tensor(call.softcap if call.softcap is not None else 1.0, dtype=torch.float64, device=device)
+        # the scores' working precision (float64 only for float64): a float64 cap would promote them
+        cap = torch.tensor(call.softcap if call.softcap is not None else 1.0, dtype=wide, device=device)
         slopes = call.alibi_slopes if call.alibi_slopes is not None else torch.zeros(H, dtype=wide, device=device)
         q_len, kv_len = per_sequence(call.q_lengths, Lq), per_sequence(call.kv_lengths, Lk)
         q_seg, kv_seg = per_sequence(call.q_segment_ids, 0, Lq), per_sequence(call.kv_segment_ids, 0, Lk)

@@ -192,3 +192,24 @@ def test_backends_command_lists_each_feature_as_declared(capsys):
     assert header[:4] == ["name", "gqa", "bias", "dbias"] and "lse" in header and "padded_rows" in header
     cells = dict(zip(header, next(li for li in lines[start:] if li.startswith("torch-sdpa-cpu-flash ")).split()))
     assert (cells["gqa"], cells["bias"], cells["dbias"], cells["window"], cells["lse"]) == ("yes", "yes", ".", ".", "yes")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
+def test_eager_flex_uniform_hooks_equal_per_field_hooks_bit_for_bit(dtype):
+    """Eager torch-flex writes small problems' hooks with every field as tensor data (absent
+    ones their identity: bias 0, slope 0, no cap, every key visible) so dynamo stops retracing;
+    large problems and compiled flex keep hooks with only the given fields.  The identities are
+    exact, so both give the same bits: each feature alone and all of them together."""
+    from backends.flex_backends import TorchFlex
+
+    uniform, per_field = TorchFlex(), TorchFlex()
+    per_field.UNIFORM_MAX_SCORES = 0  # every problem "large": the per-field hooks
+    for backend in (uniform, per_field):
+        available({"torch-flex": backend}, "torch-flex")
+    declared = [f for f in FEATURES if f in TorchFlex.capabilities.features]  # "lse": a boolean mask too
+    for features in [[]] + [[f] for f in declared] + [declared]:
+        p = _problem(features, seed=3, dtype=dtype)
+        outs = [b.forward(p["q"], p["k"], p["v"], dtype=dtype, return_lse=True, **p["fields"])
+                for b in (uniform, per_field)]
+        for got, want, what in zip(outs[0], outs[1], ("output", "lse")):
+            assert np.array_equal(got, want, equal_nan=True), f"{features} {dtype}: {what} differs"
