@@ -108,7 +108,9 @@ class TorchFlex(TorchBackend):
     # retrace is the whole cost, the eager backend writes every field as tensor data in one hook of
     # fixed structure - an absent field is its identity (bias 0, slope 0, no cap, every key visible),
     # exact in every dtype - and dynamo keeps a graph or two per dtype (11 retraces, 18 s).  Large
-    # problems (benchmarks) get the per-field hooks: no zero bias or all-True mask to read.
+    # problems get the per-field hooks (no zero bias or all-True mask to read), and so does every
+    # problem of the benchmarks, which switch uniform_hooks off: more ops under vmap cost a small
+    # call ~15 ms more.  tests/test_backends_variants.py checks that both give the same bits.
     uniform_hooks = True
     UNIFORM_MAX_SCORES = 1 << 16  # B * H * Lq * Lk up to which the uniform hooks are used
 
