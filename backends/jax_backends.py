@@ -129,7 +129,7 @@ class JaxNaive(JaxBackend):
     # Specialised per field, a run of the suite compiled per draw (causal, window, softcap, scale,
     # which arrays...); the identities are exact, so the results are those of the specialised program.
     def _static(self, call, op):
-        static = replace(call, return_lse=call.return_lse and op == "forward", **dict.fromkeys(_ARRAYS))
+        static, _ = super()._static(call, op)
         return static, (op, static.enable_gqa, static.return_lse)
 
     _prepared = None  # (call, its shapes, arrays): the last call's arguments, reused (benchmarks repeat one)

@@ -20,7 +20,9 @@ w, output y and, per visible key j, T_j = scale |q_i|.|k_j| (capped by a softcap
 tiny = n * tau (tau: the smallest normal number) in float32, bfloat16 and float64, whose CPU
 kernels may flush subnormal numbers to zero (FTZ/DAZ: XLA, OpenVINO) - each of a sum's n terms
 may be flushed, so a normal result near tau may come back as 0 (XLA: a dK of 3.0e-38 made of
-subnormal products); u * tau in float16, whose subnormals every kernel keeps.  Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
+subnormal products); u * tau in float16, whose subnormals every kernel keeps.
+
+Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
 (tau: the smallest normal number; below it the spacing is even); a sum of n terms taken in
 another order, or accumulated in u_acc, by about sqrt(n) u_acc times the sum of the terms'
 sizes (random walk).  So one rounding per step and the reductions cost sigma per unit of
