@@ -10,6 +10,11 @@ import time
 from . import _common, _grid, _threads, bench_attention  # modules, not classes: asv would collect those twice
 
 MATMUL_N = 1024  # 2.1 GFLOP per product: 10-50 ms here, long enough to swamp call overhead
+GPU_MATMUL_N = 8192  # 1.1 TFLOP: ~1.4 ms on an H200's bf16 tensor cores; 1024 would time the launch
+# The GPU's roofs, measured when one is present (skipped otherwise).  The report files their rows,
+# and those of the GPU backends, under a machine of their own ("<host> gpu": reports/asv_results.py),
+# so a GPU kernel's rate is read against its own device's peak and bandwidth, never the CPU's.
+GPU_LIBRARY, GPU_KERNEL = "torch-cuda", "cuda-triad"
 FIDELITY = dict(backend="torch-sdpa-cpu", T=2048, E=64, op="forward", dtype="float32")
 STREAM_MIB = [16, 512]  # per array: inside the last-level cache, and well past it (300 MiB here)
 
@@ -35,6 +40,8 @@ def _best_seconds(fn, budget: float = 1.0, at_least: int = 3) -> float:
 
 def _matmul(library: str, dtype: str):
     """A no-argument n x n product in `library` and `dtype` (synchronised), or a skip."""
+    if library == GPU_LIBRARY:
+        return _cuda_matmul(dtype)
     lib = _import(library)
     n = MATMUL_N
     if library == "numpy":
@@ -50,9 +57,30 @@ def _matmul(library: str, dtype: str):
     import jax.numpy as jnp
 
     _threads.pin_xla()  # one thread, as the attention benchmarks run it
-    a, b = (jnp.ones((n, n), dtype=dtype) for _ in range(2))  # (n, n) each
+    cpu = lib.devices("cpu")[0]  # the CPU's peak even where JAX's default device is a GPU
+    a, b = (lib.device_put(jnp.ones((n, n), dtype=dtype, device=cpu), cpu) for _ in range(2))  # (n, n) each
     product = lib.jit(lambda x, y: x @ y)
     return lambda: product(a, b).block_until_ready()  # (n, n)
+
+
+def _cuda():
+    """torch with a CUDA device, or a skip."""
+    torch = _import("torch")
+    if not torch.cuda.is_available():
+        _common.skip("no CUDA device")
+    return torch
+
+
+def _cuda_matmul(dtype: str):
+    torch, n = _cuda(), GPU_MATMUL_N
+    a, b = (torch.randn(n, n, dtype=getattr(torch, dtype), device="cuda") for _ in range(2))  # (n, n) each
+
+    def product():
+        torch.mm(a, b)  # (n, n)
+        torch.cuda.synchronize()
+
+    product.n = n
+    return product
 
 
 class PeakMatmul:
@@ -62,7 +90,7 @@ class PeakMatmul:
     parameter so results say which OpenBLAS kernel NumPy used (an older core type slows NumPy's
     BLAS; torch and XLA bring their own kernels)."""
 
-    params = [["numpy", "torch", "jax"], ["float32", *_grid.SIXTEEN_BIT], [os.environ.get("OPENBLAS_CORETYPE", "unset")],
+    params = [["numpy", "torch", "jax", GPU_LIBRARY], ["float32", *_grid.SIXTEEN_BIT], [os.environ.get("OPENBLAS_CORETYPE", "unset")],
               [_common.THREADS]]
     param_names = ["library", "dtype", "openblas_coretype", "threads"]
     timeout = 120
@@ -77,7 +105,8 @@ class PeakMatmul:
             _common.skip(f"{library} {dtype} matmul failed: {type(e).__name__}: {e}")
 
     def track_peak_gflops(self, library, dtype, openblas_coretype, threads):
-        return 2 * MATMUL_N ** 3 / _best_seconds(self.product) / 1e9
+        n = getattr(self.product, "n", MATMUL_N)
+        return 2 * n ** 3 / _best_seconds(self.product) / 1e9
 
     track_peak_gflops.unit = "GFLOP/s"
 
@@ -90,7 +119,7 @@ class Bandwidth:
     write-allocate traffic is not counted.  Arrays of 16 MiB sit in the last-level cache, those of
     512 MiB do not (the VM's L3 is 300 MiB): a decode step's KV cache may be either."""
 
-    params = [["copy", "triad"], STREAM_MIB, [_common.THREADS]]
+    params = [["copy", "triad", GPU_KERNEL], STREAM_MIB, [_common.THREADS]]
     param_names = ["kernel", "array_mib", "threads"]
     timeout = 120
 
@@ -101,6 +130,15 @@ class Bandwidth:
 
             a, b = np.zeros(n), np.ones(n)  # (n,) float64 each, pages touched
             self.kernel, self.bytes = (lambda: np.copyto(a, b)), 2 * 8 * n
+        elif kernel == GPU_KERNEL:  # the same triad in the GPU's memory (16 MiB arrays fit an H200's L2)
+            torch = _cuda()
+            a, b, c = (torch.full((n,), x, dtype=torch.float64, device="cuda") for x in (0.0, 1.0, 1.0))  # (n,) each
+
+            def triad():
+                torch.add(b, c, alpha=3.0, out=a)
+                torch.cuda.synchronize()
+
+            self.kernel, self.bytes = triad, 3 * 8 * n
         else:
             torch = _import("torch")
             _threads.limit()

@@ -14,6 +14,7 @@ time of the fidelity combination / torch Timer's). pandas is imported by the fun
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import json
 import math
@@ -125,8 +126,45 @@ def _rows_of_file(path: str, machine: str, declared: dict) -> list:
             row.update(metric=metric, value=float(value), unit=unit, machine=machine, commit=commit,
                        ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi))
             _fill_sizes(row)
+            _file_gpu_rows(row)
             rows.append(row)
     return rows
+
+
+# A GPU's rows - its roofs (benchmarks/bench_machine.py GPU_LIBRARY, GPU_KERNEL) and the GPU
+# built-ins' timings - go under a machine of their own, "<host> gpu": every per-machine roof the
+# report draws (matmul peak per dtype, DRAM bandwidth) is then the device's own, and a GPU kernel
+# is never read against the CPU's peak.  Its roofs are named as the CPU's are (torch, triad).
+GPU_MACHINE_SUFFIX = " gpu"
+_GPU_ROOFS = {("peak_gflops", "torch-cuda"): "torch", ("bandwidth", "cuda-triad"): "triad"}
+
+
+def _file_gpu_rows(row: dict) -> None:
+    roof = _GPU_ROOFS.get((row["metric"], row["backend"]))
+    if roof is not None:
+        row.update(backend=roof, machine=f"{row['machine']}{GPU_MACHINE_SUFFIX}")
+    elif row["metric"] in _ATTENTION_METRICS and builtin_device(row["backend"]) != "cpu":
+        row["machine"] = f"{row['machine']}{GPU_MACHINE_SUFFIX}"
+
+
+_ATTENTION_METRICS = ("time", "memory")
+
+
+@functools.lru_cache(maxsize=None)
+def builtin_device(name) -> str:
+    """A built-in backend's declared device ("cpu" for any other name), importing no framework."""
+    import importlib
+
+    from backends import registry
+
+    spec = registry.BUILTINS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        return "cpu"
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr).capabilities.device
+    except (ImportError, AttributeError):
+        return "cpu"
 
 
 # parameter -> column: machine rows name what they measure in `backend`, their size in `op`

@@ -57,9 +57,15 @@ def test_only_the_bad_backend_fails():
 def test_undeclared_combinations_are_unsupported_with_reason():
     with pytest.raises(Unsupported, match="numpy-naive does not support dtype bfloat16 .*float16, float32, float64"):
         resolve("numpy-naive").forward(*CASE.args(), dtype="bfloat16")
-    for name in ("torch-sdpa-cuda-flash", "torch-sdpa-cuda-math"):
-        with pytest.raises(BackendUnavailable, match="no CUDA device") if not _cuda() else pytest.raises(Unsupported):
-            resolve(name).forward(*CASE.args(), dtype="float64")
+    if not _cuda():
+        for name in ("torch-sdpa-cuda-flash", "torch-sdpa-cuda-math"):
+            with pytest.raises(BackendUnavailable, match="no CUDA device"):
+                resolve(name).forward(*CASE.args(), dtype="float64")
+    else:  # flash declares the 16-bit dtypes only; math declares float64 and computes it
+        with pytest.raises(Unsupported, match="torch-sdpa-cuda-flash does not support dtype float64"):
+            resolve("torch-sdpa-cuda-flash").forward(*CASE.args(), dtype="float64")
+        out = resolve("torch-sdpa-cuda-math").forward(*CASE.args(), dtype="float64")
+        assert error_budget.check_forward(out, *CASE.args(), dtype="float64")
     flash = resolve("torch-sdpa-cuda-flash")
     assert not flash.capabilities.masks and set(flash.capabilities.dtypes) == {"float16", "bfloat16"}
 

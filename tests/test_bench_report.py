@@ -156,3 +156,31 @@ def test_every_benchmark_class_loads_by_its_class_and_method(tmp_path):
     bw = df[df["metric"] == "bandwidth"].sort_values("value")
     assert list(bw["op"]) == ["512 MiB arrays", "16 MiB arrays"] and set(bw["backend"]) == {"triad"}
     assert set(bw["unit"]) == {"GB/s"}
+
+
+def test_gpu_rows_are_read_against_the_gpus_own_roofs(tmp_path):
+    """A GPU built-in's rows and the GPU's roofs go under "<host> gpu"; the CPU's stay apart."""
+    import json
+
+    box = tmp_path / "box"
+    box.mkdir()
+    (box / "machine.json").write_text('{"machine": "box"}')
+    half = [["'numpy-naive'", "'torch-sdpa-cuda-flash'"], ["1"], ["8"], ["2048"], ["64"], ["'forward'"],
+            ["'bfloat16'"], ["'wall'"]]
+    peak = [["'torch'", "'torch-cuda'"], ["'bfloat16'"], ["'unset'"], ["1"]]
+    results = {"bench_attention.TimeHalfPrecision.time_attention": [[1.0, 1e-4], half],
+               "bench_machine.PeakMatmul.track_peak_gflops": [[1000.0, 700000.0], peak],
+               "bench_machine.Bandwidth.track_bandwidth": [[20.0, 4000.0], [["'triad'", "'cuda-triad'"], ["512"], ["1"]]]}
+    (box / "c0ffee-env.json").write_text(json.dumps({"version": 2, "commit_hash": "c0ffee", "params": {},
+                                                    "result_columns": ["result", "params"], "results": results}))
+    df = load_results(str(tmp_path))
+    assert _one(df, metric="time", backend="torch-sdpa-cuda-flash")["machine"] == "box gpu"
+    assert _one(df, metric="gflops", backend="torch-sdpa-cuda-flash")["machine"] == "box gpu"  # derived rows follow
+    assert _one(df, metric="time", backend="numpy-naive")["machine"] == "box"
+    assert bench_tables.peaks_by_dtype(df) == {("box", "bfloat16"): 1000.0, ("box gpu", "bfloat16"): 700000.0}
+    roofs = bench_tables.bandwidth_roofs(df)
+    assert bench_tables.dram_roof(roofs, "box gpu")[1] == 4000.0 and bench_tables.dram_roof(roofs, "box")[1] == 20.0
+    table = bench_tables.dtype_frame(df).set_index("backend")
+    flops = 4 * 8 * 2048 * 2048 * 64  # two products of (2048 x 64) by (64 x 2048), 8 heads
+    assert table.loc["torch-sdpa-cuda-flash", "% of dtype peak"] == f"{100 * flops / 1e-4 / 1e9 / 700000.0:.0f} %"
+    assert table.loc["numpy-naive", "% of dtype peak"] == f"{100 * flops / 1.0 / 1e9 / 1000.0:.0f} %"
