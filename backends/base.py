@@ -154,9 +154,12 @@ class Backend:
                                   f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
 
     def _check_shapes(self, q, v) -> None:
-        if self.capabilities.equal_head_dims and np.shape(v)[-1] != np.shape(q)[-1]:
-            raise Unsupported(f"{self.name} needs value's last dimension equal to query's (Ev == E); "
-                              f"got E={np.shape(q)[-1]}, Ev={np.shape(v)[-1]}")
+        E, Ev = np.shape(q)[-1], np.shape(v)[-1]
+        if self.capabilities.equal_head_dims and Ev != E:
+            raise Unsupported(f"{self.name} needs value's last dimension equal to query's (Ev == E); got E={E}, Ev={Ev}")
+        m = self.capabilities.head_dim_multiple
+        if E % m or Ev % m:
+            raise Unsupported(f"{self.name} needs head dims that are multiples of {m}; got E={E}, Ev={Ev}")
 
     def _natives(self, dtype, *arrays):
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
@@ -274,7 +277,7 @@ class Backend:
         c, s = self.capabilities, self.semantics
         return {"name": self.name, "available": ok, "reason": why, "device": c.device,
                 "dtypes": list(c.dtypes), "gradients": c.gradients, "masks": c.masks, "causal": c.causal,
-                "equal_head_dims": c.equal_head_dims,
+                "equal_head_dims": c.equal_head_dims, "head_dim_multiple": c.head_dim_multiple,
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
                 "layouts": list(c.layouts),

@@ -27,6 +27,7 @@ class Capabilities:
     masks: bool = True
     causal: bool = True
     equal_head_dims: bool = False  # needs Ev == E (value's last dim equal to query's): flash kernels
+    head_dim_multiple: int = 1     # E and Ev must be multiples of this (cuDNN's fused attention: 8)
     features: frozenset = frozenset()  # optional features supported natively: specs.problem.FEATURES
     bias_gradient: bool = False    # the backward returns dBias too (with gradients and "bias")
     mask_with_causal: bool = True  # takes a mask together with is_causal (PyTorch's SDPA does not)
@@ -37,6 +38,9 @@ class Capabilities:
         if unknown:
             raise ValueError(f"Capabilities.features: unknown {unknown}; known: {', '.join(FEATURES)}")
         object.__setattr__(self, "features", frozenset(self.features))
+        m = self.head_dim_multiple
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"Capabilities.head_dim_multiple must be a positive int; got {m!r}")
 
 
 @dataclass(frozen=True)

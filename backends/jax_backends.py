@@ -296,8 +296,26 @@ class JaxDpa(JaxBackend):
 
 class JaxDpaCudnn(JaxDpa):
     name, implementation, platform = "jax-dpa-cudnn", "cudnn", "gpu"
+    # head dims: jax 0.11.2 on an H200 raises "The head dim must be <= 256 and a multiple of 8"
     capabilities = Capabilities(dtypes=("float16", "bfloat16"), device="gpu", gradients=True, equal_head_dims=True,
-                                features=frozenset(("gqa", "bias", "seq_lengths", "lse")))
+                                head_dim_multiple=8, features=frozenset(("gqa", "bias", "seq_lengths", "lse")))
     semantics = Semantics(fully_masked=None, causal_alignment="top_left",
-                          notes=("cuDNN fused attention; declared from JAX's documentation and source "
-                                 "(jax 0.10.2), not verified on this machine",))
+                          notes=("cuDNN fused attention (jax.nn.dot_product_attention(implementation='cudnn')); "
+                                 "run on an NVIDIA H200 with jax 0.11.2 (tools/gpu_check.sh)",
+                                 "a call cuDNN's checks refuse (JAX raises NotImplementedError) is Unsupported, "
+                                 "with JAX's reason"))
+
+    def native_attention(self, q, k, v, call):
+        with self._refusals():
+            return super().native_attention(q, k, v, call)
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        with self._refusals():
+            return super().native_attention_backward(q, k, v, grad_out, call)
+
+    @contextlib.contextmanager
+    def _refusals(self):
+        try:
+            yield
+        except NotImplementedError as e:  # JAX's own "this cuDNN path does not take that" (never a wrong result)
+            raise Unsupported(f"{self.name}: JAX's cuDNN path refuses this call: {e}") from None

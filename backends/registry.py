@@ -16,7 +16,7 @@ from .plain import PLAIN_CALL, FunctionBackend, check_plain_call
 ENV_VAR = "ATTNSPEC_BACKENDS"
 ENTRY_POINT_GROUP = "attnspec.backends"
 
-_T, _J = "backends.torch_backends:", "backends.jax_backends:"
+_T, _TC, _J = "backends.torch_backends:", "backends.torch_cuda_backends:", "backends.jax_backends:"
 BUILTINS = {
     "numpy-naive": "backends.numpy_backends:NumpyNaive",
     "numpy-tiled": "backends.numpy_backends:NumpyTiled",
@@ -24,10 +24,10 @@ BUILTINS = {
     "torch-sdpa-cpu": _T + "TorchSdpaCpu",
     "torch-sdpa-cpu-math": _T + "TorchSdpaCpuMath",
     "torch-sdpa-cpu-flash": _T + "TorchSdpaCpuFlash",
-    "torch-sdpa-cuda-flash": _T + "TorchSdpaCudaFlash",
-    "torch-sdpa-cuda-efficient": _T + "TorchSdpaCudaEfficient",
-    "torch-sdpa-cuda-cudnn": _T + "TorchSdpaCudaCudnn",
-    "torch-sdpa-cuda-math": _T + "TorchSdpaCudaMath",
+    "torch-sdpa-cuda-flash": _TC + "TorchSdpaCudaFlash",
+    "torch-sdpa-cuda-efficient": _TC + "TorchSdpaCudaEfficient",
+    "torch-sdpa-cuda-cudnn": _TC + "TorchSdpaCudaCudnn",
+    "torch-sdpa-cuda-math": _TC + "TorchSdpaCudaMath",
     "torch-flex": "backends.flex_backends:TorchFlex",
     "torch-flex-compiled": "backends.flex_backends:TorchFlexCompiled",
     "jax-naive": _J + "JaxNaive",

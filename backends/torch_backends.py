@@ -289,38 +289,3 @@ class TorchSdpaCpuFlash(TorchSdpa):
             attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=call.scale)  # (B, N, Lq, Ev), (B, N, Lq)
-
-
-_CUDA_NOTE = "declared from PyTorch's documentation; not verified on this machine"
-
-
-class TorchSdpaCudaFlash(TorchSdpa):
-    name, kernel, device = "torch-sdpa-cuda-flash", "FLASH_ATTENTION", "cuda"
-    capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True, masks=False, equal_head_dims=True,
-                                features=frozenset(("gqa", "causal_bottom_right")), mask_with_causal=False)
-    semantics = Semantics(fully_masked=None, causal_alignment="top_left",
-                          notes=("takes no attn_mask; is_causal only (causal_lower_right runs the flash op with "
-                                 "its own bottom-right causal)", _CUDA_NOTE))
-
-
-class TorchSdpaCudaEfficient(TorchSdpa):
-    name, kernel, device = "torch-sdpa-cuda-efficient", "EFFICIENT_ATTENTION", "cuda"
-    # SDPA's docstring: grouped KV heads work only with the flash and math kernels on CUDA
-    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cuda", gradients=True,
-                                features=frozenset(("bias", "causal_bottom_right")), bias_gradient=True,
-                                mask_with_causal=False)
-    semantics = Semantics(fully_masked=None, causal_alignment="top_left", notes=(_CUDA_NOTE,))
-
-
-class TorchSdpaCudaCudnn(TorchSdpa):
-    name, kernel, device = "torch-sdpa-cuda-cudnn", "CUDNN_ATTENTION", "cuda"
-    capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True, mask_with_causal=False)
-    semantics = Semantics(fully_masked=None, causal_alignment="top_left",
-                          notes=("needs an sm80+ GPU and cuDNN >= 9", _CUDA_NOTE))
-
-
-class TorchSdpaCudaMath(TorchSdpa):
-    name, kernel, device = "torch-sdpa-cuda-math", "MATH", "cuda"
-    capabilities = Capabilities(dtypes=_ALL, device="cuda", gradients=True, features=_SDPA_FEATURES,
-                                bias_gradient=True, mask_with_causal=False)
-    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", notes=(_CUDA_NOTE,))

@@ -25,8 +25,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 # The framework each built-in adapter module loads in `load()`; anything else counts as NumPy
 # (or is a plug-in, whose own module is imported when it is resolved).
-FRAMEWORKS = {"torch_backends": ("torch",), "flex_backends": ("torch",), "jax_backends": ("jax",),
-              "onnx_backends": ("onnx", "onnxruntime"), "openvino_backends": ("openvino",)}
+FRAMEWORKS = {"torch_backends": ("torch",), "torch_cuda_backends": ("torch",), "flex_backends": ("torch",),
+              "jax_backends": ("jax",), "onnx_backends": ("onnx", "onnxruntime"), "openvino_backends": ("openvino",)}
 
 
 def limit() -> dict:

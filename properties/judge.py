@@ -42,6 +42,8 @@ def draw_case(data, target, **kwargs) -> Case:
     if isinstance(data, Case):  # a seed example: only where its shapes suit the backend
         d = data.dims
         reject_unless(not target.equal_head_dims or d["E"] == (d["Lk"] if kwargs.get("probe") else d["Ev"]))
+        m = getattr(target.caps, "head_dim_multiple", 1)
+        reject_unless(d["E"] % m == 0 and (d["Lk"] if kwargs.get("probe") else d["Ev"]) % m == 0)
         reject_unless(target.caps.causal or not data.is_causal)
         reject_unless(not kwargs.get("need"))  # the seeds use no optional field
         case = data.rounded(target.dtype)

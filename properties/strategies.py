@@ -70,16 +70,21 @@ _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**
 
 @st.composite
 def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = False, probe: bool = False,
-           grouped: bool = False, odd_heads: bool = False):
+           grouped: bool = False, odd_heads: bool = False, head_multiple: int = 1):
     """A Shape; small ones first so shrinking goes there.
 
     equal_dims: the backend needs Ev == E; with probe (V = identity, so Ev becomes Lk) also E == Lk.
     grouped: fewer KV heads than query heads (Hq % Hkv == 0).  odd_heads: mostly head counts that
-    are not powers of two (ALiBi's slopes interpolate there).
+    are not powers of two (ALiBi's slopes interpolate there).  head_multiple: the backend takes head
+    dims that are multiples of it only (cuDNN: 8): E and Ev are rounded up to one.
     """
+    def up(n: int) -> int:
+        return -(-n // head_multiple) * head_multiple
+
     if compiled:  # the largest menu shape only where large problems are drawn at all
         menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
-        return draw(st.sampled_from(menu), label="shape")
+        s = draw(st.sampled_from(menu), label="shape")
+        return s if head_multiple == 1 else s._replace(Lk=up(s.Lk), E=up(s.E), Ev=up(s.Ev))  # still E = Ev = Lk
     if grouped:
         B = draw(st.sampled_from((1, 2)), label="batch")
         H, Hkv = draw(st.sampled_from(V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS), label="query heads, KV heads")
@@ -107,9 +112,10 @@ def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = Fal
         H, Hkv = (H, Hkv) if grouped else (1, 1)
     Lq, Lk = draw(L, label="Lq"), draw(Lk_small if regime == "small" else L, label="Lk")
     if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
+        Lk = up(Lk)
         return Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
-    E = draw(D, label="E")
-    Ev = E if equal_dims else draw(D, label="Ev")
+    E = up(draw(D, label="E"))
+    Ev = E if equal_dims else up(draw(D, label="Ev"))
     if regime == "large" and Lq * Lk * max(E, Ev) * H > LARGE_WORK:  # keep a realistic size quick
         E, Ev = min(E, 64), min(Ev, 64)
         Lk = Lk if Lq * Lk * max(E, Ev) * H <= LARGE_WORK else 64
@@ -242,7 +248,8 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
     grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
                                   and draw(st.integers(0, 3), label="grouped heads") == 0)
-    s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use), label="shape")
+    s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use,
+                             getattr(caps, "head_dim_multiple", 1)), label="shape")
     if not isinstance(s, Shape):
         s = Shape(s[0], s[1], s[1], *s[2:]) if len(s) == 6 else Shape(*s)
     kinds = [k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)]

@@ -25,16 +25,19 @@ from .judge import ConformanceFailure
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and inf are fed on purpose
 
 _SHAPE = (1, 2, 3, 4)  # B, H, Lq (= 3), Lk (= 4)
-_E = 4  # E = Ev = Lk: suits backends that need Ev == E
+_E = 4  # E = Ev: suits backends that need Ev == E
 
 
-def _problem(seed=0, value_offset=0.0):
-    """q, k, v on a grid of k/8 (exact in every format); values offset so a mean is far from zero."""
+def _problem(target, seed=0, value_offset=0.0):
+    """q, k, v on a grid of k/8 (exact in every format); values offset so a mean is far from zero.
+    E = Ev = 4, or the backend's head-dim multiple (cuDNN takes multiples of 8 only)."""
     rng = np.random.default_rng(seed)
     B, H, Lq, Lk = _SHAPE
-    q = np.round(rng.standard_normal((B, H, Lq, _E)) * 8) / 8  # (B, H, Lq, E)
-    k = np.round(rng.standard_normal((B, H, Lk, _E)) * 8) / 8  # (B, H, Lk, E)
-    v = np.round(rng.standard_normal((B, H, Lk, _E)) * 8) / 8 + value_offset  # (B, H, Lk, Ev)
+    m = getattr(target.caps, "head_dim_multiple", 1)
+    E = -(-_E // m) * m
+    q = np.round(rng.standard_normal((B, H, Lq, E)) * 8) / 8  # (B, H, Lq, E)
+    k = np.round(rng.standard_normal((B, H, Lk, E)) * 8) / 8  # (B, H, Lk, E)
+    v = np.round(rng.standard_normal((B, H, Lk, E)) * 8) / 8 + value_offset  # (B, H, Lk, Ev)
     return q, k, v
 
 
@@ -126,7 +129,7 @@ def _row_answer(target, out, row: int, q, k, v, computed=None) -> str:
 
 def test_output_dtype(target, record_semantics):
     """The dtype results come back in: the input's, unless a policy is declared (output_dtypes)."""
-    q, k, v = _problem()
+    q, k, v = _problem(target)
     _, returned = _run(target, q, k, v)
     observed = returned or "error"
     _judge(record_semantics, target, "output_dtype", observed, target.backend.output_dtype(target.dtype))
@@ -134,7 +137,7 @@ def test_output_dtype(target, record_semantics):
 
 def test_fully_masked_rows(target, record_semantics):
     _needs(target, masks=True)
-    q, k, v = _problem(value_offset=2.0)
+    q, k, v = _problem(target, value_offset=2.0)
     mask = np.ones(_SHAPE, dtype=bool)  # (B, H, Lq, Lk)
     mask[..., 1, :] = False  # query 1 sees nothing
     out, _ = _run(target, q, k, v, mask)
@@ -145,7 +148,7 @@ def test_fully_masked_rows(target, record_semantics):
 def test_padded_rows(target, record_semantics):
     """A query row past q_lengths (backends that take sequence lengths): what it outputs."""
     _needs(target, feature="seq_lengths")
-    q, k, v = _problem(value_offset=2.0)
+    q, k, v = _problem(target, value_offset=2.0)
     out, _ = _run(target, q, k, v, q_lengths=np.array([2]))  # query 2 is padding
     if isinstance(out, str):
         observed = out
@@ -161,7 +164,7 @@ def test_causal_alignment(target, record_semantics):
     if target.supports("causal_bottom_right"):
         pytest.skip(f"{target.name} takes the causal alignment as a parameter "
                     "(both are asked for and judged by test_causal_alignment_as_asked)")
-    q, k, v = _problem()
+    q, k, v = _problem(target)
     out, _ = _run(target, q, k, v, None, True, causal_alignment=target.alignments[0])
     observed = out if isinstance(out, str) else "other"
     for name in ("top_left", "bottom_right"):
@@ -177,7 +180,7 @@ def test_causal_alignment(target, record_semantics):
 def test_non_finite_in_masked_pair(target, record_semantics, bad, where):
     """A NaN/inf in a key or value no query may see: does it reach the output? (0 * NaN = NaN)"""
     _needs(target, masks=True)
-    q, k, v = _problem()
+    q, k, v = _problem(target)
     mask = np.ones(_SHAPE, dtype=bool)  # (B, H, Lq, Lk)
     mask[..., 2] = False  # key 2 hidden from every query
     (k if where == "key" else v)[..., 2, :] = bad
@@ -188,7 +191,7 @@ def test_non_finite_in_masked_pair(target, record_semantics, bad, where):
 
 def test_nan_in_unmasked_query(target, record_semantics):
     """NaN in query 0: only row 0 should be NaN; does it spread to other rows or vanish?"""
-    q, k, v = _problem()
+    q, k, v = _problem(target)
     q[0, 0, 0, 0] = math.nan
     out, _ = _run(target, q, k, v)
     if isinstance(out, str):

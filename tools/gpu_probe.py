@@ -31,6 +31,34 @@ def reference_lse(q, k, scale, causal):
     return (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]  # (B, Hq, Lq)
 
 
+def bottom_right_patterns(torch) -> list:
+    """Which keys each query row weights under causal_lower_right, per pinned kernel (V = identity,
+    so the output is the weight matrix), against the documented tril(ones(Lq, Lk), Lk - Lq)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    rows = []
+    for Lq, Lk in ((9, 8), (8, 9), (40, 33), (33, 40)):
+        gen = torch.Generator().manual_seed(Lq * 100 + Lk)
+        q = torch.randn(1, 1, Lq, 8, generator=gen).cuda()  # (1, 1, Lq, 8)
+        k = torch.randn(1, 1, Lk, 8, generator=gen).cuda()  # (1, 1, Lk, 8)
+        eye = torch.eye(Lk).reshape(1, 1, Lk, Lk).cuda()  # (1, 1, Lk, Lk): output = weights
+        wanted = torch.ones(Lq, Lk, dtype=torch.bool).tril(Lk - Lq)  # (Lq, Lk)
+        for kernel in ("EFFICIENT_ATTENTION", "MATH"):
+            try:
+                with sdpa_kernel([getattr(SDPBackend, kernel)]):
+                    w = torch.nn.functional.scaled_dot_product_attention(
+                        q, k, eye, attn_mask=causal_lower_right(Lq, Lk))[0, 0].cpu()  # (Lq, Lk)
+                seen = w.abs() > 0  # (Lq, Lk)
+                wrong = [i for i in range(Lq) if not torch.equal(seen[i], wanted[i])]
+                rows.append(dict(kernel=kernel, Lq=Lq, Lk=Lk, wrong_rows=wrong,
+                                 first_wrong={i: [seen[i].nonzero().ravel().tolist(), wanted[i].nonzero().ravel().tolist()]
+                                              for i in wrong[:3]}))
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(kernel=kernel, Lq=Lq, Lk=Lk, error=f"{type(e).__name__}: {str(e)[:200]}"))
+    return rows
+
+
 def main() -> int:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -64,6 +92,7 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - a refusal is a fact too
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                 facts["rows"].append(row)
+    facts["bottom_right"] = bottom_right_patterns(torch)
     json.dump(facts, sys.stdout, indent=1)
     return 0
 

@@ -112,6 +112,8 @@ def format_table(rows) -> str:
     notes = [(r["name"], n) for r in rows for n in (
         ([f"effective precision {r['effective_precision']}"] if r.get("effective_precision") else [])
         + (["needs Ev == E (value's last dimension equal to query's)"] if r.get("equal_head_dims") else [])
+        + ([f"needs head dims E and Ev that are multiples of {r['head_dim_multiple']}"]
+           if (r.get("head_dim_multiple") or 1) > 1 else [])
         + list(r.get("notes") or []))]
     if notes:
         lines += ["", "notes:"] + [f"  {name}: {note}" for name, note in notes]
