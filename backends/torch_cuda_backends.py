@@ -62,6 +62,14 @@ class TorchSdpaCudaFlash(_CudaLse, TorchSdpa):
         return out[..., :Ev], lse  # the op's causal is bottom-right; SDPA refuses top-left with Lq != Lk
 
 
+# tools/gpu_probe.py, torch 2.11.0+cu130 on an H200: sdpa_kernel([EFFICIENT_ATTENTION]) with
+# attn_mask=causal_lower_right(9, 8) (float32, E = 8) weights all 8 keys in every row; the documented
+# mask (tril(ones(9, 8), -1)) leaves row 0 none and row i the keys j <= i - 1.  Lq <= Lk is right.
+_NO_CAUSAL_WHEN_LQ_EXCEEDS_LK = ("causal_lower_right with Lq > Lk applies no causal mask at all (torch 2.11, H200: "
+                                 "Lq = 9, Lk = 8, every row weights every key; CausalBias dispatches to "
+                                 "_efficient_attention_forward with custom_mask_type=2); Lq <= Lk is right")
+
+
 class TorchSdpaCudaEfficient(_CudaLse, TorchSdpa):
     name, kernel, device = "torch-sdpa-cuda-efficient", "EFFICIENT_ATTENTION", "cuda"
     # SDPA's docstring: grouped KV heads work only with the flash and math kernels on CUDA
@@ -70,10 +78,8 @@ class TorchSdpaCudaEfficient(_CudaLse, TorchSdpa):
                                 mask_with_causal=False)
     semantics = Semantics(
         fully_masked=None, causal_alignment="top_left", notes=(_CUDA_NOTE, _CUDA_LSE),
-        deviations=(Deviation("causal_alignment_as_asked",
-                              "causal_lower_right with Lq > Lk (torch 2.11, H200): rows get weight on keys past "
-                              "their bottom-right diagonal (CausalBias dispatches to _efficient_attention_forward "
-                              "with custom_mask_type=2); Lq <= Lk is right"),))
+        deviations=tuple(Deviation(prop, _NO_CAUSAL_WHEN_LQ_EXCEEDS_LK)
+                         for prop in ("causal_alignment_as_asked", "zero_future_mass", "future_changes_nothing")))
 
     def _op(self, q, k, v, bias, is_causal, bottom_right, scale):
         if bottom_right:

@@ -61,3 +61,30 @@ def test_one_job_runs_one_process_and_a_failure_is_reported(monkeypatch, calls):
     monkeypatch.setattr(runner, "stream", lambda cmd, env=None, prefix="": calls.append((cmd, env)) or (3 if len(calls) == 2 else 0))
     _, rc = _run(monkeypatch, 1)
     assert len(calls) == 2 and calls[1][1]["ATTNSPEC_BACKENDS"] == ",".join(NAMES) and rc == 3
+
+
+def test_a_shard_of_a_virtual_environment_runs_with_its_packages(tmp_path):
+    """Shard > 0 runs this interpreter from another path; in a venv that path must still be the
+    venv (a bare link starts the base interpreter, without the packages: seen on a GPU machine)."""
+    import subprocess
+    import textwrap
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "only_in_the_venv.py"), "w") as f:
+        f.write("MARK = 1\n")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {runner.ROOT!r})
+        from attnspec.commands import run_cmd
+        run_cmd.ROOT = {str(tmp_path)!r}
+        print(run_cmd._shard_python(1))
+    """)
+    shard = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert shard.startswith(str(tmp_path / ".asv" / "shards" / "1")) and shard != str(python)
+    seen = subprocess.run([shard, "-c", "import only_in_the_venv, sys; print(sys.prefix != sys.base_prefix)"],
+                          capture_output=True, text=True)
+    assert seen.returncode == 0 and seen.stdout.strip() == "True", seen.stderr[-500:]

@@ -191,17 +191,28 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, in
 
 
 def _shard_python(i: int) -> str:
-    """This interpreter, under a path of its own for shard i > 0 (asv names environments by path)."""
+    """This interpreter, under a path of its own for shard i > 0 (asv names environments by path).
+
+    In a virtual environment the path is a view of it (its pyvenv.cfg and lib/ linked beside
+    bin/python): Python finds its venv from a pyvenv.cfg beside or above the path it was started
+    by, so a bare link would start the base interpreter without the venv's packages (seen on the
+    GPU machine, whose python3 is a venv: asv could not import the benchmarks in shard 2)."""
     if i == 0:
         return sys.executable
     folder = os.path.join(ROOT, ".asv", "shards", str(i))
-    link = os.path.join(folder, "python")
-    os.makedirs(folder, exist_ok=True)
-    if os.path.realpath(link) != os.path.realpath(sys.executable):
-        if os.path.lexists(link):
-            os.remove(link)
-        os.symlink(sys.executable, link)
-    return link
+    in_venv = sys.prefix != sys.base_prefix
+    links = {os.path.join("bin", "python") if in_venv else "python": sys.executable}
+    if in_venv:
+        links.update({name: os.path.join(sys.prefix, name) for name in ("pyvenv.cfg", "lib", "lib64")
+                      if os.path.lexists(os.path.join(sys.prefix, name))})
+    for rel, target in links.items():
+        link = os.path.join(folder, rel)
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        if os.path.realpath(link) != os.path.realpath(target):
+            if os.path.lexists(link):
+                os.remove(link)
+            os.symlink(target, link)
+    return os.path.join(folder, next(iter(links)))
 
 
 def run(args) -> int:
