@@ -34,7 +34,7 @@ MODES = {"quick": {"ATTNSPEC_BENCH_GRID": "quick"},
 # Seconds per backend: the suite takes 20-140 s per backend here with the machine shared,
 # so the limit only stops a hang; suites run side by side, so it rarely adds to the wall time.
 # one backend's whole suite: a safety net (a hung call is ended after ATTNSPEC_CALL_TIMEOUT);
-# eager flex_attention retraces per call through dynamo and needs ~10 min on 2 cores
+# the slowest here, jax-dpa with a cold compilation cache, takes ~3 min on 2 cores
 SUITE_TIMEOUT = {"quick": 1200, "default": 1200, "full": 2400}
 _PROBE = ("import json, sys\nfrom backends import registry\nout = []\nfor name in sys.argv[1:]:\n"
           "    try:\n        backend = registry.resolve(name)\n        (ok, why), shown = backend.availability(), backend.name\n"
