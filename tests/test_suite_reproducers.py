@@ -127,9 +127,10 @@ def _masks_of(ndim: int):
         return case.then(f"mask = np.broadcast_to(mask, ({d['B']}, {d['H']}, {d['Lq']}, {d['Lk']})).copy()")
 
     def cases(dtype, caps, **kw):
-        kinds = [k for k in kw.pop("kinds", MASK_KINDS) if "mask" in k or k == "empty_rows"]
-        if not kinds:
-            return real(dtype, caps, **kw)
+        asked = kw.pop("kinds", MASK_KINDS)
+        kinds = [k for k in asked if "mask" in k or k == "empty_rows"]
+        if not kinds:  # the property's own kinds, not the default (which would draw unshaped masks)
+            return real(dtype, caps, kinds=asked, **kw)
         return real(dtype, caps, kinds=kinds, **kw).map(reshape)
     return cases
 
