@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, Backend, Capabilities, Semantics, Unsupported)
+from .base import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, Backend, Capabilities, Deviation, Semantics,
+                   Unsupported)
 from specs.problem import FEATURES, FLOAT_DTYPE_NAMES
 
 PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)"
@@ -56,11 +57,13 @@ class Declaration:
     causal: bool = True  # has is_causal at all
     features: tuple | None = None  # None: read them off the signature
     notes: tuple = field(default_factory=tuple)
+    head_dim_multiple: int = 1  # E and Ev must be multiples of it (a kernel's tile width)
+    deviations: tuple = ()      # Deviation(property, why): known departures, reported as such
 
 
 def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_masked=None, padded_rows=None,
             causal_alignment=None, effective_precision=None, output_dtypes=None, mask_with_causal=False,
-            masks=True, causal=True, features=None, notes=()):
+            masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -72,6 +75,9 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
     come back in another dtype by policy.  mask_with_causal: it takes ``attn_mask`` together
     with ``is_causal=True``.  masks / causal: False when it takes no boolean mask / has no causal
     mode (the suite then never sends one).  features: names from specs.problem.FEATURES.
+    head_dim_multiple: the head dims E and Ev it takes are multiples of this (a kernel's tile width;
+    the suite draws only those).  deviations: {property name: why} for known departures (an
+    upstream bug, a documented limit): where that property fails the result is `deviation`.
     """
     for name, value, allowed in (("fully_masked", fully_masked, FULLY_MASKED_CHOICES),
                                  ("padded_rows", padded_rows, FULLY_MASKED_CHOICES),
@@ -87,13 +93,20 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
         raise ValueError(f"declare: unknown features {unknown}; known: {', '.join(FEATURES)}")
     if backward is not None and not callable(backward):
         raise ValueError(f"declare: backward must be a function; got {type(backward).__name__}")
+    if isinstance(head_dim_multiple, bool) or not isinstance(head_dim_multiple, int) or head_dim_multiple < 1:
+        raise ValueError(f"declare: head_dim_multiple must be a positive int; got {head_dim_multiple!r}")
+    if not isinstance(deviations or {}, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in (deviations or {}).items()):
+        raise ValueError(f"declare: deviations must map property names to the reason, both non-empty strings; "
+                         f"got {deviations!r}")
     pairs = tuple(sorted((output_dtypes or {}).items()))
     for src, dst in pairs:
         if src not in _NUMPY_DTYPES or dst not in _NUMPY_DTYPES:
             raise ValueError(f"declare: output_dtypes maps NumPy dtype names; got {src!r}: {dst!r}")
     decl = Declaration(tuple(dtypes), backward, fully_masked, padded_rows, causal_alignment, effective_precision,
                        pairs, bool(mask_with_causal), bool(masks), bool(causal),
-                       None if features is None else tuple(features), tuple(notes))
+                       None if features is None else tuple(features), tuple(notes), head_dim_multiple,
+                       tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()))
 
     def attach(f):
         f.__attnspec__ = decl
@@ -136,10 +149,11 @@ class FunctionBackend(Backend):
         features = frozenset(decl.features) if decl.features is not None else signature_features(fn)
         self.capabilities = Capabilities(dtypes=decl.dtypes, device="cpu", gradients=decl.backward is not None,
                                          features=features, mask_with_causal=decl.mask_with_causal,
-                                         masks=decl.masks, causal=decl.causal)
+                                         masks=decl.masks, causal=decl.causal,
+                                         head_dim_multiple=decl.head_dim_multiple)
         self.semantics = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                                    effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
-                                   output_dtypes=decl.output_dtypes,
+                                   output_dtypes=decl.output_dtypes, deviations=decl.deviations,
                                    notes=decl.notes + ("a plain function",))
 
     def _kwargs(self, call) -> dict:

@@ -49,3 +49,26 @@ def test_the_suite_judges_such_a_backend_on_every_property_numpy_naive_gets():
                 for name in ("numpy-head-dim-8", "numpy-naive")}
     assert result.returncode == 0, result.output[-3000:]
     assert verdicts["numpy-head-dim-8"] and verdicts["numpy-head-dim-8"] == verdicts["numpy-naive"]
+
+
+def test_a_plain_function_declares_its_head_dim_multiple_and_deviations():
+    from backends.base import Deviation
+    from backends.registry import resolve
+
+    backend = resolve("tests.plugins.head_dims:plain_head_dim_8")
+    assert backend.capabilities.head_dim_multiple == 8
+    assert backend.semantics.deviations == (Deviation("zero_future_mass", "said to leak weight to the future "
+                                                                          "(declared to test the plumbing)"),)
+    q = np.random.default_rng(0).standard_normal((1, 2, 3, 8))  # (B, H, Lq, E = 8)
+    assert backend.forward(q, q, q).shape == (1, 2, 3, 8)
+    with pytest.raises(Unsupported, match="multiples of 8; got E=4"):
+        backend.forward(q[..., :4], q[..., :4], q[..., :4])
+
+
+@pytest.mark.parametrize("bad", [dict(head_dim_multiple=0), dict(head_dim_multiple=8.0),
+                                 dict(deviations=["zero_future_mass"]), dict(deviations={"zero_future_mass": ""})])
+def test_declare_refuses_a_bad_head_dim_multiple_or_deviations(bad):
+    from backends import declare
+
+    with pytest.raises(ValueError, match=f"declare: {next(iter(bad))} must"):
+        declare(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: None, **bad)
