@@ -111,8 +111,9 @@ def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = Fal
         B, L, D = 1, st.sampled_from(LARGE_LENGTHS), st.sampled_from(LARGE_DIMS)
         H, Hkv = (H, Hkv) if grouped else (1, 1)
     Lq, Lk = draw(L, label="Lq"), draw(Lk_small if regime == "small" else L, label="Lk")
-    if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
+    if probe:  # V = identity makes Ev = Lk: a head dim too
         Lk = up(Lk)
+    if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
         return Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
     E = up(draw(D, label="E"))
     Ev = E if equal_dims else up(draw(D, label="Ev"))

@@ -27,18 +27,19 @@ def test_a_head_dim_off_the_multiple_is_unsupported_by_name():
         NumpyHeadDim8().forward(q, k, v, dtype="float64")
 
 
-@pytest.mark.parametrize("probe", [False, True])
-def test_draws_use_head_dims_in_the_declared_multiple(probe):
+@pytest.mark.parametrize("equal_dims,probe", [(False, False), (True, True), (False, True)])
+def test_draws_use_head_dims_in_the_declared_multiple(equal_dims, probe):
+    """E and Ev in the multiple; with the weight probe (V = identity: Ev becomes Lk) Lk too."""
     seen = []
 
     @settings(max_examples=60, database=None, derandomize=True, deadline=None)
     @given(data=st.data())
     def sample(data):
-        case = data.draw(cases("float32", NumpyHeadDim8.capabilities, equal_dims=probe, probe=probe))
-        seen.append((case.q.shape[-1], case.v.shape[-1]))
+        case = data.draw(cases("float32", NumpyHeadDim8.capabilities, equal_dims=equal_dims, probe=probe))
+        seen.append((case.q.shape[-1], case.v.shape[-1]) + ((case.k.shape[-2],) if probe else ()))
 
     sample()
-    assert seen and all(e % 8 == 0 and ev % 8 == 0 for e, ev in seen), seen[:5]
+    assert seen and all(n % 8 == 0 for dims in seen for n in dims), seen[:5]
 
 
 def test_the_suite_judges_such_a_backend_on_every_property_numpy_naive_gets():
