@@ -146,7 +146,7 @@ def needs_equal_head_dims(backend: Backend, dtype: str) -> bool:
     if getattr(backend.capabilities, "equal_head_dims", False):
         return True
     if id(backend) not in _EQUAL_DIMS:
-        q, k, v = np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 2)), np.zeros((1, 1, 3, 3))  # E=2, Ev=3
+        q, k, v = (np.zeros(s) for s in _probe_shapes(backend))  # E != Ev, both in its head-dim multiple
         try:
             call_with_limit(backend, "forward (Ev != E probe)", backend.forward, q, k, v, None, False, None, dtype)
             _EQUAL_DIMS[id(backend)] = False
@@ -155,6 +155,12 @@ def needs_equal_head_dims(backend: Backend, dtype: str) -> bool:
         except Exception:  # noqa: BLE001 - its failures are for the properties to report
             _EQUAL_DIMS[id(backend)] = False
     return _EQUAL_DIMS[id(backend)]
+
+
+def _probe_shapes(backend: Backend) -> tuple:
+    """q, k, v shapes with E = 2m, Ev = 3m (m: the declared head-dim multiple, so only Ev != E is asked)."""
+    m = getattr(backend.capabilities, "head_dim_multiple", 1)
+    return (1, 1, 2, 2 * m), (1, 1, 3, 2 * m), (1, 1, 3, 3 * m)
 
 
 def is_compiled(backend: Backend) -> bool:
@@ -240,7 +246,8 @@ class Target:
         needs = needs_equal_head_dims(self.backend, self.dtype)
         if not probed and not needs:  # the probe was a call too: a stateful backend's reproducer replays it
             from .case import build, Case
-            self._record("forward", build(["q, k, v = np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 2)), np.zeros((1, 1, 3, 3))",
+            q, k, v = _probe_shapes(self.backend)
+            self._record("forward", build([f"q, k, v = np.zeros({q}), np.zeros({k}), np.zeros({v})",
                                            "mask = None", "fields = {}"], Case(None, None, None, None, False, None)),
                          self.dtype)
         return needs

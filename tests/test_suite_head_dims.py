@@ -73,3 +73,13 @@ def test_declare_refuses_a_bad_head_dim_multiple_or_deviations(bad):
 
     with pytest.raises(ValueError, match=f"declare: {next(iter(bad))} must"):
         declare(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: None, **bad)
+
+
+def test_the_ev_probe_asks_only_about_ev_within_the_multiple():
+    """Whether a backend takes Ev != E is asked with head dims it takes (16 and 24): a refusal of
+    E = 2 for being off the multiple must not read as "needs Ev == E" (Ev != E would never be drawn)."""
+    from properties import targets
+
+    backend = NumpyHeadDim8()
+    targets._EQUAL_DIMS.pop(id(backend), None)  # the cache is keyed by id: no answer of a collected object
+    assert targets.needs_equal_head_dims(backend, "float64") is False
