@@ -96,7 +96,15 @@ def lse_terms(p: Problem, f=None) -> tuple:
     return 1.0 + (f.weights * th).sum(axis=-1), size
 
 
-def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: float = 0.0) -> tuple:
+# A library's tanh is within a few ulps of tanh, not correctly rounded (measured here: XLA's CPU
+# tanh 6 ulps in float64, 4 in float32; NumPy's and PyTorch's 1), and the softcap's derivative
+# 1 - t^2 inherits it: an absolute error of 2 |t| TANH_ULPS u_acc beyond its own two roundings
+# (jax.grad of cap * tanh(s / cap) in float64: up to 13.8 u against NumPy's 2.0 u).
+TANH_ULPS = 8
+
+
+def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: float = 0.0,
+                   tanh_share: float = 0.0) -> tuple:
     """(dq, dk, dv[, dbias]) terms, each shaped like its gradient.
 
     dA = dY V^T, r = rowsum(dA w), dS = w (dA - r).  dS_ij's error, in units of sigma:
@@ -105,8 +113,9 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
       + w_ij sum_l w_il (Th_il + Thbar_i) |dA_il|    the same errors moving r
       + lse_share |lse_i| |dS_ij|                    P recomputed as exp(S - lse) (flash)
     Under a softcap dS_raw = dS (1 - t^2), t = tanh(raw / cap): the terms times 1 - t^2, plus
-    |dS| (2 + 2 |t| (1 - t^2) R / cap), R = scale |q|.|k|: 1 - t^2 cancels (its absolute
-    error is ~2u) and moves with the raw score's error.  dQ = scale dS K and dK = scale dS^T Q
+    |dS| (2 + 2 |t| tanh_share + 2 |t| (1 - t^2) R / cap), R = scale |q|.|k|: 1 - t^2 cancels
+    (its absolute error is ~2u, and 2 |t| times the tanh's own error: tanh_share = TANH_ULPS
+    u_acc in units of sigma) and moves with the raw score's error.  dQ = scale dS K and dK = scale dS^T Q
     carry it with |K|, |Q|; dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
     """
     f, th = pair_terms(p, f)
@@ -127,7 +136,7 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
     if p.softcap is not None:
         t = np.abs(np.tanh(f.raw / p.softcap))  # (..., Lq, Lk)
         raw = (np.abs(f.q) @ np.swapaxes(np.abs(f.k), -1, -2)) * (p.scale / p.softcap)  # (..., Hq, Lq, Lk) R / cap
-        ds = ds * (1.0 - t * t) + exact * (2.0 + 2.0 * t * (1.0 - t * t) * raw)
+        ds = ds * (1.0 - t * t) + exact * (2.0 + 2.0 * t * tanh_share + 2.0 * t * (1.0 - t * t) * raw)
     dq = (ds @ np.abs(f.k)) * p.scale  # (..., Hq, Lq, E)
     dk = (np.swapaxes(ds, -1, -2) @ np.abs(f.q)) * p.scale  # (..., Hq, Lk, E)
     dv = np.swapaxes(w * (1.0 + rel + lse) + tau * f.visible, -1, -2) @ ady  # (..., Hq, Lk, Ev)

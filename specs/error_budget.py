@@ -215,7 +215,8 @@ def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=N
     refs = run_backward(p, grad_out)
     plains = run_backward(p, grad_out, _Plain(dtype))
     b, n = _budget(dtype), _reduction(p)
-    phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.normal_min, b.accumulate_roundoff / b.sigma(n))
+    acc = b.accumulate_roundoff / b.sigma(n)  # u_acc in units of sigma
+    phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.normal_min, acc, terms.TANH_ULPS * acc)
     return [(_rows(r, pl, phi, dtype, n), r, pl) for r, pl, phi in zip(refs, plains, phis)]
 
 

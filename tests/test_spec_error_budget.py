@@ -317,3 +317,37 @@ def test_flushing_subnormal_terms_is_allowed_where_cpu_kernels_do_it():
     assert BUDGETS["float64"].tiny(3) == 3 * float(np.finfo(np.float64).tiny)
     assert BUDGETS["float16"].tiny(6) == 2.0**-11 * 2.0**-14
     assert BUDGETS["float32"].floor(0.0, 6) >= 2 * 3.04006e-38  # the flushed dK above fits
+
+
+class _TanhOffBy:
+    """NumPy seen through specs.reference, with a tanh `ulps` ulps toward zero (XLA's CPU tanh
+    is 6 ulps from tanh in float64; NumPy's and PyTorch's 1)."""
+
+    def __init__(self, ulps):
+        self.ulps = ulps
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def tanh(self, x):
+        t = np.tanh(x)
+        for _ in range(self.ulps):
+            t = np.nextafter(t, 0.0)
+        return t
+
+
+@pytest.mark.parametrize("ulps,within", [(6, True), (200, False)])
+def test_a_softcap_gradient_from_a_tanh_a_few_ulps_off_is_within_budget(monkeypatch, ulps, within):
+    """The softcap's derivative 1 - t^2 cancels where the cap saturates: a tanh a few ulps off
+    (a real library's) moves it by ~2 t ulps absolute, which the budget allows (specs.budget_terms.
+    TANH_ULPS); a tanh far off does not pass.  Found by CI: jax-naive's float64 dQ 1.01 x over."""
+    rng = np.random.default_rng(3)
+    # every score 32-37: t = tanh(s / 2) within 2e-14 of 1; n = 2 keeps sigma (the reductions' share) small
+    q, k = (5.0 + 0.25 * rng.standard_normal((1, 2, 2, 2)) for _ in range(2))  # (B, H, L, E)
+    v, grad_out = rng.standard_normal((1, 2, 2, 2)), rng.standard_normal((1, 2, 2, 2))
+    fields = dict(softcap=2.0)
+    monkeypatch.setattr(ref, "np", _TanhOffBy(ulps))
+    actual = ref.backward(q, k, v, grad_out, **fields)
+    monkeypatch.undo()
+    verdicts = eb.check_backward(actual, q, k, v, grad_out, dtype="float64", **fields)
+    assert all(bool(v) for v in verdicts) == within, [str(v) for v in verdicts]
