@@ -242,19 +242,25 @@ class JaxDpa(JaxBackend):
                               "rows (jax 0.10.2, implementation='xla')"),))
 
     def native_attention(self, q, k, v, call):
-        self._refuse_degenerate_bf16(q, k)
-        return super().native_attention(q, k, v, call)
+        with self._refusals(q, k):
+            return super().native_attention(q, k, v, call)
 
     def native_attention_backward(self, q, k, v, grad_out, call):
-        self._refuse_degenerate_bf16(q, k)
-        return super().native_attention_backward(q, k, v, grad_out, call)
+        with self._refusals(q, k):
+            return super().native_attention_backward(q, k, v, grad_out, call)
 
-    def _refuse_degenerate_bf16(self, q, k):
+    @contextlib.contextmanager
+    def _refusals(self, q, k):
+        """What the library does not take is Unsupported, with its reason."""
         # jax 0.10.2, XLA:CPU: a 1x1 bfloat16 score matrix lowers to an elemental dot that
         # cannot accumulate in float32 and the compile fails; other shapes run.
         if self.platform == "cpu" and str(q.dtype) == "bfloat16" and q.shape[-2] == k.shape[-2] == 1:
             raise Unsupported(f"{self.name}: XLA:CPU cannot compile a bfloat16 call with Lq = Lk = 1 "
                               "(ALG_DOT_BF16_BF16_F32 not supported by the ElementalIrEmitter)")
+        try:
+            yield
+        except NotImplementedError as e:  # JAX's "this implementation does not take that" (cuDNN's checks)
+            raise Unsupported(f"{self.name}: jax.nn.dot_product_attention refuses this call: {e}") from None
 
     def _window(self, call, Lq, Lk):
         """local_window_size for our top-left window; None (unbounded) reaches past every key."""
@@ -308,18 +314,3 @@ class JaxDpaCudnn(JaxDpa):
                                                 "NaN in a padded key or value reaches every row (jax 0.11.2, H200, "
                                                 "implementation='cudnn': B=1 Hq=4 Hkv=2 Lq=3 Lk=8 E=8, "
                                                 "kv_lengths=[7]); jax-dpa's XLA path does the same"),))
-
-    def native_attention(self, q, k, v, call):
-        with self._refusals():
-            return super().native_attention(q, k, v, call)
-
-    def native_attention_backward(self, q, k, v, grad_out, call):
-        with self._refusals():
-            return super().native_attention_backward(q, k, v, grad_out, call)
-
-    @contextlib.contextmanager
-    def _refusals(self):
-        try:
-            yield
-        except NotImplementedError as e:  # JAX's own "this cuDNN path does not take that" (never a wrong result)
-            raise Unsupported(f"{self.name}: JAX's cuDNN path refuses this call: {e}") from None

@@ -174,3 +174,17 @@ def test_a_callers_mistake_is_a_valueerror_naming_the_argument_not_a_backend_fai
         with pytest.raises(ValueError, match=phrase) as info:
             getattr(b, call)(*args, mask=mask, scale=scale)
         assert not isinstance(info.value, AssertionError)  # BackendFailure is an AssertionError
+
+
+def test_a_refusal_inside_jax_dot_product_attention_is_unsupported_with_its_reason(monkeypatch):
+    """JAX says "not this" with NotImplementedError (cuDNN: head dims, odd lengths in training):
+    a skip naming JAX's reason, never a failure of the kernel."""
+    pytest.importorskip("jax")
+    backend = resolve("jax-dpa")
+
+    def refuses(*args, **kwargs):
+        raise NotImplementedError("The head dim must be <= 256 and a multiple of 8, but got 1.")
+
+    monkeypatch.setattr(backend, "_attend", refuses)
+    with pytest.raises(Unsupported, match="jax-dpa: jax.nn.dot_product_attention refuses this call: The head dim"):
+        backend.forward(*CASE.args(), dtype="float32")
