@@ -26,7 +26,7 @@ import tempfile
 
 import pytest
 
-from . import output, profiles
+from . import cores, output, profiles
 
 ENTRY_POINT = "attnspec"              # the pytest11 name: -p no:attnspec turns the plugin off
 INSTALLED = "__attnspec_backends__"   # set by properties.install in a user's test module
@@ -116,6 +116,10 @@ def pytest_configure(config):
         config._attnspec_profile = "dev"  # not this run's business; install() says so if it runs
     if not config._attnspec_suite:
         return
+    try:  # side by side with other suite processes: a core of its own (properties/cores.py)
+        cores.pin(cores.chosen(getattr(config, "workerinput", None)))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
     if not config.getoption("hypothesis_profile", None):  # an explicit --hypothesis-profile wins
         profiles.load(config._attnspec_profile)
     config._attnspec_seed = None

@@ -137,7 +137,7 @@ def _suite_row(backend, status, message, seconds) -> dict:
 
 
 def run_suite(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
-              progress: SuiteProgress | None = None) -> dict:
+              progress: SuiteProgress | None = None, cpus: str = "") -> dict:
     """The suite's rows for one backend, plus a (suite) row when it did not finish by itself.
 
     `backend` is what the suite takes (a name or package.module:attr), `shown` the backend's own name.
@@ -152,7 +152,7 @@ def run_suite(backend: str, json_path: str, limit: float, command=None, shown: s
     progress = progress or SuiteProgress()
     progress.path = channel
     done = watch((command or suite_command)(backend, json_path), limit, progress,
-                 env=child_env(**{PROGRESS_ENV: channel}), stop=lambda: progress.hung)
+                 env=child_env(**{PROGRESS_ENV: channel}, **({"ATTNSPEC_CPUS": cpus} if cpus else {})), stop=lambda: progress.hung)
     progress.read()
     progress.show()
     name = shown or backend

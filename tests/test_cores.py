@@ -1,0 +1,95 @@
+"""Suite processes side by side each keep CPUs of their own (properties/cores.py): xdist workers
+and `attnspec run`'s children; a bad ATTNSPEC_CPUS is a usage error that names it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from properties import cores
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+linux_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+
+
+def test_parse_reads_ids_and_all():
+    assert cores.parse("1, 0,1") == [0, 1]
+    assert cores.parse("all") is None and cores.parse("") is None
+
+
+@pytest.mark.parametrize("bad", ["x", "0;1", "-1", ","])
+def test_parse_names_the_variable_and_the_value(bad):
+    with pytest.raises(ValueError, match="ATTNSPEC_CPUS") as e:
+        cores.parse(bad)
+    assert repr(bad) in str(e.value)
+
+
+def test_worker_slices_share_the_cpus_without_overlap():
+    cpus = [0, 1, 2, 3]
+    assert [cores.worker_slice(i, 2, cpus) for i in range(2)] == [[0, 1], [2, 3]]
+    assert [cores.worker_slice(i, 4, cpus) for i in range(4)] == [[0], [1], [2], [3]]
+    assert [cores.worker_slice(i, 3, [0, 1]) for i in range(3)] == [[0], [1], [0]]  # more workers than CPUs
+    assert cores.worker_slice(0, 1, cpus) == cpus
+
+
+def test_the_variable_wins_and_a_lone_process_is_left_alone():
+    assert cores.chosen({"workerid": "gw1", "workercount": 2}, {"ATTNSPEC_CPUS": "3"}) == [3]
+    assert cores.chosen(None, {}) is None  # one process alone: the machine as it is
+    assert cores.chosen({"workerid": "gw0", "workercount": 1}, {}) is None
+    two = [cores.chosen({"workerid": f"gw{i}", "workercount": 2}, {}) for i in range(2)]
+    if len(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else [0]) >= 2:
+        assert not set(two[0]) & set(two[1])
+
+
+@linux_affinity
+def test_pin_restricts_affinity_and_every_pool():
+    code = ("import os, numpy\nfrom properties import cores\ncores.pin([0])\n"
+            "from threadpoolctl import threadpool_info\n"
+            "print(sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], os.environ['ATTNSPEC_CPUS'],"
+            " max(p['num_threads'] for p in threadpool_info()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[0]", "1", "0", "1"]
+
+
+def test_a_bad_value_is_a_usage_error_of_the_suite():
+    env = dict(os.environ, ATTNSPEC_CPUS="first")
+    out = subprocess.run([sys.executable, "-m", "pytest", "properties", "--backend", "numpy-naive", "--collect-only",
+                          "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert "ATTNSPEC_CPUS must be CPU ids" in out.stdout + out.stderr and "'first'" in out.stdout + out.stderr
+
+
+def test_attnspec_run_gives_side_by_side_suites_cpus_of_their_own(monkeypatch, tmp_path):
+    from attnspec.commands import run_cmd
+    from reports import suites
+
+    running, seen, lock = {}, [], threading.Lock()
+
+    def fake_suite(name, path, limit, shown=None, progress=None, cpus=""):
+        with lock:
+            assert cpus not in running.values(), f"{name} got {cpus!r}, already held by {running}"
+            running[name] = cpus
+            seen.append((name, cpus))
+        time.sleep(0.05)
+        with lock:
+            del running[name]
+        return {"conformance": [{"backend": name}], "semantics": []}
+
+    monkeypatch.setattr(suites, "run_suite", fake_suite)
+    chosen = [(n, n) for n in ("numpy-naive", "torch-math", "jax-naive", "numpy-tiled", "jax-dpa")]
+    parts = run_cmd.run_suites(chosen, 60, str(tmp_path), 2)
+    assert [r["backend"] for r in parts["conformance"]] == [n for n, _ in chosen]  # rows in the order asked
+    assert {n for n, _ in seen[:2]} == {"jax-dpa", "jax-naive"}  # the longest start first
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        assert all(c for _, c in seen) and len({c for _, c in seen}) == 2
+    one = []
+    monkeypatch.setattr(suites, "run_suite", lambda name, *a, cpus="", **k: one.append(cpus) or
+                        {"conformance": [], "semantics": []})
+    run_cmd.run_suites(chosen[:2], 60, str(tmp_path), 1)
+    assert one == ["", ""]  # one at a time: the machine as it is
