@@ -127,12 +127,29 @@ def _is_small(s: Shape) -> bool:
     return max(s.Lq, s.Lk) <= SMALL_MAX_LEN and max(s.E, s.Ev) <= SMALL_MAX_DIM
 
 
-def _elements(dtype: str):
-    if dtype in LOW_PRECISION:  # k/8 with |k| <= 32: exact in bfloat16 (8 bits) and float16
-        return st.integers(-32, 32).map(lambda i: i / 8)
-    ties = st.integers(-4, 4).map(float)
-    width = 32 if dtype == "float32" else 64
-    return st.one_of(ties, st.floats(-4, 4, width=width, allow_subnormal=False))
+def _zigzag(b: np.ndarray, n: int) -> np.ndarray:
+    """b mod (2n + 1) as 0, 1, -1, 2, -2, ..., n, -n: the zero byte is the value 0, so a shrunk draw
+    reads as zeros."""
+    z = (b % (2 * n + 1)).astype(np.int64)
+    return np.where(z % 2 == 1, (z + 1) // 2, -(z // 2))
+
+
+def _element_values(raw: bytes, n: int, dtype: str) -> np.ndarray:
+    """n entries from n (16-bit) or 4n bytes, exact in dtype, in [-4, 4].
+
+    16-bit: k/8 with |k| <= 32 (exact in bfloat16's 8 bits and float16).  float32/float64, per
+    entry (byte 0 chooses): an integer in [-4, 4] (ties) 3/8 of the time, a uniform value on the
+    2^-21 grid of [-4, 4) (exact in float32) 1/2, a signed power of two from 2^-23 to 2 (magnitudes
+    far apart in one row) 1/8.
+    """
+    b = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+    if dtype in LOW_PRECISION:
+        return _zigzag(b, 32) / 8.0
+    b = b.reshape(n, 4)
+    tie = _zigzag(b[:, 1], 4).astype(np.float64)
+    uniform = (b[:, 1] * 65536 + b[:, 2] * 256 + b[:, 3]) * 2.0**-21 - 4.0
+    power = np.where(b[:, 2] % 2 == 1, -1.0, 1.0) * 2.0 ** (1 - (b[:, 1] % 25))
+    return np.where(b[:, 0] < 96, tie, np.where(b[:, 0] < 224, uniform, power))
 
 
 def _dims(s: Shape) -> dict:
@@ -141,11 +158,14 @@ def _dims(s: Shape) -> dict:
 
 @st.composite
 def _values_small(draw, s: Shape, dtype):
+    """Each array from one draw of bytes (an entry's value from its own bytes, so Hypothesis still
+    shrinks entry by entry): a draw per element cost ~half of a cheap backend's run."""
     lines = []
     for name, dims in _dims(s).items():
         n = int(np.prod(dims))
-        flat = draw(st.lists(_elements(dtype), min_size=n, max_size=n), label=name)
-        lines.append(literal(name, np.array(flat, dtype=np.float64).reshape(dims)))
+        width = n if dtype in LOW_PRECISION else 4 * n
+        raw = draw(st.binary(min_size=width, max_size=width), label=name)
+        lines.append(literal(name, _element_values(raw, n, dtype).reshape(dims)))
     return lines
 
 
@@ -188,8 +208,9 @@ def _mask_lines(draw, kind, s: Shape, compiled, allow_empty_rows, small):
         n = int(np.prod(dims))
         # about a quarter hidden; shrinks towards visible.  Hypothesis favours the ends of a range,
         # so the rare outcome is a middle value
-        one = st.integers(0, 7).map(lambda i: i in (3, 4))
-        hidden = np.array(draw(st.lists(one, min_size=n, max_size=n), label="hidden pairs")).reshape(dims)
+        # (one byte a pair, in one draw: see _values_small)
+        raw = np.frombuffer(draw(st.binary(min_size=n, max_size=n), label="hidden pairs"), dtype=np.uint8)
+        hidden = np.isin(raw % 8, (3, 4)).reshape(dims)
         lines = [literal("mask", ~hidden)]
     else:
         p = draw(st.sampled_from((0.9, 0.5)), label="visible fraction")

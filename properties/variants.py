@@ -100,8 +100,10 @@ def segment_lines(draw, shape) -> list:
     n = draw(st.sampled_from(tuple(dict.fromkeys((min(2, most), most, 1)))), label="segments")
     rows = []
     for side, L in (("q", shape.Lq), ("kv", shape.Lk)):
-        ids = np.sort(np.array([draw(st.lists(st.integers(0, n - 1), min_size=L, max_size=L), label=f"{side} ids")
-                                for _ in range(shape.B)]).reshape(shape.B, L), axis=-1)  # (B, L)
+        # a byte a position, one draw a side (a draw per id cost more than the backend's call); the zero
+        # byte is segment 0, so a shrunk draw is one segment
+        raw = draw(st.binary(min_size=shape.B * L, max_size=shape.B * L), label=f"{side} ids")
+        ids = np.sort((np.frombuffer(raw, dtype=np.uint8) % n).reshape(shape.B, L), axis=-1)  # (B, L)
         rows.append(literal(f"{side}_segment_ids", ids.astype(np.int64)))
     return rows
 
