@@ -5,7 +5,7 @@ and `attnspec run` (one child pytest per backend, one per core).  Left alone, ev
 in every process sizes its thread pools for the whole machine (OpenBLAS, torch's intra-op pool,
 XLA's Eigen pool, OpenVINO's TBB arena), so on this 2-core VM two suites ran 1.5-2x slower each
 than one alone.  The suite's problems are small (a few hundred keys at most), so one core a
-process loses little (numpy-naive alone: 15.4 s on two threads, 17.6 s on one) and two
+process loses little (numpy-naive alone: 11.3 s on two threads, 10.4 s pinned to one) and two
 processes then share the machine without fighting.
 
 A process is given its CPUs by ``ATTNSPEC_CPUS`` (a comma-separated list, set by `attnspec run`
@@ -86,4 +86,3 @@ def pin(cpus: list[int] | None) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(len(cpus))
-

@@ -206,9 +206,8 @@ def _mask_lines(draw, kind, s: Shape, compiled, allow_empty_rows, small):
     dims = (s.B, s.H, s.Lq, s.Lk) if full else (s.Lq, s.Lk)
     if small:  # draw the *hidden* pairs, so shrinking heads for "everything visible"
         n = int(np.prod(dims))
-        # about a quarter hidden; shrinks towards visible.  Hypothesis favours the ends of a range,
-        # so the rare outcome is a middle value
-        # (one byte a pair, in one draw: see _values_small)
+        # about a quarter hidden (a byte a pair, one draw: see _values_small); the zero byte, where
+        # shrinking goes, is a visible pair
         raw = np.frombuffer(draw(st.binary(min_size=n, max_size=n), label="hidden pairs"), dtype=np.uint8)
         hidden = np.isin(raw % 8, (3, 4)).reshape(dims)
         lines = [literal("mask", ~hidden)]
