@@ -62,3 +62,23 @@ def test_draws_can_fail(dtype):
     assert p["single_key"] <= 0.15, p     # rows whose weight is exactly 1 whatever the kernel does
     assert p["saturated"] >= MIN_SATURATED[dtype], p  # rows deep in saturation: the max subtraction matters
     assert p["top_score_over_cap"] <= 0.05, p  # the cap keeps 16-bit budgets able to judge
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_byte_drawn_entries_are_exact_in_range_and_shrink_to_zero(dtype):
+    """Small arrays come from one byte string (properties.strategies._element_values): every
+    entry exact in the dtype and in [-4, 4], every kind of entry reachable, and the zero bytes
+    (where Hypothesis shrinks) the value 0."""
+    from properties.strategies import LOW_PRECISION, _element_values
+    from specs.error_budget import round_to
+
+    n = 4000
+    width = n if dtype in LOW_PRECISION else 4 * n
+    values = _element_values(np.random.default_rng(1).bytes(width), n, dtype)
+    assert np.array_equal(np.asarray(round_to(values, dtype), dtype=np.float64), values)
+    assert values.min() >= -4 and values.max() <= 4 and values.min() < -3.5 and values.max() > 3.5
+    assert np.all(_element_values(bytes(width), n, dtype) == 0)
+    if dtype not in LOW_PRECISION:  # ties, uniform values and powers of two far below 1
+        assert np.mean(values == np.round(values)) > 0.3
+        assert np.mean(values != np.round(values)) > 0.4
+        assert np.any((values != 0) & (np.abs(values) < 2.0**-10))
