@@ -40,3 +40,22 @@ def test_a_declared_deviation_that_does_not_show_passes_and_says_so():
     rows = _rows(result, "declares-a-deviation-it-has-not")
     assert {r["status"] for r in rows} == {"passed"} and result.returncode == 0, result.output[-2000:]
     assert all(r["message"].startswith("declared deviation not seen in this run") for r in rows)
+
+
+def test_a_declared_semantics_deviation_is_no_contradiction():
+    """A semantics question whose test departs as declared at one dtype: the test is `deviation`,
+    the answer is recorded (not 'CONTRADICTS'), and the report counts no contradicted declaration."""
+    import pandas as pd
+
+    from reports.tables import verdict_frame
+
+    result = run_suite([f"{PLUGIN}:NanRowsButFloat64Declared"], extra_args=["-k", "fully_masked_rows"], timeout=600)
+    backend = "nan-rows-but-float64-declared"
+    status = {r["dtype"]: r["status"] for r in _rows(result, backend)}
+    assert status["float64"] == "deviation" and status["float32"] == "passed", result.output[-2000:]
+    answers = {r["dtype"]: r for r in result.semantics if r["backend"] == backend}
+    assert answers["float64"]["observed"] == "zeros" and answers["float64"]["agrees"] is None
+    assert answers["float32"]["agrees"] is True
+    assert "CONTRADICTS" not in result.output
+    verdict = verdict_frame(pd.DataFrame(result.conformance), pd.DataFrame(result.semantics))
+    assert int(verdict.loc[verdict["backend"] == backend, "semantics contradicted"].iloc[0]) == 0

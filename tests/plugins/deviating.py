@@ -1,6 +1,8 @@
 """Backends for the declared-deviation tests: one known departure, declared or not."""
 from __future__ import annotations
 
+import numpy as np
+
 from backends.base import Deviation, Semantics
 from backends.numpy_backends import NumpyNaive
 
@@ -26,3 +28,19 @@ class DeclaresADeviationItHasNot(NumpyNaive):
     name = "declares-a-deviation-it-has-not"
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
         Deviation("nan_in_padding_changes_nothing", "said to read padded values"),))
+
+
+class NanRowsButFloat64Declared(NumpyNaive):
+    """Fully masked rows are NaN (as declared), but float64's are zeros: declared as a float64
+    deviation of fully_masked_rows (OpenVINO's f32 variant does the like: the mean of V)."""
+
+    name = "nan-rows-but-float64-declared"
+    semantics = Semantics(fully_masked="nan", causal_alignment="top_left", padded_rows="zeros", deviations=(
+        Deviation("fully_masked_rows", "float64 rows are zeros, the others NaN", dtypes=("float64",)),))
+
+    def native_attention(self, q, k, v, call):
+        out = super().native_attention(q, k, v, call)
+        if q.dtype == "float64":
+            return out
+        empty = ~self._weights(q, k, call)[0].any(axis=-1, keepdims=True)  # (..., Lq, 1) rows with no key
+        return np.where(empty, np.nan, out)  # (..., Lq, Ev)
