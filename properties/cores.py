@@ -18,6 +18,7 @@ pool when torch loads, and XLA (which sizes its pool from the affinity when its 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 
 ENV = "ATTNSPEC_CPUS"
 _POOL_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -86,3 +87,41 @@ def pin(cpus: list[int] | None) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(len(cpus))
+
+
+# The built-ins whose suites take longest here (compiling per shape: JAX, FlexAttention; OpenVINO
+# per model), longest first (cold, one core each: jax-dpa 120-220 s, jax-naive 65-230 s, torch-flex
+# 75-110 s, openvino 35-70 s each; 9-27 s for the rest).  Side by side, starting them first means
+# the last suite to finish is a short one: `attnspec run` and xdist's loadgroup both use it.
+LONG_SUITES = ("jax-dpa", "jax-naive", "torch-flex", "openvino-sdpa-f32", "openvino-sdpa")
+
+
+def suite_weight(backend: str, tests: int = 0) -> tuple:
+    """Sort key, largest first: a known long suite by its place in LONG_SUITES, else its test count."""
+    if backend in LONG_SUITES:
+        return (1, len(LONG_SUITES) - LONG_SUITES.index(backend))
+    return (0, tests)
+
+
+class _HeaviestFirst(OrderedDict):
+    """xdist's queue of work units (here: one backend's tests each), handing out the heaviest first."""
+
+    def popitem(self, last: bool = True):
+        if not self:
+            raise KeyError("popitem(): the work queue is empty")
+        scope = max(self, key=lambda name: suite_weight(name, len(self[name])))  # the first of equals
+        return scope, self.pop(scope)
+
+
+def longest_first_scheduler(config, log):
+    """pytest-xdist's loadgroup scheduler (a backend's tests on one worker) that starts the longest
+    suites first; its own order is by test count, which put both JAX suites on one worker (448 s
+    for a run whose work divides into two halves of ~300 s)."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LongestFirst(LoadGroupScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.workqueue = _HeaviestFirst()
+
+    return LongestFirst(config, log)

@@ -135,6 +135,14 @@ def pytest_configure(config):
         _targets(config, _names(config))  # a bad name is a usage error now, not a collection error per module
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n N --dist loadgroup` on the suite: the longest backends' suites start first (properties/cores.py)."""
+    if getattr(config, "_attnspec_suite", False) and config.getoption("dist", None) == "loadgroup":
+        return cores.longest_first_scheduler(config, log)
+    return None
+
+
 def pytest_report_header(config):
     if getattr(config, "_attnspec_suite", False):
         name = getattr(config, "_attnspec_profile", "dev")

@@ -96,3 +96,27 @@ def test_attnspec_run_gives_side_by_side_suites_cpus_of_their_own(monkeypatch, t
                         {"conformance": [], "semantics": []})
     run_cmd.run_suites(chosen[:2], 60, str(tmp_path), 1)
     assert one == ["", ""]  # one at a time: the machine as it is
+
+
+def test_xdist_hands_out_the_longest_suites_first():
+    """`-n N --dist loadgroup`: the plugin's scheduler pops the known long suites first (jax-dpa,
+    jax-naive, ...), then the rest by test count - not xdist's own order by test count alone."""
+    pytest.importorskip("xdist")
+    from types import SimpleNamespace
+
+    from properties import plugin
+
+    option = SimpleNamespace(tx=["2*popen"], dist="loadgroup", loadscopereorder=True)
+    config = SimpleNamespace(option=option, _attnspec_suite=True, getvalue=lambda name: getattr(option, name),
+                             getoption=lambda name, default=None: getattr(option, name, default))
+    scheduler = plugin.pytest_xdist_make_scheduler(config, None)
+    assert type(scheduler).__name__ == "LongestFirst"
+    for name, tests in (("numpy-naive", 132), ("jax-naive", 176), ("torch-math", 176), ("jax-dpa", 132),
+                        ("onnxruntime-attention", 132)):
+        scheduler.workqueue[name] = dict.fromkeys(f"t{i}@{name}" for i in range(tests))
+    order = [scheduler.workqueue.popitem(last=False)[0] for _ in range(5)]
+    assert order == ["jax-dpa", "jax-naive", "torch-math", "numpy-naive", "onnxruntime-attention"]
+    with pytest.raises(KeyError):
+        scheduler.workqueue.popitem(last=False)
+    config._attnspec_suite = False  # someone else's run: xdist's own scheduler
+    assert plugin.pytest_xdist_make_scheduler(config, None) is None

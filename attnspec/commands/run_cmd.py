@@ -128,11 +128,6 @@ def select_backends(args) -> tuple[list[tuple], list[dict]]:
     return chosen, skipped
 
 
-# The built-ins whose suites take longest here (compiling per shape: JAX, FlexAttention; OpenVINO
-# per model), longest first: a run measured 181, 158, 73, 48 and 46 s for them, 9-16 s for the rest.
-LONG_SUITES = ("jax-dpa", "jax-naive", "torch-flex", "openvino-sdpa-f32", "openvino-sdpa")
-
-
 def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> dict:
     """Conformance and semantics rows from one child pytest per backend, `jobs` at a time, each
     child on a share of the CPUs of its own (side by side, their thread pools fought over them)."""
@@ -160,8 +155,7 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
         return data
 
     # the longest suites start first, so the last to finish is a short one (the rows keep `chosen`'s order)
-    todo = sorted(enumerate(chosen, 1), key=lambda t: LONG_SUITES.index(t[1][0]) if t[1][0] in LONG_SUITES
-                  else len(LONG_SUITES))
+    todo = sorted(enumerate(chosen, 1), key=lambda t: cores.suite_weight(t[1][0]), reverse=True)
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         futures = {i: pool.submit(one, i, n, s) for i, (n, s) in todo}
