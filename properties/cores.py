@@ -90,8 +90,8 @@ def pin(cpus: list[int] | None) -> None:
 
 
 # The built-ins whose suites take longest here (compiling per shape: JAX, FlexAttention; OpenVINO
-# per model), longest first (cold, one core each: jax-dpa 120-220 s, jax-naive 65-230 s, torch-flex
-# 75-110 s, openvino 35-70 s each; 9-27 s for the rest).  Side by side, starting them first means
+# per model), longest first (cold, one core each: jax-dpa 120-180 s, jax-naive 65-160 s, torch-flex
+# 67-110 s, openvino 35-55 s each; 7-27 s for the rest).  Side by side, starting them first means
 # the last suite to finish is a short one: `attnspec run` and xdist's loadgroup both use it.
 LONG_SUITES = ("jax-dpa", "jax-naive", "torch-flex", "openvino-sdpa-f32", "openvino-sdpa")
 
@@ -115,8 +115,8 @@ class _HeaviestFirst(OrderedDict):
 
 def longest_first_scheduler(config, log):
     """pytest-xdist's loadgroup scheduler (a backend's tests on one worker) that starts the longest
-    suites first; its own order is by test count, which put both JAX suites on one worker (448 s
-    for a run whose work divides into two halves of ~300 s)."""
+    suites first; its own order is by test count, then collection order, which starts the JAX
+    suites after the PyTorch ones (more tests each, a tenth of the time), so they finish last."""
     from xdist.scheduler import LoadGroupScheduling
 
     class LongestFirst(LoadGroupScheduling):
