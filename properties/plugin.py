@@ -308,7 +308,7 @@ def record_semantics(request):
 
     def record(question, observed, declared, agrees):
         if agrees is False and any(d.covers(prop, target.dtype) for d in deviations):
-            agrees = None  # the backend declares this dtype's departure (a `deviation` row says so), not a contradiction
+            agrees = None  # a departure declared at this dtype (its `deviation` row says so): no contradiction
         request.node.user_properties.append(("attnspec_semantics", dict(
             backend=target.name, question=question, dtype=target.dtype, observed=observed, declared=declared,
             agrees=agrees)))

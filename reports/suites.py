@@ -151,8 +151,9 @@ def run_suite(backend: str, json_path: str, limit: float, command=None, shown: s
             os.remove(path)
     progress = progress or SuiteProgress()
     progress.path = channel
+    pinned = {"ATTNSPEC_CPUS": cpus} if cpus else {}
     done = watch((command or suite_command)(backend, json_path), limit, progress,
-                 env=child_env(**{PROGRESS_ENV: channel}, **({"ATTNSPEC_CPUS": cpus} if cpus else {})), stop=lambda: progress.hung)
+                 env=child_env(**{PROGRESS_ENV: channel}, **pinned), stop=lambda: progress.hung)
     progress.read()
     progress.show()
     name = shown or backend
