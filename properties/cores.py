@@ -54,6 +54,14 @@ def _allowed() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
+def shares(jobs: int) -> list[str]:
+    """ATTNSPEC_CPUS values for `jobs` processes side by side ("" each for one alone, or where
+    this OS has no CPU affinity: left as they are)."""
+    if jobs <= 1 or not hasattr(os, "sched_setaffinity"):
+        return [""] * max(jobs, 1)
+    return [",".join(map(str, worker_slice(i, jobs, _allowed()))) for i in range(jobs)]
+
+
 def chosen(workerinput: dict | None = None, environ=None) -> list[int] | None:
     """The CPUs this process should keep, or None to leave it as it is."""
     env = os.environ if environ is None else environ
@@ -75,7 +83,8 @@ def pin(cpus: list[int] | None) -> None:
         os.environ[var] = threads  # for runtimes not loaded yet (torch reads OMP_NUM_THREADS at import)
     os.environ[ENV] = ",".join(map(str, cpus))  # inherited by anything this process starts
     if hasattr(os, "sched_setaffinity"):
-        usable = [c for c in cpus if c in set(_allowed())]
+        allowed = set(_allowed())
+        usable = [c for c in cpus if c in allowed]
         if usable:
             os.sched_setaffinity(0, usable)
     try:

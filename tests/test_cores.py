@@ -34,6 +34,10 @@ def test_worker_slices_share_the_cpus_without_overlap():
     assert [cores.worker_slice(i, 4, cpus) for i in range(4)] == [[0], [1], [2], [3]]
     assert [cores.worker_slice(i, 3, [0, 1]) for i in range(3)] == [[0], [1], [0]]  # more workers than CPUs
     assert cores.worker_slice(0, 1, cpus) == cpus
+    assert cores.shares(1) == [""]  # one process alone: left as it is
+    two = cores.shares(2)
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        assert all(two) and not set(two[0].split(",")) & set(two[1].split(","))
 
 
 def test_the_variable_wins_and_a_lone_process_is_left_alone():

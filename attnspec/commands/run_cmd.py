@@ -137,10 +137,8 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
     from properties import cores
 
     slots: queue.Queue = queue.Queue()
-    for i in range(jobs):  # one share per running child; a child gives its share back when it ends
-        share = cores.worker_slice(i, jobs, sorted(os.sched_getaffinity(0))) if jobs > 1 and hasattr(
-            os, "sched_getaffinity") else []
-        slots.put(",".join(map(str, share)))
+    for share in cores.shares(jobs):  # one per running child; a child gives its share back when it ends
+        slots.put(share)
 
     def one(i, name, shown):
         path = os.path.join(workdir, f"suite-{i}.json")
