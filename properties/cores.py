@@ -62,6 +62,28 @@ def shares(jobs: int) -> list[str]:
     return [",".join(map(str, worker_slice(i, jobs, _allowed()))) for i in range(jobs)]
 
 
+WORKERS_ENV = "ATTNSPEC_WORKERS"
+
+
+def workers_wanted(backends: int, environ=None) -> int:
+    """How many pytest-xdist workers a run of the suite over `backends` backends starts by itself
+    (0: none, the run stays in this process): one per CPU this process may use, at most one per
+    backend (a backend's tests share a worker); ATTNSPEC_WORKERS=N asks for N, 0 or 1 for none."""
+    env = os.environ if environ is None else environ
+    raw = env.get(WORKERS_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        wanted = len(_allowed())
+    else:
+        try:
+            wanted = int(raw)
+        except ValueError:
+            raise ValueError(f"{WORKERS_ENV} must be a number of workers or 'auto'; got {raw!r}") from None
+        if wanted < 0:
+            raise ValueError(f"{WORKERS_ENV} must be >= 0 (0 or 1: one process); got {raw!r}")
+    wanted = min(wanted, backends)
+    return wanted if wanted >= 2 else 0
+
+
 def chosen(workerinput: dict | None = None, environ=None) -> list[int] | None:
     """The CPUs this process should keep, or None to leave it as it is."""
     env = os.environ if environ is None else environ

@@ -83,19 +83,48 @@ def _names(config) -> list[str]:
     return names or registry.names_from_env() or registry.suite_names()
 
 
+def _reaches_suite(config, arg, inside: bool = False) -> bool:
+    """Whether a path or --pyargs name reaches properties/ (inside: lies within it)."""
+    arg = str(arg).split("::")[0]
+    if config.option.pyargs and (arg == PACKAGE or arg.startswith(PACKAGE + ".")):
+        return True
+    path = os.path.abspath(os.path.join(str(config.invocation_params.dir), arg))
+    within = path == PACKAGE_DIR or path.startswith(PACKAGE_DIR + os.sep)
+    return within or (not inside and PACKAGE_DIR.startswith(path + os.sep))
+
+
 def runs_suite(config) -> bool:
     """Whether this run is the suite's: backends named, or a path or --pyargs name inside properties/."""
     if config.getoption("attnspec_backend", None) or os.environ.get("ATTNSPEC_BACKENDS", "").strip():
         return True
-    here = str(config.invocation_params.dir)
-    for arg in config.args:
-        arg = str(arg).split("::")[0]
-        if config.option.pyargs and (arg == PACKAGE or arg.startswith(PACKAGE + ".")):
-            return True
-        path = os.path.abspath(os.path.join(here, arg))
-        if path == PACKAGE_DIR or path.startswith(PACKAGE_DIR + os.sep) or PACKAGE_DIR.startswith(path + os.sep):
-            return True
-    return False
+    return any(_reaches_suite(config, arg) for arg in config.args)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_cmdline_main(config):
+    """The suite over several backends uses the machine's cores by itself (pytest-xdist installed)."""
+    try:
+        _spread_over_workers(config)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    yield
+
+
+def _spread_over_workers(config) -> None:
+    """`pytest properties` with several backends and no choice of the user's (-n, --dist, a
+    debugger, --collect-only...): `-n W --dist loadgroup`, W from properties.cores.workers_wanted
+    (a worker a CPU, a backend's tests on one worker, the longest suites first)."""
+    opt = config.option
+    chose = [getattr(opt, name, None) for name in ("numprocesses", "tx", "usepdb", "trace", "stepwise",
+                                                   "collectonly", "setupplan", "setuponly")]
+    if (hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") or any(chose)
+            or getattr(opt, "numprocesses", None) == 0 or getattr(opt, "dist", "no") != "no"
+            or not config.args or not all(_reaches_suite(config, arg, inside=True) for arg in config.args)):
+        return
+    workers = cores.workers_wanted(len(_names(config)))
+    if workers:
+        opt.numprocesses, opt.dist = workers, "loadgroup"
+        config._attnspec_workers = workers
 
 
 def pytest_configure(config):
@@ -148,8 +177,13 @@ def pytest_report_header(config):
         name = getattr(config, "_attnspec_profile", "dev")
         seed = getattr(config, "_attnspec_seed", None)
         seeded = f"; seed {seed[0]} ({seed[1]}; again: --hypothesis-seed={seed[0]})" if seed else ""
-        return [f"attnspec: profile {name} ({profiles.EXAMPLES[name]} drawn examples a test{seeded}); "
-                f"reproducers in {output.shown_path(config._attnspec_repro)}"]
+        lines = [f"attnspec: profile {name} ({profiles.EXAMPLES[name]} drawn examples a test{seeded}); "
+                 f"reproducers in {output.shown_path(config._attnspec_repro)}"]
+        workers = getattr(config, "_attnspec_workers", 0)
+        if workers:
+            lines.append(f"attnspec: the backends spread over {workers} pytest-xdist workers, a CPU each "
+                         f"({cores.WORKERS_ENV}=1 or -n 0: one process)")
+        return lines
     return None
 
 

@@ -2,6 +2,7 @@
 and `attnspec run`'s children; a bad ATTNSPEC_CPUS is a usage error that names it."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -67,6 +68,42 @@ def test_a_bad_value_is_a_usage_error_of_the_suite():
                          timeout=300)
     assert out.returncode == 4, out.stdout + out.stderr
     assert "ATTNSPEC_CPUS must be CPU ids" in out.stdout + out.stderr and "'first'" in out.stdout + out.stderr
+
+
+def test_workers_wanted_one_per_cpu_at_most_one_per_backend():
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    assert cores.workers_wanted(12, {}) == (min(cpus, 12) if cpus >= 2 else 0)
+    assert cores.workers_wanted(1, {}) == 0  # one backend: its tests share one worker anyway
+    assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "3"}) == 3
+    assert cores.workers_wanted(2, {"ATTNSPEC_WORKERS": "8"}) == 2
+    assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "1"}) == 0 == cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "0"})
+    for bad in ("two", "-2"):
+        with pytest.raises(ValueError, match="ATTNSPEC_WORKERS") as e:
+            cores.workers_wanted(12, {"ATTNSPEC_WORKERS": bad})
+        assert repr(bad) in str(e.value)
+
+
+def _suite(args, **env):
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "PYTEST_XDIST"))}, **env)
+    return subprocess.run([sys.executable, "-m", "pytest", "properties", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
+def test_the_suite_over_several_backends_spreads_over_workers_unless_told_not_to():
+    two = ["--backend", "numpy-naive", "--backend", "numpy-tiled", "-k", "rows_sum_to_one"]
+    spread = _suite(two, ATTNSPEC_WORKERS="2")
+    assert spread.returncode == 0, spread.stdout + spread.stderr
+    assert "spread over 2 pytest-xdist workers" in spread.stdout and "created: 2/2 workers" in spread.stdout
+    assert "numpy-naive    3 passed" in spread.stdout and "numpy-tiled    3 passed" in spread.stdout
+    for args, env in ((two + ["-n", "0"], {"ATTNSPEC_WORKERS": "2"}), (two, {"ATTNSPEC_WORKERS": "1"}),
+                      (two[:2] + two[4:], {"ATTNSPEC_WORKERS": "2"})):  # the user's -n, the variable, one backend
+        alone = _suite(args, **env)
+        assert alone.returncode == 0 and "workers" not in alone.stdout, alone.stdout + alone.stderr
+    bad = _suite(two + ["--collect-only"], ATTNSPEC_WORKERS="many")
+    assert bad.returncode == 0, "--collect-only starts no worker, so the variable is not read"
+    bad = _suite(two, ATTNSPEC_WORKERS="many")
+    assert bad.returncode == 4 and "ATTNSPEC_WORKERS must be a number of workers" in bad.stdout + bad.stderr
 
 
 def test_attnspec_run_gives_side_by_side_suites_cpus_of_their_own(monkeypatch, tmp_path):
