@@ -72,7 +72,7 @@ def workers_wanted(backends: int, environ=None) -> int:
     env = os.environ if environ is None else environ
     raw = env.get(WORKERS_ENV, "").strip().lower()
     if raw in ("", "auto"):
-        wanted = len(_allowed())
+        wanted = len(parse(env.get(ENV, "")) or _allowed())  # ATTNSPEC_CPUS=0,1: the run keeps to those
     else:
         try:
             wanted = int(raw)
@@ -87,13 +87,13 @@ def workers_wanted(backends: int, environ=None) -> int:
 def chosen(workerinput: dict | None = None, environ=None) -> list[int] | None:
     """The CPUs this process should keep, or None to leave it as it is."""
     env = os.environ if environ is None else environ
-    if env.get(ENV, "").strip():
-        return parse(env[ENV])
-    if workerinput:  # an xdist worker: "gw3" of workercount
+    given = parse(env.get(ENV, ""))
+    if workerinput:  # an xdist worker: "gw3" of workercount, a slice of ATTNSPEC_CPUS or of what it may use
         count = int(workerinput.get("workercount") or 1)
         index = int(str(workerinput.get("workerid", "gw0")).lstrip("gw") or 0)
-        return worker_slice(index, count, _allowed()) if count > 1 else None
-    return None
+        if count > 1:
+            return worker_slice(index, count, given or _allowed())
+    return given
 
 
 def pin(cpus: list[int] | None) -> None:
@@ -128,14 +128,17 @@ LONG_SUITES = ("jax-dpa", "jax-naive", "torch-flex", "openvino-sdpa-f32", "openv
 
 
 def suite_weight(backend: str, tests: int = 0) -> tuple:
-    """Sort key, largest first: a known long suite by its place in LONG_SUITES, else its test count."""
+    """Sort key, largest first: a known long suite by its place in LONG_SUITES, else its test count.
+    `backend` may carry a dtype (an xdist group: "jax-dpa-float32")."""
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
+        backend = backend[:-len(dtype) - 1] if backend.endswith("-" + dtype) else backend
     if backend in LONG_SUITES:
         return (1, len(LONG_SUITES) - LONG_SUITES.index(backend))
     return (0, tests)
 
 
 class _HeaviestFirst(OrderedDict):
-    """xdist's queue of work units (here: one backend's tests each), handing out the heaviest first."""
+    """xdist's queue of work units (here: one backend's tests in one dtype each), heaviest first."""
 
     def popitem(self, last: bool = True):
         if not self:
@@ -145,7 +148,7 @@ class _HeaviestFirst(OrderedDict):
 
 
 def longest_first_scheduler(config, log):
-    """pytest-xdist's loadgroup scheduler (a backend's tests on one worker) that starts the longest
+    """pytest-xdist's loadgroup scheduler (a backend's tests in a dtype on one worker) that starts the longest
     suites first; its own order is by test count, then collection order, which starts the JAX
     suites after the PyTorch ones (more tests each, a tenth of the time), so they finish last."""
     from xdist.scheduler import LoadGroupScheduling

@@ -290,9 +290,11 @@ def pytest_generate_tests(metafunc):
         _enable_jax_cache(per_backend)
         metafunc.config._attnspec_jax_cache = True
     flat = [t for ts in per_backend for t in ts]
-    # xdist_group: with `-n N --dist loadgroup` a backend's tests share one worker, and with it the
-    # compiled programs (JAX, flex) and loaded runtimes - split, each worker would compile them again
-    metafunc.parametrize("target", [pytest.param(t, id=t.id, marks=pytest.mark.xdist_group(t.backend.name))
+    # xdist_group: with `-n N --dist loadgroup` a backend's tests in one dtype share one worker, and
+    # with them the programs compiled for that dtype (JAX, flex: a program per shape and dtype) -
+    # split further, each worker would compile them again; split less, the longest backend's four
+    # dtypes would run one after another on one worker (jax-dpa: 250 s of a 400 s run)
+    metafunc.parametrize("target", [pytest.param(t, id=t.id, marks=pytest.mark.xdist_group(t.id))
                                     for t in flat])
 
 

@@ -43,6 +43,8 @@ def test_worker_slices_share_the_cpus_without_overlap():
 
 def test_the_variable_wins_and_a_lone_process_is_left_alone():
     assert cores.chosen({"workerid": "gw1", "workercount": 2}, {"ATTNSPEC_CPUS": "3"}) == [3]
+    assert cores.chosen({"workerid": "gw1", "workercount": 2}, {"ATTNSPEC_CPUS": "4,5,6,7"}) == [6, 7]  # its slice
+    assert cores.chosen(None, {"ATTNSPEC_CPUS": "4,5"}) == [4, 5]
     assert cores.chosen(None, {}) is None  # one process alone: the machine as it is
     assert cores.chosen({"workerid": "gw0", "workercount": 1}, {}) is None
     two = [cores.chosen({"workerid": f"gw{i}", "workercount": 2}, {}) for i in range(2)]
@@ -74,6 +76,8 @@ def test_workers_wanted_one_per_cpu_at_most_one_per_backend():
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     assert cores.workers_wanted(12, {}) == (min(cpus, 12) if cpus >= 2 else 0)
     assert cores.workers_wanted(1, {}) == 0  # one backend: its tests share one worker anyway
+    assert cores.workers_wanted(12, {"ATTNSPEC_CPUS": "0"}) == 0  # kept to one CPU: one process
+    assert cores.workers_wanted(12, {"ATTNSPEC_CPUS": "0,1,2"}) == 3
     assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "3"}) == 3
     assert cores.workers_wanted(2, {"ATTNSPEC_WORKERS": "8"}) == 2
     assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "1"}) == 0 == cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "0"})
@@ -140,8 +144,9 @@ def test_attnspec_run_gives_side_by_side_suites_cpus_of_their_own(monkeypatch, t
 
 
 def test_xdist_hands_out_the_longest_suites_first():
-    """`-n N --dist loadgroup`: the plugin's scheduler pops the known long suites first (jax-dpa,
-    jax-naive, ...), then the rest by test count - not xdist's own order by test count alone."""
+    """`-n N --dist loadgroup`: the plugin's scheduler pops the groups (a backend in a dtype) of the known
+    long suites first (jax-dpa, jax-naive, ...), then the rest by test count - not xdist's own order by
+    test count alone."""
     pytest.importorskip("xdist")
     from types import SimpleNamespace
 
@@ -152,11 +157,12 @@ def test_xdist_hands_out_the_longest_suites_first():
                              getoption=lambda name, default=None: getattr(option, name, default))
     scheduler = plugin.pytest_xdist_make_scheduler(config, None)
     assert type(scheduler).__name__ == "LongestFirst"
-    for name, tests in (("numpy-naive", 132), ("jax-naive", 176), ("torch-math", 176), ("jax-dpa", 132),
-                        ("onnxruntime-attention", 132)):
-        scheduler.workqueue[name] = dict.fromkeys(f"t{i}@{name}" for i in range(tests))
-    order = [scheduler.workqueue.popitem(last=False)[0] for _ in range(5)]
-    assert order == ["jax-dpa", "jax-naive", "torch-math", "numpy-naive", "onnxruntime-attention"]
+    for name, tests in (("numpy-naive-float32", 33), ("jax-naive-float16", 44), ("torch-math-float32", 44),
+                        ("jax-dpa-float32", 33), ("jax-dpa-bfloat16", 33), ("onnxruntime-attention-float32", 31)):
+        scheduler.workqueue[name] = dict.fromkeys(f"t{i}@{name}" for i in range(tests))  # groups: backend, dtype
+    order = [scheduler.workqueue.popitem(last=False)[0] for _ in range(6)]
+    assert order == ["jax-dpa-float32", "jax-dpa-bfloat16", "jax-naive-float16", "torch-math-float32",
+                     "numpy-naive-float32", "onnxruntime-attention-float32"]
     with pytest.raises(KeyError):
         scheduler.workqueue.popitem(last=False)
     config._attnspec_suite = False  # someone else's run: xdist's own scheduler
