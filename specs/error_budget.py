@@ -20,7 +20,9 @@ w, output y and, per visible key j, T_j = scale |q_i|.|k_j| (capped by a softcap
 tiny = n * tau (tau: the smallest normal number) in float32, bfloat16 and float64, whose CPU
 kernels may flush subnormal numbers to zero (FTZ/DAZ: XLA, OpenVINO) - each of a sum's n terms
 may be flushed, so a normal result near tau may come back as 0 (XLA: a dK of 3.0e-38 made of
-subnormal products); u * tau in float16, whose subnormals every kernel keeps.
+subnormal products); u * tau in float16, whose subnormals every kernel keeps.  Where kernels
+flush, a weight or dS entry below tau errs by tau itself, not u tau: the terms carry tau / sigma
+there (a flushed weight times what it multiplies: XLA's float32 dK of -7.0e-37 came back 0).
 
 Derivation (first order in u).  Rounding x to the format moves it by at most u (|x| + tau)
 (tau: the smallest normal number; below it the spacing is even); a sum of n terms taken in
@@ -105,6 +107,13 @@ class Budget:
         scores of size `score_size` (Phi <= (1 + 2 S) M, the S u of every rounded score)."""
         return self.floor_ulps * (self.sigma(n) * (1.0 + 2.0 * score_size) * magnitude + self.tiny(n))
 
+    def weight_tau(self, n: int) -> float:
+        """tau for the terms (specs.budget_terms), in units of sigma: a weight or dS entry errs by
+        u (|x| + tau) when rounded, but by tau itself when a kernel flushes it to zero (below tau:
+        XLA returned 0 for a float64 dK of -7.0e-37 computed in float32, a flushed weight times
+        |dA - r| scale |q| ~ 60), so there tau / sigma."""
+        return self.normal_min / self.sigma(n) if self.flushes_subnormals else self.normal_min
+
     def tiny(self, n: int = 1) -> float:
         """What a result near 0 may err by: n tau where kernels may flush subnormals to zero (each
         of n summed terms), else u * tau (half the subnormals' spacing)."""
@@ -176,7 +185,7 @@ def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
     f = run_forward(p)
     plain = run_forward(p, _Plain(dtype)).output  # (..., Lq, Ev)
     b, n = _budget(dtype), _reduction(p)
-    phi = terms.forward_terms(p, f, b.normal_min, b.accumulate_roundoff / b.sigma(n))
+    phi = terms.forward_terms(p, f, b.weight_tau(n), b.accumulate_roundoff / b.sigma(n))
     return _rows(f.output, plain, phi, dtype, n), f.output, plain
 
 
@@ -216,7 +225,7 @@ def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=N
     plains = run_backward(p, grad_out, _Plain(dtype))
     b, n = _budget(dtype), _reduction(p)
     acc = b.accumulate_roundoff / b.sigma(n)  # u_acc in units of sigma
-    phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.normal_min, acc, terms.TANH_ULPS * acc)
+    phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.weight_tau(n), acc, terms.TANH_ULPS * acc)
     return [(_rows(r, pl, phi, dtype, n), r, pl) for r, pl, phi in zip(refs, plains, phis)]
 
 

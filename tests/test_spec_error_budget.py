@@ -319,6 +319,35 @@ def test_flushing_subnormal_terms_is_allowed_where_cpu_kernels_do_it():
     assert BUDGETS["float32"].floor(0.0, 6) >= 2 * 3.04006e-38  # the flushed dK above fits
 
 
+class _Flushing(eb._Plain):
+    """The plain pipeline as an FTZ kernel runs it: every intermediate rounded, then flushed to 0
+    below the format's smallest normal (XLA and OpenVINO on CPU)."""
+
+    def r(self, x):
+        y = super().r(x)
+        return np.where(np.abs(y) < np.finfo(y.dtype).tiny, 0, y).astype(y.dtype)
+
+
+def test_a_flushed_weight_is_allowed_what_it_multiplies():
+    """A weight exp(-90) = 8.2e-40 (subnormal in float32) flushed to 0 takes its whole product out
+    of dK = scale dS^T Q: 8.2e-40 |dA - r| |q| = 2.1e-37, a normal number and ~9 n tau (jax-dpa
+    gave 0 for a dK of -7.0e-37 this way).  The terms carry tau / sigma where kernels flush; a
+    gain of 1e-6 on the same gradients is still rejected."""
+    from specs.reference import run_backward
+
+    q, k = np.array([[[[32.0]]]]), np.array([[[[0.0], [-2.8125]]]])  # scores 0 and -90: w_1 = exp(-90)
+    v, g = np.array([[[[0.0], [4.0]]]]), np.array([[[[2.0]]]])
+    p = validate(q, k, v)
+    flushed = [np.asarray(x, np.float64) for x in run_backward(p, g, _Flushing("float32"))]
+    exact = ref.backward(q, k, v, g)
+    assert flushed[1][0, 0, 1, 0] == 0 and abs(exact[1][0, 0, 1, 0]) > 8 * 2 * np.finfo(np.float32).tiny  # n = 2
+    assert all(eb.check_backward(tuple(flushed), q, k, v, g, dtype="float32"))
+    q2, k2 = np.array([[[[1.0], [0.5]]]]), np.array([[[[0.25], [-1.0]]]])  # a problem of normal size
+    v2, g2 = np.array([[[[1.0], [-2.0]]]]), np.array([[[[1.0], [0.5]]]])
+    gained = tuple(x * (1 + 1e-6) for x in ref.backward(q2, k2, v2, g2))
+    assert not all(eb.check_backward(gained, q2, k2, v2, g2, dtype="float32"))
+
+
 class _TanhOffBy:
     """NumPy seen through specs.reference, with a tanh `ulps` ulps toward zero (XLA's CPU tanh
     is 6 ulps from tanh in float64; NumPy's and PyTorch's 1)."""
