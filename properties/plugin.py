@@ -113,7 +113,7 @@ def pytest_cmdline_main(config):
 def _spread_over_workers(config) -> None:
     """`pytest properties` with several backends and no choice of the user's (-n, --dist, a
     debugger, --collect-only...): `-n W --dist loadgroup`, W from properties.cores.workers_wanted
-    (a worker a CPU, a backend's tests on one worker, the longest suites first)."""
+    (a worker a CPU, a backend's tests in a dtype on one worker, the longest suites first)."""
     opt = config.option
     chose = [getattr(opt, name, None) for name in ("numprocesses", "tx", "usepdb", "trace", "stepwise",
                                                    "collectonly", "setupplan", "setuponly")]
