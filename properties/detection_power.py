@@ -123,7 +123,7 @@ def suite_run(names, seed: int, rule: str = "attnspec", profile: str = "dev", ex
     if stop:
         env[STOP_ENV], env[IGNORE_ENV] = "1", ",".join(sorted(ignore))
     env.pop("ATTNSPEC_BACKENDS", None)
-    env["ATTNSPEC_WORKERS"] = "1"  # one process unless --workers: a kernel's threads, and so its roundings, as measured
+    env["ATTNSPEC_WORKERS"] = "1"  # one process unless --workers asks for pytest-xdist (-n below)
     result = run_suite(list(names), profile=profile, env=env, timeout=timeout,
                        extra_args=["-p", "properties.detection_power", f"--hypothesis-seed={seed}"]
                        + (["-n", WORKERS] if WORKERS not in ("", "0") else []) + list(extra), pythonpath=[ROOT])

@@ -115,10 +115,10 @@ def _spread_over_workers(config) -> None:
     debugger, --collect-only...): `-n W --dist loadgroup`, W from properties.cores.workers_wanted
     (a worker a CPU, a backend's tests in a dtype on one worker, the longest suites first)."""
     opt = config.option
-    chose = [getattr(opt, name, None) for name in ("numprocesses", "tx", "usepdb", "trace", "stepwise",
-                                                   "collectonly", "setupplan", "setuponly")]
+    chose = [getattr(opt, name, None) for name in ("tx", "usepdb", "trace", "stepwise", "collectonly",
+                                                   "setupplan", "setuponly")]
     if (hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist") or any(chose)
-            or getattr(opt, "numprocesses", None) == 0 or getattr(opt, "dist", "no") != "no"
+            or getattr(opt, "numprocesses", None) is not None or getattr(opt, "dist", "no") != "no"
             or not config.args or not all(_reaches_suite(config, arg, inside=True) for arg in config.args)):
         return
     workers = cores.workers_wanted(len(_names(config)))

@@ -14,7 +14,8 @@ A score error e_j moves the softmax to w_j (1 + e_j - sum_l w_l e_l), so the out
 sum_j w_j e_j (v_j - y): that is why the terms below carry |v_j - y| (and |dA_j - rowsum|),
 which vanish on saturated rows, instead of |v_j|.  ``tau`` is the format's smallest normal
 number: a rounded weight or dS entry errs by u (|x| + tau), since below tau the format spaces
-its numbers evenly (subnormals): with it, a row of tiny weights gets its absolute floor.
+its numbers evenly (subnormals): with it, a row of tiny weights gets its absolute floor.  Where
+kernels flush subnormals to zero the entry errs by tau itself: callers pass tau / sigma there.
 """
 from __future__ import annotations
 

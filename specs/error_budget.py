@@ -109,9 +109,8 @@ class Budget:
 
     def weight_tau(self, n: int) -> float:
         """tau for the terms (specs.budget_terms), in units of sigma: a weight or dS entry errs by
-        u (|x| + tau) when rounded, but by tau itself when a kernel flushes it to zero (below tau:
-        XLA returned 0 for a float64 dK of -7.0e-37 computed in float32, a flushed weight times
-        |dA - r| scale |q| ~ 60), so there tau / sigma."""
+        u (|x| + tau) when rounded, but by tau itself when a kernel flushes it to zero, so there
+        tau / sigma (the module's docstring)."""
         return self.normal_min / self.sigma(n) if self.flushes_subnormals else self.normal_min
 
     def tiny(self, n: int = 1) -> float:
