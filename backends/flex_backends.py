@@ -20,7 +20,8 @@ dtype or static field (softcap, window, scale...) compiles, 15-45 s here, later 
 Eager flex_attention still traces its hooks with dynamo (backend "eager") and retraces (~0.4 s)
 on a new structure, constant or size class; for small problems the eager backend therefore
 writes the hooks with every field as tensor data (`_uniform_mods`) and traces size-obliviously
-(`_tracing`): the suite's eager run went from 584 s to ~130 s.
+(`_tracing`): the suite's eager run went from 584 s to ~130 s; reading the mask, lengths and
+segment ids as one tensor, always asking for the LSE and fresh inputs took it to ~50 s (14 retraces).
 """
 from __future__ import annotations
 
@@ -70,15 +71,19 @@ class TorchFlex(TorchBackend):
     def _attention(self, q, k, v, call):
         Lq, Ev = q.shape[-2], v.shape[-1]
         q, k, v, batch = _fold(q, k, v, call)  # (B, N, L, ·)
-        score_mod, block_mask = self._mods(call, batch, q.shape[0], q.shape[1], Lq, k.shape[-2], q.device, q.dtype)
-        aux = self._fa.AuxRequest(lse=True) if call.return_lse else None
+        score_mod, block_mask, uniform = self._mods(call, batch, q.shape[0], q.shape[1], Lq, k.shape[-2],
+                                                    q.device, q.dtype)
+        if uniform:  # fresh row-major tensors: dynamo guards on a view's base strides too (8 retraces of 24)
+            q, k, v = (x.clone(memory_format=self.torch.contiguous_format) for x in (q, k, v))  # (B, N, L, ·)
+        # the uniform hooks always ask for the LSE: one graph with it instead of one with and one without
+        aux = self._fa.AuxRequest(lse=True) if call.return_lse or uniform else None
         with warnings.catch_warnings(), self._tracing():
             # compiled: running eagerly (dynamo gave up) must fail loudly, never pass as compiled
             warnings.filterwarnings("error" if self.compiled else "ignore", message=_EAGER_WARNING)
             y = self._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale,
                              enable_gqa=call.enable_gqa, return_aux=aux)  # (B, N, Lq, Ev)
-        if aux is None:
-            return y.reshape(*batch, Lq, Ev)  # (..., Lq, Ev)
+        if not call.return_lse:
+            return (y if aux is None else y[0]).reshape(*batch, Lq, Ev)  # (..., Lq, Ev)
         return y[0].reshape(*batch, Lq, Ev), y[1].lse.reshape(*batch, Lq)  # (..., Lq, Ev), (..., Lq)
 
     def _flex(self):
@@ -92,13 +97,13 @@ class TorchFlex(TorchBackend):
         return self.torch.fx.experimental._config.patch(backed_size_oblivious=True)
 
     def _mods(self, call, batch, B, H, Lq, Lk, device, dtype):
-        """(score_mod, block_mask) for this call; the last call's are reused (benchmarks repeat one)."""
+        """(score_mod, block_mask, uniform) for this call; the last call's are reused (benchmarks repeat one)."""
         if self._memo is not None and self._memo[0] is call and self._memo[1] == (B, H, Lq, Lk):
             return self._memo[2]
         if self.uniform_hooks and B * H * Lq * Lk <= self.UNIFORM_MAX_SCORES:
-            mods = self._uniform_mods(call, batch, B, H, Lq, Lk, device, dtype)
+            mods = (*self._uniform_mods(call, batch, B, H, Lq, Lk, device, dtype), True)
         else:
-            mods = self._specialised_mods(call, batch, B, H, Lq, Lk, device)
+            mods = (*self._specialised_mods(call, batch, B, H, Lq, Lk, device), False)
         self._memo = (call, (B, H, Lq, Lk), mods)
         return mods
 
@@ -107,12 +112,13 @@ class TorchFlex(TorchBackend):
     # 83 times in 145 of the suite's calls (test_output.py: 57 s).  For small problems, where that
     # retrace is the whole cost, the eager backend writes every field as tensor data in one hook of
     # fixed structure - an absent field is its identity (bias 0, slope 0, no cap, every key visible),
-    # exact in every dtype - and dynamo keeps a graph or two per dtype (11 retraces, 18 s).  Large
+    # exact in every dtype - and dynamo keeps a graph or two per dtype (11 retraces, 18 s); what
+    # the mask, lengths and segment ids hide is one boolean tensor its mask_mod reads.  Large
     # problems get the per-field hooks (no zero bias or all-True mask to read), and so does every
     # problem of the benchmarks, which switch uniform_hooks off: more ops under vmap cost a small
     # call ~15 ms more.  tests/test_backends_variants.py checks that both give the same bits.
     uniform_hooks = True
-    UNIFORM_MAX_SCORES = 1 << 16  # B * H * Lq * Lk up to which the uniform hooks are used
+    UNIFORM_MAX_SCORES = 1 << 20  # B * H * Lq * Lk up to which the uniform hooks are used
 
     def _uniform_mods(self, call, batch, B, H, Lq, Lk, device, dtype):
         torch = self.torch
@@ -132,13 +138,19 @@ class TorchFlex(TorchBackend):
                 return torch.full((B, *tail), absent, **i32)
             return x.expand(*batch[:-1], *tail).reshape(B, *tail).clone(memory_format=dense)
 
-        bias, mask = per_head(call.bias, 0.0, dtype), per_head(call.mask, True, torch.bool)
+        bias = per_head(call.bias, 0.0, dtype)
+        # what the mask, the lengths and the segment ids hide, as one tensor: each index a hook reads
+        # costs a call ~4 ms under flex's vmaps (seven reads: 23 ms, these three: 10 ms)
+        q_len, kv_len = per_sequence(call.q_lengths, Lq), per_sequence(call.kv_lengths, Lk)  # (B,)
+        q_seg, kv_seg = per_sequence(call.q_segment_ids, 0, Lq), per_sequence(call.kv_segment_ids, 0, Lk)  # (B, L)
+        q_pos, kv_pos = torch.arange(Lq, **i64)[:, None], torch.arange(Lk, **i64)  # (Lq, 1), (Lk,)
+        keep = per_head(call.mask, True, torch.bool)  # (B, H, Lq, Lk)
+        keep = keep & (q_pos < q_len[:, None, None, None]) & (kv_pos < kv_len[:, None, None, None])
+        keep = (keep & (q_seg[:, None, :, None] == kv_seg[:, None, None, :])).clone(memory_format=dense)
         capped = torch.tensor(call.softcap is not None, device=device)
         # the scores' working precision (float64 only for float64): a float64 cap would promote them
         cap = torch.tensor(call.softcap if call.softcap is not None else 1.0, dtype=wide, device=device)
         slopes = call.alibi_slopes if call.alibi_slopes is not None else torch.zeros(H, dtype=wide, device=device)
-        q_len, kv_len = per_sequence(call.q_lengths, Lq), per_sequence(call.kv_lengths, Lk)
-        q_seg, kv_seg = per_sequence(call.q_segment_ids, 0, Lq), per_sequence(call.kv_segment_ids, 0, Lk)
         o = torch.tensor(Lk - Lq if call.causal_alignment == "bottom_right" else 0, **i64)
         unlimited = Lq + Lk  # a window side this wide hides no key
         left, right = call.window if call.window is not None else (None, None)
@@ -151,10 +163,9 @@ class TorchFlex(TorchBackend):
             return score - (slopes[h] * (q_idx + o - kv_idx).abs()).to(score.dtype)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            keep = not_causal | (kv_idx <= q_idx + o)
-            keep = keep & (kv_idx <= q_idx + o + right) & (kv_idx >= q_idx + o - left)
-            keep = keep & mask[b, h, q_idx, kv_idx] & (kv_idx < kv_len[b]) & (q_idx < q_len[b])
-            return keep & (q_seg[b, q_idx] == kv_seg[b, kv_idx])
+            keep_pair = not_causal | (kv_idx <= q_idx + o)
+            keep_pair = keep_pair & (kv_idx <= q_idx + o + right) & (kv_idx >= q_idx + o - left)
+            return keep_pair & keep[b, h, q_idx, kv_idx]
 
         # Every block partial (mask_mod decides each pair): a valid, conservative BlockMask, and all
         # eager flex reads of it - its dense math evaluates mask_mod at every pair.  create_block_mask
