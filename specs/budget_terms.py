@@ -5,7 +5,8 @@ multiplies it by sigma = u + sqrt(n) u_acc (specs/error_budget.py derives each t
 
 Per pair (i, j) of a row, with reference weights w and final scores s:
 
-    T_ij  = scale |q_i|.|k_j| (at most the softcap) + |bias_ij| + |alibi_ij|   the score's size
+    T_ij  = R_ij + |bias_ij| + |alibi_ij|   the score's size, R_ij = scale |q_i|.|k_j|; under a
+            softcap R_ij (1 - t_ij^2) + (1 + tanh_share) |c_ij|, c = cap t, t = tanh(raw / cap)
     g_ij  = max_l s_il - s_ij                                                   its gap to the row max
     Th_ij = T_ij + g_ij   a kernel's score error is at most sigma * Th_ij: it rounds the score
                           (or q*scale, or the capped, biased score) and s - max before exp
@@ -31,14 +32,22 @@ def _f64(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def score_terms(p: Problem) -> np.ndarray:
-    """T (..., Lq, Lk): scale |q|.|k| (capped) + |bias| + |ALiBi| on visible pairs, 0 elsewhere."""
+def score_terms(p: Problem, raw=None, tanh_share: float = 0.0) -> np.ndarray:
+    """T (..., Lq, Lk): the score's size on visible pairs, 0 elsewhere (``raw``: the reference's
+    scale q k^T, if at hand; ``tanh_share``: the tanh's own error, in units of sigma)."""
     q = np.abs(_f64(p.query))  # (..., Hq, Lq, E)
     k = expand_kv(np.abs(_f64(p.key)), p.group)  # (..., Hq, Lk, E)
     vis = visible(p)  # (..., Lq, Lk)
-    terms = np.broadcast_to((q @ np.swapaxes(k, -1, -2)) * p.scale, vis.shape)  # (..., Lq, Lk)
+    terms = np.broadcast_to((q @ np.swapaxes(k, -1, -2)) * p.scale, vis.shape)  # (..., Lq, Lk) R
     if p.softcap is not None:
-        terms = np.minimum(terms, p.softcap)  # a capped score is at most the cap
+        # c = cap tanh(raw / cap) errs by the raw score's error times the slope 1 - t^2, plus the
+        # tanh's own error and c's rounding.  Not min(R, cap): a raw score near 0 made of large
+        # products (cancellation) keeps all its error through tanh, whose slope is 1 there (jax-naive,
+        # float64, cap 4, R ~ 2000: a weight off by 8e-14 relative was failed against cap's floor)
+        if raw is None:
+            raw = (_f64(p.query) @ np.swapaxes(expand_kv(_f64(p.key), p.group), -1, -2)) * p.scale
+        t = np.tanh(np.broadcast_to(raw, vis.shape) / p.softcap)  # (..., Lq, Lk)
+        terms = terms * (1.0 - t * t) + (1.0 + tanh_share) * p.softcap * np.abs(t)
     if p.bias is not None:
         b = np.abs(_f64(p.bias))
         terms = terms + np.where(np.isinf(b), 0.0, b)
@@ -47,14 +56,14 @@ def score_terms(p: Problem) -> np.ndarray:
     return np.where(vis, terms, 0.0)
 
 
-def pair_terms(p: Problem, f=None) -> tuple:
+def pair_terms(p: Problem, f=None, tanh_share: float = 0.0) -> tuple:
     """(f, Th) with f = run_forward(p) and Th (..., Lq, Lk) = T + gap on visible pairs, 0 elsewhere."""
     f = run_forward(p) if f is None else f
     s = np.where(f.visible, f.scores, -np.inf)  # (..., Lq, Lk)
     top = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
     with np.errstate(invalid="ignore"):
         gap = np.where(f.visible, top - s, 0.0)  # (..., Lq, Lk)
-    return f, score_terms(p) + gap
+    return f, score_terms(p, f.raw, tanh_share) + gap
 
 
 def _lse(f, lse_share: float) -> np.ndarray:
@@ -63,14 +72,15 @@ def _lse(f, lse_share: float) -> np.ndarray:
     return lse_share * np.where(np.isfinite(f.lse), np.abs(f.lse), 0.0)[..., None]
 
 
-def forward_terms(p: Problem, f=None, tau: float = 0.0, lse_share: float = 0.0) -> np.ndarray:
+def forward_terms(p: Problem, f=None, tau: float = 0.0, lse_share: float = 0.0,
+                  tanh_share: float = 0.0) -> np.ndarray:
     """(..., Lq, Ev): ((w + tau) |V|)_ic + sum_j w_ij Th_ij |v_jc - y_ic| + lse_share |lse_i| |y_ic|.
 
     The first term: each weight and the output are rounded (relative errors, not renormalised;
     tau on visible pairs); the second: the score errors, renormalised by the softmax; the third:
     the log-sum-exp's rounding, for kernels that divide by exp(lse) instead of the row sum.
     """
-    f, th = pair_terms(p, f)
+    f, th = pair_terms(p, f, tanh_share)
     av = np.abs(f.v)  # (..., Lk, Ev) expanded to query heads
     out = np.array((f.weights + tau * f.visible) @ av)  # (..., Lq, Ev)
     wt = f.weights * th  # (..., Lq, Lk)
@@ -86,13 +96,13 @@ def forward_terms(p: Problem, f=None, tau: float = 0.0, lse_share: float = 0.0) 
     return out
 
 
-def lse_terms(p: Problem, f=None) -> tuple:
+def lse_terms(p: Problem, f=None, tanh_share: float = 0.0) -> tuple:
     """(1 + sum_j w_ij Th_ij (..., Lq), |lse| (..., Lq) with 0 on empty rows).
 
     A score error e_j moves the log-sum-exp by sum_j w_j e_j; the row sum's relative error
     moves it by that error (the 1); its own rounding by u |lse|.
     """
-    f, th = pair_terms(p, f)
+    f, th = pair_terms(p, f, tanh_share)
     size = np.where(np.isfinite(f.lse), np.abs(f.lse), 0.0)  # (..., Lq)
     return 1.0 + (f.weights * th).sum(axis=-1), size
 
@@ -119,7 +129,7 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
     u_acc in units of sigma) and moves with the raw score's error.  dQ = scale dS K and dK = scale dS^T Q
     carry it with |K|, |Q|; dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
     """
-    f, th = pair_terms(p, f)
+    f, th = pair_terms(p, f, tanh_share)
     w = f.weights  # (..., Lq, Lk)
     dy = _f64(grad_out)  # (..., Lq, Ev)
     ady = np.abs(dy)

@@ -12,8 +12,9 @@ may err, against the float64 reference, by::
 ``plain`` is `specs.reference`'s pipeline run with every intermediate rounded to dtype
 (`plain_forward`, `plain_backward`): it sees the same inputs and, row by row, what a naive
 kernel errs.  n = max(Lq, Lk, E, Ev).  For the output row of query i, with reference weights
-w, output y and, per visible key j, T_j = scale |q_i|.|k_j| (capped by a softcap) + |bias| +
-|ALiBi| (the score's size) and g_j = max_l s_l - s_j (its gap to the row maximum)::
+w, output y and, per visible key j, T_j = scale |q_i|.|k_j| + |bias| + |ALiBi| (the score's
+size; under a softcap its first part is R_j (1 - t_j^2) + |c_j|, below) and g_j = max_l s_l -
+s_j (its gap to the row maximum)::
 
     Phi_ic = (w |V|)_ic + sum_j w_j (T_j + g_j) |v_jc - y_ic|
 
@@ -32,7 +33,10 @@ what is summed.  (1) The weights are rounded (P is rounded after the row sum is 
 nothing renormalises it) and so is the output: sigma (w|V|) each.  (2) A score's error: a
 kernel may hold scale*q, the score, the capped or biased score and s - max in the format
 (XLA and PyTorch's math path keep the scores in the 16-bit format; XLA and OpenVINO round the
-scale to it), moving score j by sigma (T_j + g_j) per rounding.  The softmax renormalises
+scale to it), moving score j by sigma (T_j + g_j) per rounding.  A softcap c = cap tanh(raw /
+cap) passes the raw score's error sigma R_j (R_j = scale |q_i|.|k_j|) on times its slope
+1 - t_j^2 and adds its own (a library tanh: TANH_ULPS u_acc |c_j|): never less than the raw
+error where the raw score is near 0, however large R_j.  The softmax renormalises
 score errors e_j: w_j becomes w_j (1 + e_j - sum_l w_l e_l), so the output moves by
 sum_j w_j e_j (v_j - y) - the second term, which vanishes on a saturated row (v_j - y ~ 0
 where w_j ~ 1); the old tensor-wide floor 4 (u + sqrt(n) u_acc + u max S) max M gave every
@@ -184,8 +188,15 @@ def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
     f = run_forward(p)
     plain = run_forward(p, _Plain(dtype)).output  # (..., Lq, Ev)
     b, n = _budget(dtype), _reduction(p)
-    phi = terms.forward_terms(p, f, b.weight_tau(n), b.accumulate_roundoff / b.sigma(n))
+    acc = b.accumulate_roundoff / b.sigma(n)  # u_acc in units of sigma
+    phi = terms.forward_terms(p, f, b.weight_tau(n), acc, terms.TANH_ULPS * acc)
     return _rows(f.output, plain, phi, dtype, n), f.output, plain
+
+
+def _tanh_share(dtype: str, p) -> float:
+    """A library tanh's own error (TANH_ULPS u_acc) in units of sigma."""
+    b = _budget(dtype)
+    return terms.TANH_ULPS * b.accumulate_roundoff / b.sigma(_reduction(p))
 
 
 def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
@@ -194,7 +205,7 @@ def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, 
     f = run_forward(p)
     plain = run_forward(p, _Plain(dtype)).lse  # (..., Lq)
     seen = np.isfinite(f.lse)
-    phi, size = terms.lse_terms(p, f)  # (..., Lq) twice
+    phi, size = terms.lse_terms(p, f, _tanh_share(dtype, p))  # (..., Lq) twice
     ref0, plain0 = np.where(seen, f.lse, 0.0), np.where(seen, plain, 0.0)
     u = _budget(dtype).unit_roundoff
     allowed = _rows(ref0, plain0, phi, dtype, _reduction(p), u * size, per_row=False)
@@ -209,7 +220,7 @@ def row_sum_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
     f = run_forward(p)
     sums = run_forward(p, _Plain(dtype)).weights.sum(axis=-1, dtype=np.float64)  # (..., Lq)
     seen = f.visible.any(axis=-1)  # (..., Lq)
-    phi, size = terms.lse_terms(p, f)
+    phi, size = terms.lse_terms(p, f, _tanh_share(dtype, p))
     u = _budget(dtype).unit_roundoff
     allowed = _rows(seen.astype(float), np.where(seen, sums, 0.0), phi, dtype, _reduction(p), u * size, per_row=False)
     return allowed, sums

@@ -380,3 +380,30 @@ def test_a_softcap_gradient_from_a_tanh_a_few_ulps_off_is_within_budget(monkeypa
     monkeypatch.undo()
     verdicts = eb.check_backward(actual, q, k, v, grad_out, dtype="float64", **fields)
     assert all(bool(v) for v in verdicts) == within, [str(v) for v in verdicts]
+
+
+def _softcapped_forward(q, k, v, cap, offset):
+    """A correct float64 kernel: q.k summed one term after another, last term first (BLAS sums in
+    another order), then the softcap, a causal mask on diagonal i + offset, the softmax."""
+    products = q[..., :, None, :] * k[..., None, :, :]  # (B, H, Lq, Lk, E)
+    raw = np.cumsum(products[..., ::-1], axis=-1)[..., -1] / np.sqrt(q.shape[-1])  # (B, H, Lq, Lk)
+    s = cap * np.tanh(raw / cap)
+    rows, cols = np.arange(q.shape[-2])[:, None], np.arange(k.shape[-2])
+    s = np.where(cols <= rows + offset, s, -np.inf)  # (B, H, Lq, Lk)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (w / w.sum(axis=-1, keepdims=True)) @ v  # (B, H, Lq, Ev)
+
+
+@pytest.mark.parametrize("gain,within", [(0.0, True), (1e-12, False)])
+def test_a_softcap_keeps_the_error_of_a_raw_score_near_zero(gain, within):
+    """Under a softcap of 4 with |q|.|k| / 8 ~ 2000, a raw score that cancels to near 0 keeps its
+    rounding error (~1e-13) through tanh, whose slope is 1 there: a weight moves by that relative
+    error.  The budget once took min(R, cap) as the capped score's size and failed jax-naive's
+    float64 output 1.48 x over; it now takes R (1 - t^2) + |c|.  A gain of 1e-12 is still rejected."""
+    rng = np.random.default_rng(1681)  # the draw CI failed
+    q, k = rng.standard_normal((1, 1, 17, 64)) * 16, rng.standard_normal((1, 1, 64, 64)) * 16
+    v = np.eye(64)[None, None]  # (1, 1, Lk, Ev): the output is the weights
+    fields = dict(is_causal=True, causal_alignment="bottom_right", softcap=4.0)
+    out = _softcapped_forward(q, k, v, 4.0, 64 - 17) * (1 + gain)
+    assert np.abs(out - ref.forward(q, k, v, **fields).output).max() > 4e-16  # past the old allowance's reach
+    assert bool(eb.check_forward(out, q, k, v, dtype="float64", **fields)) == within
