@@ -27,6 +27,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 # (or is a plug-in, whose own module is imported when it is resolved).
 FRAMEWORKS = {"torch_backends": ("torch",), "torch_cuda_backends": ("torch",), "flex_backends": ("torch",),
               "jax_backends": ("jax",), "onnx_backends": ("onnx", "onnxruntime"), "openvino_backends": ("openvino",)}
+# What the fork server imports besides: FlexAttention's compiler stack, which a flex backend's load()
+# or first call imports (~1 s eager, ~1.9 s torch.compile'd, in every forked combination otherwise)
+PRELOAD_EXTRA = {"flex_backends": ("torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention")}
 
 
 def limit() -> dict:
@@ -127,8 +130,12 @@ def preload(names) -> list[str]:
     """
     import importlib
 
+    from backends import registry
+
+    adapters = [registry.BUILTINS[n].partition(":")[0].rsplit(".", 1)[-1] for n in names if n in registry.BUILTINS]
+    extra = [m for adapter in adapters for m in PRELOAD_EXTRA.get(adapter, ())]
     loaded = []
-    for module in frameworks_of(names):
+    for module in dict.fromkeys(frameworks_of(names) + extra):
         try:
             importlib.import_module(module)
             loaded.append(module)

@@ -146,6 +146,33 @@ def test_calls_over_the_budget_leave_the_backend_out_of_the_rest_of_the_run(monk
     assert _common._spent("numpy-naive") == 3.5  # the account adds up over the run's processes
 
 
+@pytest.mark.parametrize("compiles", [True, False])
+def test_a_slow_first_call_is_followed_by_a_warm_one_where_the_backend_compiles(monkeypatch, compiles):
+    """A compile of seconds is not the call's time (it sized asv's samples and was charged three
+    times for torch.compile'd flex's 0.2 ms calls); a slow call of a backend that does not
+    compile is not made twice (NumPy at T = 2048)."""
+    from benchmarks import _common
+
+    monkeypatch.setattr(_common, "_CACHE", {})
+    times = iter([2.5, 2e-4])
+    monkeypatch.setattr(_common, "_first_call", lambda run: next(times))
+    monkeypatch.setattr(_common.get_backend("numpy-tiled"), "compiles_per_shape", compiles, raising=False)
+    p = _common.prepared("numpy-tiled", _common.Workload(1, 2, 2, 8, 8, 16), "forward", "float32")
+    assert p.call_seconds == (2e-4 if compiles else 2.5)
+
+
+def test_the_budget_is_kept_in_asvs_fork_server_which_passes_no_asv_variable(monkeypatch):
+    """asv 0.6 runs an existing environment's benchmarks in processes forked from its server,
+    without ASV_ENV_TYPE: the command line tells (the budget never applied in `attnspec run`)."""
+    from benchmarks import _common
+
+    monkeypatch.delenv("ASV_ENV_TYPE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["/site-packages/asv/benchmark.py", "run_server", "/repo/benchmarks", "/tmp/x"])
+    assert _common._under_asv()
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest", "tests"])
+    assert not _common._under_asv()  # a test or script keeps no account
+
+
 # -- threads ----------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None or not hasattr(os, "sched_setaffinity"),
