@@ -88,3 +88,17 @@ def test_a_shard_of_a_virtual_environment_runs_with_its_packages(tmp_path):
     seen = subprocess.run([shard, "-c", "import only_in_the_venv, sys; print(sys.prefix != sys.base_prefix)"],
                           capture_output=True, text=True)
     assert seen.returncode == 0 and seen.stdout.strip() == "True", seen.stderr[-500:]
+
+
+def test_shards_are_balanced_on_measured_times_and_fixed_by_name():
+    """The CPU built-ins split into shards of about equal benchmark time (by name's hash alone:
+    115 and 181 s); a built-in's shard is the same whichever others run; a plug-in by its hash."""
+    full = run_cmd.bench_shards(list(run_cmd.BENCH_SECONDS), 2)
+    times = [sum(run_cmd.BENCH_SECONDS[n] for n in shard) for shard in full]
+    assert max(times) <= 1.1 * min(times), times
+    home = {n: i for i, shard in enumerate(full) for n in shard}
+    few = run_cmd.bench_shards(["jax-dpa", "numpy-naive", "my.pkg:attn"], 2)
+    assert all(home[n] == i for i, shard in enumerate(few) for n in shard if n in home)
+    import zlib
+
+    assert "my.pkg:attn" in run_cmd.bench_shards(["my.pkg:attn", "torch-math"], 2)[zlib.crc32(b"my.pkg:attn") % 2]

@@ -166,6 +166,28 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
     return {key: [row for part in parts for row in part[key]] for key in ("conformance", "semantics")}
 
 
+# Each CPU built-in's share of a default benchmark run (seconds, this 2-core VM, at 81bfed8): the
+# shards are balanced on these over *every* built-in, so a backend's shard never depends on which
+# others run (its results stay in one asv environment from run to run); a plug-in, or a GPU
+# built-in, goes by its name's hash.  By name's hash alone the two shards took 115 and 181 s.
+BENCH_SECONDS = {"torch-flex-compiled": 54, "torch-flex": 45, "torch-math": 32, "jax-naive": 27, "jax-dpa": 21,
+                 "openvino-sdpa": 20, "openvino-sdpa-f32": 20, "numpy-naive": 16, "numpy-tiled": 16,
+                 "torch-sdpa-cpu-math": 12, "torch-sdpa-cpu": 11, "torch-sdpa-cpu-flash": 11,
+                 "onnxruntime-attention": 10}
+
+
+def bench_shards(names: list[str], jobs: int) -> list[list[str]]:
+    """`names` split into `jobs` shards: the built-ins by BENCH_SECONDS, longest first, each to the
+    least loaded shard; any other backend by its name's hash."""
+    import zlib
+
+    load, home = [0.0] * jobs, {}
+    for name in sorted(BENCH_SECONDS, key=lambda n: (-BENCH_SECONDS[n], n)):
+        i = min(range(jobs), key=lambda j: (load[j], j))
+        home[name], load[i] = i, load[i] + BENCH_SECONDS[name]
+    return [[n for n in names if home.get(n, zlib.crc32(n.encode()) % jobs) == i] for i in range(jobs)]
+
+
 def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, int]:
     """asv over the available backends at `commit`; returns asv's results folder and status.
 
@@ -174,16 +196,14 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, in
     share of the backends.  Every benchmark is single-threaded and times CPU time, so two side by
     side on two cores use the machine as one would not: half the wall time.  Each shard is an
     asv "existing" environment of its own interpreter path (a link under .asv/shards/), so its
-    results file never overwrites another's; a backend's shard is fixed by its name, so its
-    results of two runs share an environment and `asv compare` matches them."""
-    import zlib
+    results file never overwrites another's; a backend's shard is fixed by its name (`bench_shards`),
+    so its results of two runs share an environment and `asv compare` matches them."""
     from concurrent.futures import ThreadPoolExecutor
 
     _procs.ensure_asv_machine()
     names = [n for n, _ in chosen]
     jobs = max(1, min(int(os.environ.get("ATTNSPEC_BENCH_JOBS") or os.cpu_count() or 1), len(names)))
-    shards = [[n for n in names if zlib.crc32(n.encode()) % jobs == i] for i in range(jobs)]
-    shards = [s for s in shards if s] or [names]
+    shards = [s for s in bench_shards(names, jobs) if s] or [names]
     base = ["asv", "run", "--set-commit-hash", commit] + (["--quick"] if mode == "quick" else [])
     print(f"[bench] asv run at commit {commit[:8]} (grid: {mode}; {len(shards)} process(es) side by side; "
           "benchmarks/README.md)", flush=True)
