@@ -10,7 +10,8 @@ dtypes: TimeHalfPrecision, forward at T in {4, 256, 2048} by default; grouped KV
 TimeGroupedDecode).  The one corner the default leaves out (16-bit decode with Lq = 4) is
 skipped in setup before anything loads (asv shows n/a): one fork of asv's server each.
 Single axes can be overridden with comma lists: ATTNSPEC_BENCH_T, _E, _OPS, _DTYPES (float32
-sweep), _HALF (16-bit dtypes), _LK, _HKV (decode), _MASKS, _SAMPLES.  An axis given explicitly
+sweep), _HALF (16-bit dtypes), _LK, _HKV (decode), _MASKS, _SAMPLES; ATTNSPEC_BENCH_BUDGET sets the
+per-backend budget in seconds (0: none).  An axis given explicitly
 is measured in full.
 """
 from __future__ import annotations
@@ -36,6 +37,14 @@ MAX_CALL_SECONDS = {"quick": 2.0, "default": 5.0, "full": None}[GRID]
 # remaining combinations are left out, with the reason; the built-ins that call a kernel
 # directly spend 5-20 s on the whole default grid.
 BACKEND_BUDGET_SECONDS = {"quick": 20.0, "default": 40.0, "full": None}[GRID]
+_budget = os.environ.get("ATTNSPEC_BENCH_BUDGET")  # seconds; 0: no budget (every combination of the grid)
+if _budget:
+    try:
+        BACKEND_BUDGET_SECONDS = float(_budget) or None
+    except ValueError:
+        raise ValueError(f"ATTNSPEC_BENCH_BUDGET={_budget!r}: expected seconds per backend (0: no budget)") from None
+    if BACKEND_BUDGET_SECONDS is not None and not BACKEND_BUDGET_SECONDS > 0:
+        raise ValueError(f"ATTNSPEC_BENCH_BUDGET={_budget!r}: expected seconds per backend (0: no budget)")
 
 
 def _ints(var: str, default) -> list[int]:

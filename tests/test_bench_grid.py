@@ -26,7 +26,7 @@ GRID_DUMP = ("import json; from benchmarks import _grid as g; from benchmarks im
              "grouped_params=bench_decode.TimeGroupedDecode.params[3:], "
              "left_decode_bf16_lq4=left('decode', Lq=4, dtype='bfloat16'), "
              "left_decode_bf16=left('decode', Lq=1, dtype='bfloat16'), "
-             "mask_params=bench_masks.TimeMasked.params[5:8])))")
+             "mask_params=bench_masks.TimeMasked.params[5:8], budget=g.BACKEND_BUDGET_SECONDS)))")
 
 
 def grid(**env) -> dict:
@@ -50,6 +50,15 @@ def test_default_grid_is_the_missions_range_with_16_bit_corners():
     assert g["grouped_params"] == [[2, 1], [1], [2048], [64], ["float32"], ["process"]]
     assert g["masks"] == ["causal", "window-256"] and g["mask_T"] == [256, 1024, 2048]
     assert g["mask_params"] == [["causal", "window-256"], ["forward"], ["float32"]]
+
+
+def test_the_budget_can_be_set_or_switched_off():
+    assert grid()["budget"] == 40.0 and grid(ATTNSPEC_BENCH_GRID="full")["budget"] is None
+    assert grid(ATTNSPEC_BENCH_BUDGET="90")["budget"] == 90.0 and grid(ATTNSPEC_BENCH_BUDGET="0")["budget"] is None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSPEC_BENCH")}
+    done = subprocess.run([sys.executable, "-c", GRID_DUMP], cwd=ROOT, capture_output=True, text=True,
+                          env={**env, "ATTNSPEC_BENCH_BUDGET": "-5"})
+    assert done.returncode != 0 and "ATTNSPEC_BENCH_BUDGET='-5': expected seconds per backend" in done.stderr
 
 
 def test_full_grid_leaves_nothing_out():
