@@ -24,7 +24,7 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
   head sizes* (E, Ev) (``static_shapes``; ~40 ms a compile, the last 512 kept): no model sees
   a call of another head size, and the finding stays a finding of its own
   (tests/test_backends_runtimes.py replays it on one dynamic-shape model, as a deployment keeps
-  it: ``static_shapes = False``).  Lengths and batch sizes do change within a model (three
+  it: ``static_shapes = False``).  Lengths and batch sizes do change within a model (five
   seeds of the suite and its edge grid, no wrong row; a model per shape cost the suite 20 s).
   The float32 kernel is not affected: one model serves every shape, as in a deployment.
 bfloat16 travels as uint16 bit patterns (NumPy has no bfloat16; OpenVINO's Python API takes them).
