@@ -53,7 +53,7 @@ def test_default_grid_is_the_missions_range_with_16_bit_corners():
 
 
 def test_the_budget_can_be_set_or_switched_off():
-    assert grid()["budget"] == 40.0 and grid(ATTNSPEC_BENCH_GRID="full")["budget"] is None
+    assert grid()["budget"] == 60.0 and grid(ATTNSPEC_BENCH_GRID="full")["budget"] is None
     assert grid(ATTNSPEC_BENCH_BUDGET="90")["budget"] == 90.0 and grid(ATTNSPEC_BENCH_BUDGET="0")["budget"] is None
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSPEC_BENCH")}
     done = subprocess.run([sys.executable, "-c", GRID_DUMP], cwd=ROOT, capture_output=True, text=True,
