@@ -42,11 +42,12 @@ BACKEND_BUDGET_SECONDS = {"quick": 20.0, "default": 60.0, "full": None}[GRID]
 _budget = os.environ.get("ATTNSPEC_BENCH_BUDGET")  # seconds; 0: no budget (every combination of the grid)
 if _budget:
     try:
-        BACKEND_BUDGET_SECONDS = float(_budget) or None
+        _seconds = float(_budget)
     except ValueError:
-        raise ValueError(f"ATTNSPEC_BENCH_BUDGET={_budget!r}: expected seconds per backend (0: no budget)") from None
-    if BACKEND_BUDGET_SECONDS is not None and not BACKEND_BUDGET_SECONDS > 0:
+        _seconds = float("nan")
+    if not _seconds >= 0:
         raise ValueError(f"ATTNSPEC_BENCH_BUDGET={_budget!r}: expected seconds per backend (0: no budget)")
+    BACKEND_BUDGET_SECONDS = _seconds or None
 
 
 def _ints(var: str, default) -> list[int]:

@@ -188,8 +188,7 @@ def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
     f = run_forward(p)
     plain = run_forward(p, _Plain(dtype)).output  # (..., Lq, Ev)
     b, n = _budget(dtype), _reduction(p)
-    acc = b.accumulate_roundoff / b.sigma(n)  # u_acc in units of sigma
-    phi = terms.forward_terms(p, f, b.weight_tau(n), acc, terms.TANH_ULPS * acc)
+    phi = terms.forward_terms(p, f, b.weight_tau(n), b.accumulate_roundoff / b.sigma(n), _tanh_share(dtype, p))
     return _rows(f.output, plain, phi, dtype, n), f.output, plain
 
 
@@ -235,7 +234,7 @@ def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=N
     plains = run_backward(p, grad_out, _Plain(dtype))
     b, n = _budget(dtype), _reduction(p)
     acc = b.accumulate_roundoff / b.sigma(n)  # u_acc in units of sigma
-    phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.weight_tau(n), acc, terms.TANH_ULPS * acc)
+    phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.weight_tau(n), acc, _tanh_share(dtype, p))
     return [(_rows(r, pl, phi, dtype, n), r, pl) for r, pl, phi in zip(refs, plains, phis)]
 
 
