@@ -28,6 +28,7 @@ from specs.problem import alibi_slopes
 
 from . import variants as V
 from .case import Case, fields_literal, literal, seed_case  # noqa: F401 - re-exported
+from .reuse import binary, booleans, integers, reused, sampled
 
 LOW_PRECISION = ("float16", "bfloat16")
 SMALL_MAX_LEN, SMALL_MAX_DIM = 5, 4  # element-wise up to these (at most 40 entries an array)
@@ -68,6 +69,7 @@ SCALES = (None, 0.5, 0.125, 1.0, 2.0, 4.0, 0.25)
 _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 
 
+@reused
 @st.composite
 def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = False, probe: bool = False,
            grouped: bool = False, odd_heads: bool = False, head_multiple: int = 1):
@@ -83,32 +85,32 @@ def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = Fal
 
     if compiled:  # the largest menu shape only where large problems are drawn at all
         menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
-        s = draw(st.sampled_from(menu), label="shape")
+        s = draw(sampled(menu), label="shape")
         return s if head_multiple == 1 else s._replace(Lk=up(s.Lk), E=up(s.E), Ev=up(s.Ev))  # still E = Ev = Lk
     if grouped:
-        B = draw(st.sampled_from((1, 2)), label="batch")
-        H, Hkv = draw(st.sampled_from(V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS), label="query heads, KV heads")
+        B = draw(sampled((1, 2)), label="batch")
+        H, Hkv = draw(sampled(V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS), label="query heads, KV heads")
     elif odd_heads:
-        B, H = 1, draw(st.sampled_from(V.ODD_HEADS), label="heads")
+        B, H = 1, draw(sampled(V.ODD_HEADS), label="heads")
         Hkv = H
     else:
-        B, H = draw(st.sampled_from(BATCH_HEADS), label="batch, heads")
+        B, H = draw(sampled(BATCH_HEADS), label="batch, heads")
         Hkv = H
-    regime = draw(st.sampled_from(regimes), label="regime")
+    regime = draw(sampled(regimes), label="regime")
     if regime == "small":  # at most a few dozen entries an array: element-wise draws are slow
         if grouped and not odd_heads:
-            B, (H, Hkv) = 1, draw(st.sampled_from(SMALL_GQA_HEADS), label="small query heads, KV heads")
+            B, (H, Hkv) = 1, draw(sampled(SMALL_GQA_HEADS), label="small query heads, KV heads")
         elif odd_heads:
             B, H, Hkv = 1, 3, (1 if grouped else 3)
         else:
             H = Hkv = min(H, 3 - B)
-        L, D = st.integers(1, SMALL_MAX_LEN), st.integers(1, SMALL_MAX_DIM)
+        L, D = integers(1, SMALL_MAX_LEN), integers(1, SMALL_MAX_DIM)
         # Hypothesis favours the simplest value (the first one here): a row of two keys, not one
-        L = Lk_small = st.sampled_from((2, 3, 4, 5))  # one key (weight exactly 1): the edge grid's
+        L = Lk_small = sampled((2, 3, 4, 5))  # one key (weight exactly 1): the edge grid's
     elif regime == "medium":
-        L, D = st.sampled_from(MEDIUM_LENGTHS), st.sampled_from(MEDIUM_DIMS)
+        L, D = sampled(MEDIUM_LENGTHS), sampled(MEDIUM_DIMS)
     else:  # realistic: one batch element keeps it quick
-        B, L, D = 1, st.sampled_from(LARGE_LENGTHS), st.sampled_from(LARGE_DIMS)
+        B, L, D = 1, sampled(LARGE_LENGTHS), sampled(LARGE_DIMS)
         H, Hkv = (H, Hkv) if grouped else (1, 1)
     Lq, Lk = draw(L, label="Lq"), draw(Lk_small if regime == "small" else L, label="Lk")
     if probe:  # V = identity makes Ev = Lk: a head dim too
@@ -156,6 +158,7 @@ def _dims(s: Shape) -> dict:
     return {"q": (s.B, s.H, s.Lq, s.E), "k": (s.B, s.Hkv, s.Lk, s.E), "v": (s.B, s.Hkv, s.Lk, s.Ev)}
 
 
+@reused
 @st.composite
 def _values_small(draw, s: Shape, dtype):
     """Each array from one draw of bytes (an entry's value from its own bytes, so Hypothesis still
@@ -164,7 +167,7 @@ def _values_small(draw, s: Shape, dtype):
     for name, dims in _dims(s).items():
         n = int(np.prod(dims))
         width = n if dtype in LOW_PRECISION else 4 * n
-        raw = draw(st.binary(min_size=width, max_size=width), label=name)
+        raw = draw(binary(width), label=name)
         lines.append(literal(name, _element_values(raw, n, dtype).reshape(dims)))
     return lines
 
@@ -178,12 +181,13 @@ def _recipe(dtype: str, dist: str, dims: tuple) -> str:
     return f"({base}).astype(np.float32).astype(np.float64)" if dtype == "float32" else base
 
 
+@reused
 @st.composite
 def _values_large(draw, s: Shape, dtype):
-    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    seed = draw(integers(0, 2**31 - 1), label="seed")
     lines = [f"rng = np.random.default_rng({seed})"]
-    dists = {name: draw(st.sampled_from(("needle", "normal", "aligned", "needle", "ties")) if name != "v"
-                        else st.sampled_from(("normal", "ties")), label=f"{name} distribution")
+    dists = {name: draw(sampled(("needle", "normal", "aligned", "needle", "ties")) if name != "v"
+                        else sampled(("normal", "ties")), label=f"{name} distribution")
              for name in ("q", "k", "v")}
     if "needle" in (dists["q"], dists["k"]):  # each query row has one key equal to it: one score
         n, g = min(s.Lq, s.Lk), s.H // s.Hkv  # stands out by ~sqrt(E) spreads, the row saturates
@@ -198,30 +202,36 @@ def _values_large(draw, s: Shape, dtype):
     return lines
 
 
+@reused
 @st.composite
 def _mask_lines(draw, kind, s: Shape, compiled, allow_empty_rows, small):
     if kind in ("none", "causal"):
         return ["mask = None"]
-    full = compiled or draw(st.booleans(), label="mask per batch and head")
+    full = compiled or draw(booleans, label="mask per batch and head")
     dims = (s.B, s.H, s.Lq, s.Lk) if full else (s.Lq, s.Lk)
     if small:  # draw the *hidden* pairs, so shrinking heads for "everything visible"
         n = int(np.prod(dims))
         # about a quarter hidden (a byte a pair, one draw: see _values_small); the zero byte, where
         # shrinking goes, is a visible pair
-        raw = np.frombuffer(draw(st.binary(min_size=n, max_size=n), label="hidden pairs"), dtype=np.uint8)
+        raw = np.frombuffer(draw(binary(n), label="hidden pairs"), dtype=np.uint8)
         hidden = np.isin(raw % 8, (3, 4)).reshape(dims)
         lines = [literal("mask", ~hidden)]
     else:
-        p = draw(st.sampled_from((0.9, 0.5)), label="visible fraction")
-        lines = ["rng_mask = np.random.default_rng(%d)" % draw(st.integers(0, 2**31 - 1), label="mask seed"),
+        p = draw(sampled((0.9, 0.5)), label="visible fraction")
+        lines = ["rng_mask = np.random.default_rng(%d)" % draw(integers(0, 2**31 - 1), label="mask seed"),
                  f"mask = rng_mask.random({dims}) < {p}"]
     if kind == "empty_rows" and s.Lq:
-        rows = draw(st.lists(st.integers(0, s.Lq - 1), min_size=1, max_size=max(1, s.Lq // 2), unique=True),
-                    label="fully masked rows")
+        rows = draw(_some_rows(s.Lq), label="fully masked rows")
         lines.append(f"mask[..., {sorted(rows)}, :] = False")
     if not allow_empty_rows and s.Lk:
         lines.append("mask[..., :, 0] = True  # every row sees key 0")
     return lines
+
+
+@reused
+def _some_rows(Lq: int):
+    """Distinct row indices, at least one and at most half of them."""
+    return st.lists(integers(0, Lq - 1), min_size=1, max_size=max(1, Lq // 2), unique=True)
 
 
 def score_terms(q, k, scale, group: int = 1) -> float:
@@ -243,7 +253,7 @@ def _amplitude(draw, dtype, q, k, scale, group) -> int:
     S = score_terms(q, k, scale, group)
     if S == 0:
         return 0
-    kind, target = draw(st.sampled_from(AMPLITUDES), label="score size")
+    kind, target = draw(sampled(AMPLITUDES), label="score size")
     goal = SCORE_CAP[dtype] if target is None else min(2.0**target, SCORE_CAP[dtype])
     j = int(np.floor((np.log2(goal) - np.log2(S)) / 2))  # q and k each scaled by 2^j: S by 4^j (goal / S may overflow)
     while np.ldexp(S, 2 * j) > SCORE_CAP[dtype]:  # S * 4^j, inf rather than OverflowError
@@ -253,6 +263,7 @@ def _amplitude(draw, dtype, q, k, scale, group) -> int:
     return j
 
 
+@reused
 @st.composite
 def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allow_empty_rows: bool = True,
           scales=SCALES, shape=None, regimes=REGIMES, equal_dims: bool = False, probe: bool = False,
@@ -268,17 +279,16 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     supported = getattr(caps, "features", frozenset())
     use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
     grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
-                                  and draw(st.integers(0, 3), label="grouped heads") == 0)
+                                  and draw(integers(0, 3), label="grouped heads") == 0)
     s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use,
                              getattr(caps, "head_dim_multiple", 1)), label="shape")
     if not isinstance(s, Shape):
         s = Shape(s[0], s[1], s[1], *s[2:]) if len(s) == 6 else Shape(*s)
-    kinds = [k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)]
-    if not allow_empty_rows:
-        kinds = [k for k in kinds if k != "empty_rows"]
-    kind = draw(st.sampled_from(kinds), label="mask kind")
-    menu = ([x for x in scales if x in (None, 0.5)] or [0.5]) if compiled else scales  # a compile per scale
-    scale = draw(st.sampled_from(menu), label="scale")
+    kinds = tuple(k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)
+                  and (allow_empty_rows or k != "empty_rows"))
+    kind = draw(sampled(kinds), label="mask kind")
+    menu = (tuple(x for x in scales if x in (None, 0.5)) or (0.5,)) if compiled else tuple(scales)  # a compile per scale
+    scale = draw(sampled(menu), label="scale")
     small = _is_small(s)
     lines = draw(_values_small(s, fmt) if small else _values_large(s, fmt))
     lines += draw(_mask_lines(kind, s, compiled, allow_empty_rows, small))
@@ -294,7 +304,7 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
         fields["enable_gqa"] = True
     positional = kind in ("causal", "causal_mask") or {"window", "alibi"} & use
     if positional and len(alignments) > 1:  # bottom-right first: the classic draws are top-left already
-        fields["causal_alignment"] = draw(st.sampled_from(("bottom_right", "top_left")), label="causal alignment")
+        fields["causal_alignment"] = draw(sampled(("bottom_right", "top_left")), label="causal alignment")
     elif positional and alignments[0] != "top_left":
         fields["causal_alignment"] = alignments[0]
     S = score_terms(env["q"] * 2.0**amp, env["k"] * 2.0**amp, used_scale, group)

@@ -18,6 +18,7 @@ from specs import error_budget
 from specs.invariants import gradient_scaling
 
 from .judge import draw_case, fail_unless, judged_rows
+from .reuse import integers, sampled
 from .seeds import with_seed_examples
 from .strategies import LOW_PRECISION, Case
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.needs_gradients
 
 def _grad_out(data, case: Case, dtype: str):
     """dY as (array, the NumPy line that makes it): exact in dtype, like the inputs."""
-    seed = 0 if isinstance(data, Case) else data.draw(st.integers(0, 2**31 - 1), label="grad_out seed")
+    seed = 0 if isinstance(data, Case) else data.draw(integers(0, 2**31 - 1), label="grad_out seed")
     shape = case.q.shape[:-1] + case.v.shape[-1:]
     raw = f"np.random.default_rng({seed}).standard_normal({shape})"
     expr = f"np.round({raw} * 8) / 8" if dtype in LOW_PRECISION else (
@@ -67,7 +68,7 @@ def test_gradients_match_reference(target, data):
 def test_gradient_scaling_law(target, data):
     """Gradients at (q/c, k/c, scale*c^2) are (c dQ, c dK, dV) at (q, k, scale): same scores, dQ = dS K scale."""
     case = _case(data, target)
-    j = 1 if isinstance(data, Case) or target.compiled else data.draw(st.sampled_from((1, -1, 2)), label="log2 c")
+    j = 1 if isinstance(data, Case) or target.compiled else data.draw(sampled((1, -1, 2)), label="log2 c")
     c = 2.0**j  # a power of two: q/c, k/c and scale*c^2 are exact
     g, line = _grad_out(data, case, target.dtype)
     scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.dims["E"])

@@ -16,6 +16,7 @@ from specs import error_budget, reference
 from specs.invariants import Verdict
 
 from .judge import draw_case, fail_unless, judged_rows, output_tolerance, requires, worst
+from .reuse import integers
 
 # chunks of keys cannot carry fields tied to key positions (causal, windows, ALiBi, lengths)
 _POSITIONAL = frozenset({"window", "alibi", "seq_lengths"})
@@ -50,7 +51,7 @@ def test_split_merge_identity(target, data):
     assume(Lk >= 2)
     # a backend that compiles per shape splits in the middle: two chunk shapes per menu shape, not
     # a program for every split point drawn
-    c = Lk // 2 if target.compiled else data.draw(st.integers(1, Lk - 1), label="split after key")
+    c = Lk // 2 if target.compiled else data.draw(integers(1, Lk - 1), label="split after key")
     full, _ = target.forward(case, return_lse=True)  # (B, H, Lq, Ev)
     parts = []
     for lo, hi in ((0, c), (c, Lk)):

@@ -15,6 +15,7 @@ from specs import invariants
 from specs.invariants import Verdict
 
 from .judge import draw_case, fail_unless, judged_rows, worst
+from .reuse import integers
 from .strategies import Case
 
 
@@ -59,7 +60,7 @@ def test_future_changes_nothing(target, data):
     case = draw_case(data, target, kinds=("causal", "causal_mask"))
     d = case.dims
     assume(d["Lk"] >= 2)
-    t = data.draw(st.integers(1, d["Lk"] - 1), label="first changed key") if not isinstance(data, Case) else 1
+    t = data.draw(integers(1, d["Lk"] - 1), label="first changed key") if not isinstance(data, Case) else 1
     before = target.forward(case)  # (B, H, Lq, Ev)
     changed = case.then(f"k[..., {t}:, :] = -2 * k[..., {t}:, :] + 1  # keys and values from {t} on change",
                         f"v[..., {t}:, :] = 3 * v[..., {t}:, :] - 1")

@@ -18,6 +18,7 @@ from specs import error_budget
 from specs.invariants import Verdict
 
 from .judge import agreement, draw_case, fail_unless, judged_rows, output_tolerance, requires
+from .reuse import sampled
 from .test_gradients import _EXAMPLES, _grad_out
 
 _SOFTCAP = frozenset({"softcap"})
@@ -27,7 +28,7 @@ _SOFTCAP = frozenset({"softcap"})
 def test_capped_scores_bounded(target, data):
     """V = identity, cap <= 2: two visible weights of a row are within exp(2 cap) of each other."""
     requires(target, "softcap")
-    cap = data.draw(st.sampled_from((0.5, 1.0, 2.0)), label="cap")
+    cap = data.draw(sampled((0.5, 1.0, 2.0)), label="cap")
     case = draw_case(data, target, need=_SOFTCAP, avoid=frozenset({"bias", "alibi"}), probe=True)
     case = case.with_fields(f"cap {cap}: capped scores lie in (-{cap}, {cap})", softcap=cap).with_identity_values()
     weights = target.forward(case)  # (B, H, Lq, Lk)

@@ -17,6 +17,7 @@ from specs.invariants import Verdict
 from specs.problem import causal_mask
 
 from .judge import draw_case, fail_unless, judged_rows, output_tolerance, worst
+from .reuse import integers
 from .strategies import Case
 
 
@@ -25,8 +26,8 @@ def test_batch_head_independence(target, data):
     case = draw_case(data, target)
     d = case.dims
     assume(d["B"] * d["Hkv"] > 1)
-    b = data.draw(st.integers(0, d["B"] - 1), label="changed batch") if not isinstance(data, Case) else 0
-    h = data.draw(st.integers(0, d["Hkv"] - 1), label="changed KV head") if not isinstance(data, Case) else 0
+    b = data.draw(integers(0, d["B"] - 1), label="changed batch") if not isinstance(data, Case) else 0
+    h = data.draw(integers(0, d["Hkv"] - 1), label="changed KV head") if not isinstance(data, Case) else 0
     g = d["H"] // d["Hkv"]  # query heads reading KV head h: h*g .. h*g + g - 1
     before = target.forward(case)  # (B, H, Lq, Ev)
     changed = case.then(f"q[{b}, {h * g}:{h * g + g}] = -2 * q[{b}, {h * g}:{h * g + g}] + 1",

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from specs.problem import alibi_slopes
 
 from .case import literal
+from .reuse import binary, booleans, integers, reused, sampled
 
 # fields a drawn problem may carry, with how often each is drawn when the backend supports it
 OPTIONAL = ("bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")
@@ -27,20 +28,21 @@ GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2))
 ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
 
 
+@reused
 @st.composite
 def chosen_features(draw, supported, need=frozenset(), avoid=frozenset()) -> frozenset:
     """Which optional fields this problem uses: those needed, plus each supported one at DRAW_RATE."""
     chosen = set(need)
     for name in OPTIONAL:
         if name in supported and name not in avoid and name not in chosen:
-            if draw(st.integers(0, 99), label=f"use {name}") < DRAW_RATE * 100:
+            if draw(integers(0, 99), label=f"use {name}") < DRAW_RATE * 100:
                 chosen.add(name)
     return frozenset(chosen)
 
 
 def _grid_values(draw, dims, dtype, amplitude: float, label: str):
     """Exact values: k/8 steps for 16-bit formats, float32 values for float32; |x| <= amplitude."""
-    seed = draw(st.integers(0, 2**31 - 1), label=f"{label} seed")
+    seed = draw(integers(0, 2**31 - 1), label=f"{label} seed")
     rng = np.random.default_rng(seed)
     raw = rng.uniform(-amplitude, amplitude, dims)
     if dtype in ("float16", "bfloat16"):
@@ -52,57 +54,65 @@ def _grid_values(draw, dims, dtype, amplitude: float, label: str):
     return f"np.random.default_rng({seed}).uniform(-{amplitude!r}, {amplitude!r}, {dims})", raw
 
 
+@reused
 @st.composite
 def bias_lines(draw, shape, dtype, room: float, allow_hidden: bool) -> list:
     """``bias = ...``: a broadcastable float array, |bias| <= room (a power of two, at least 1/4),
     sometimes with -inf entries."""
     B, H, Lq, Lk = shape.B, shape.H, shape.Lq, shape.Lk
-    dims = draw(st.sampled_from(((Lq, Lk), (B, H, Lq, Lk), (1, H, 1, Lk), (B, 1, Lq, Lk))), label="bias shape")
+    dims = draw(sampled(((Lq, Lk), (B, H, Lq, Lk), (1, H, 1, Lk), (B, 1, Lq, Lk))), label="bias shape")
     amplitude = float(2.0 ** np.floor(np.log2(max(room, 0.25))))
     expr, _ = _grid_values(draw, dims, dtype, amplitude, "bias")
     lines = [f"bias = {expr}  # {dims}, added to the scaled scores"]
-    if allow_hidden and draw(st.booleans(), label="bias hides keys (-inf)"):
-        lines.append(f"bias[np.random.default_rng({draw(st.integers(0, 2**31 - 1), label='hidden seed')})"
+    if allow_hidden and draw(booleans, label="bias hides keys (-inf)"):
+        lines.append(f"bias[np.random.default_rng({draw(integers(0, 2**31 - 1), label='hidden seed')})"
                      f".random({dims}) < 0.15] = -np.inf  # -inf: hidden")
         lines.append("bias[..., 0] = np.where(np.isneginf(bias[..., 0]), 0.0, bias[..., 0])  # key 0 stays")
     return lines
 
 
+@reused
 @st.composite
 def window_value(draw, compiled: bool):
     if compiled:
-        return draw(st.sampled_from(COMPILED_WINDOWS), label="window")
-    left = draw(st.sampled_from(WINDOW_LEFT), label="window left")
-    right = draw(st.sampled_from(WINDOW_RIGHT), label="window right")
+        return draw(sampled(COMPILED_WINDOWS), label="window")
+    left = draw(sampled(WINDOW_LEFT), label="window left")
+    right = draw(sampled(WINDOW_RIGHT), label="window right")
     return (left, right) if (left, right) != (None, None) else (2, 2)
 
 
+@reused
+def _length(L: int, lo: int, allow_empty: bool):
+    """A length of L positions: mostly the upper half (padding, not one key); 0 or 1 sometimes."""
+    keep = min(L, max(lo, (L + 1) // 2, 2))  # at least two rows or keys stay: one would judge nothing
+    upper = integers(0, L - keep).map(lambda cut: L - cut)  # simplest: no padding
+    if not allow_empty or L < 2:
+        return upper
+    rare = integers(0, 19).map(lambda i: i == 9)  # a middle value: Hypothesis favours the ends
+    return rare.flatmap(lambda r: integers(0, 1) if r else upper)
+
+
+@reused
 @st.composite
 def lengths_lines(draw, shape, allow_empty: bool) -> list:
-    def length(L, lo, label):  # mostly the upper half (padding, not one key); 0 or 1 sometimes
-        keep = min(L, max(lo, (L + 1) // 2, 2))  # at least two rows or keys stay: one would judge nothing
-        upper = st.integers(0, L - keep).map(lambda cut: L - cut)  # simplest: no padding
-        if not allow_empty or L < 2:
-            return upper
-        rare = st.integers(0, 19).map(lambda i: i == 9)  # a middle value: Hypothesis favours the ends
-        return rare.flatmap(lambda r: st.integers(0, 1) if r else upper)
-
-    q_len = [draw(length(shape.Lq, shape.Lq if not allow_empty else 0, "q"), label="q_length") for _ in range(shape.B)]
-    kv_len = [draw(length(shape.Lk, 1, "kv"), label="kv_length") for _ in range(shape.B)]
+    q_len = [draw(_length(shape.Lq, shape.Lq if not allow_empty else 0, allow_empty), label="q_length")
+             for _ in range(shape.B)]
+    kv_len = [draw(_length(shape.Lk, 1, allow_empty), label="kv_length") for _ in range(shape.B)]
     return [f"q_lengths = np.array({q_len})  # query rows at or past it are padding",
             f"kv_lengths = np.array({kv_len})  # keys at or past it are hidden"]
 
 
+@reused
 @st.composite
 def segment_lines(draw, shape) -> list:
     """Packed sequences: sorted segment ids per batch element, the same segments on both sides."""
     most = max(1, min(3, min(shape.Lq, shape.Lk) // 2))  # simplest: two segments (one shows no boundary)
-    n = draw(st.sampled_from(tuple(dict.fromkeys((min(2, most), most, 1)))), label="segments")
+    n = draw(sampled(tuple(dict.fromkeys((min(2, most), most, 1)))), label="segments")
     rows = []
     for side, L in (("q", shape.Lq), ("kv", shape.Lk)):
         # a byte a position, one draw a side (a draw per id cost more than the backend's call); the zero
         # byte is segment 0, so a shrunk draw is one segment
-        raw = draw(st.binary(min_size=shape.B * L, max_size=shape.B * L), label=f"{side} ids")
+        raw = draw(binary(shape.B * L), label=f"{side} ids")
         ids = np.sort((np.frombuffer(raw, dtype=np.uint8) % n).reshape(shape.B, L), axis=-1)  # (B, L)
         rows.append(literal(f"{side}_segment_ids", ids.astype(np.int64)))
     return rows
@@ -112,7 +122,7 @@ def softcap_value(draw, score_size: float, compiled: bool) -> float:
     """A cap below, near or above the largest score (a power of two: exact in every format)."""
     if compiled:
         return 4.0
-    j = draw(st.sampled_from((-2, -1, 0, 1)), label="softcap vs largest score (log2)")
+    j = draw(sampled((-2, -1, 0, 1)), label="softcap vs largest score (log2)")
     return float(2.0 ** (np.floor(np.log2(max(score_size, 2.0**-4))) + j))
 
 

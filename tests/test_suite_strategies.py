@@ -82,3 +82,22 @@ def test_byte_drawn_entries_are_exact_in_range_and_shrink_to_zero(dtype):
         assert np.mean(values == np.round(values)) > 0.3
         assert np.mean(values != np.round(values)) > 0.4
         assert np.any((values != 0) & (np.abs(values) < 2.0**-10))
+
+
+def test_strategy_objects_are_reused_for_the_same_arguments_and_built_afresh_for_unhashable_ones():
+    """properties/reuse.py: Hypothesis validates each new strategy object (~0.1 ms); the same
+    arguments share one, so a draw builds almost none."""
+    from properties.reuse import reused, sampled
+
+    made = []
+
+    @reused
+    def menu(*choices, **kw):
+        made.append(choices)
+        return st.sampled_from(choices)
+
+    assert menu(1, 2) is menu(1, 2) and menu(1, 2) is not menu(2, 1) and len(made) == 2
+    assert menu([1], key=[2]) is not menu([1], key=[2]) and len(made) == 4  # unhashable: built each time
+    assert sampled((0.5, None)) is sampled((0.5, None))
+    caps = Capabilities(dtypes=("float32",), masks=True, causal=True)
+    assert cases("float32", caps) is cases("float32", caps)  # a frozen Capabilities is a key
