@@ -6,6 +6,8 @@ still runs, and any failure it does not declare is still a failure.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from properties.runner import run_suite
@@ -29,10 +31,21 @@ def test_a_declared_deviation_is_reported_as_such_and_only_then_spares_the_run(d
         assert result.returncode == 0, result.output[-2000:]
         assert all("declared deviation: reads padded values" in r["message"] for r in _rows(result, backend))
         assert all(r["reproducer"] for r in _rows(result, backend))  # the reproducer is kept: it shows the bug
-        assert "deviation" in result.output.splitlines()[-1]  # pytest's own closing line counts them
+        closing = [line for line in result.output.splitlines() if re.search(r" in [\d.]+s", line)]
+        assert closing and "deviation" in closing[-1]  # pytest's own closing line counts them
+        line = next(x for x in result.output.splitlines() if x.startswith(backend + " "))
+        assert "declared deviation(s)" in line and "NOT TESTED" not in line  # the property ran: it was seen
     else:
         assert statuses == {"failed"}, result.output[-2000:]
         assert result.returncode == 1
+
+
+def test_a_backend_whose_only_checks_are_skips_and_seen_deviations_was_tested():
+    from properties.output import backend_lines
+
+    rows = [dict(backend="b", status=s, seconds=0.1) for s in ("skipped", "deviation")]
+    assert "NOT TESTED" not in backend_lines(rows)[0]
+    assert "NOT TESTED" in backend_lines(rows[:1])[0]
 
 
 def test_a_declared_deviation_that_does_not_show_passes_and_says_so():

@@ -105,6 +105,11 @@ def test_hypothesis_keeps_its_defaults(x):  # imported after install(): attnspec
     # Hypothesis' own profile: "default", or "ci" where it detects a CI (CI=true: no deadline there)
     assert settings.get_current_profile_name() in ("default", "ci")
     assert settings.default.max_examples == 100
+
+
+def test_my_garbage_collector_is_mine():  # runs after the installed suite: it froze nothing of ours
+    import gc
+    assert gc.get_freeze_count() == 0
 '''
 
 
@@ -227,13 +232,14 @@ def test_install_runs_the_suite_inside_a_users_own_tests(site, tmp_path):
                                   "tests/test_attn_conformance.py": INSTALLED_TESTS,
                                   "tests/test_user_hypothesis.py": USER_HYPOTHESIS_TEST})
     proc = _pytest(["tests", "-q", "--attnspec-json", "out.json",
-                    "-k", "matches_reference or fully_masked or my_own or keeps_its_defaults"], project, _env(site))
+                    "-k", "matches_reference or fully_masked or my_own or keeps_its_defaults or collector_is_mine"],
+                   project, _env(site))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     rows = json.loads((project / "out.json").read_text())["conformance"]
     assert {(r["backend"], r["property"], r["dtype"], r["status"]) for r in rows} == {
         ("mypkg.attn:sdpa", p, d, "passed") for p in ("matches_reference", "fully_masked_rows")
         for d in ("float64", "float32")}
-    assert "6 passed" in proc.stdout  # four of the suite's, the user's own two
+    assert "7 passed" in proc.stdout  # four of the suite's, the user's own three
 
 
 def test_install_refuses_what_it_cannot_use():
