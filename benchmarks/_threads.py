@@ -109,16 +109,22 @@ def frameworks_of(names) -> list[str]:
     CUDA context or a JAX client at import would break every forked benchmark)."""
     import importlib.util
 
-    from backends import registry
-
     out = []
     for name in names:
-        target = registry.BUILTINS.get(name)
-        if target is not None:
-            out += FRAMEWORKS.get(target.partition(":")[0].rsplit(".", 1)[-1], ())
+        adapter = _adapter(name)
+        if adapter is not None:
+            out += FRAMEWORKS.get(adapter, ())
         else:
             out += [m for m in ("torch", "jax") if importlib.util.find_spec(m) is not None]
     return list(dict.fromkeys(out))
+
+
+def _adapter(name: str) -> str | None:
+    """A built-in's adapter module ("flex_backends"); None for a plug-in."""
+    from backends import registry
+
+    target = registry.BUILTINS.get(name)
+    return None if target is None else target.partition(":")[0].rsplit(".", 1)[-1]
 
 
 def preload(names) -> list[str]:
@@ -130,10 +136,7 @@ def preload(names) -> list[str]:
     """
     import importlib
 
-    from backends import registry
-
-    adapters = [registry.BUILTINS[n].partition(":")[0].rsplit(".", 1)[-1] for n in names if n in registry.BUILTINS]
-    extra = [m for adapter in adapters for m in PRELOAD_EXTRA.get(adapter, ())]
+    extra = [m for name in names for m in PRELOAD_EXTRA.get(_adapter(name), ())]
     loaded = []
     for module in dict.fromkeys(frameworks_of(names) + extra):
         try:

@@ -237,7 +237,7 @@ def test_openvino_bf16_kernel_is_corrupted_by_a_head_size_1_call(name, dtype):
         assert all(verdicts), [v.message for v in verdicts]
 
 
-def test_the_openvino_adapter_keeps_each_shape_apart():
+def test_the_openvino_adapter_keeps_each_head_size_apart():
     """The suite's adapter compiles a model per head size: the E = 1 call above leaves the next alone."""
     backend = _backend("openvino-sdpa-f32")
     verdicts = [_after_a_head_size_1_call(type(backend), "bfloat16", static_shapes=True) for _ in range(3)]
