@@ -1,7 +1,9 @@
 """A Case: one attention problem as float64 NumPy arrays *and* the NumPy code that rebuilds it.
 
 The statements in ``code`` are executed to make the arrays, so the reproducer printed on a
-failure is, by construction, what was run.  They define ``q, k, v, mask`` and ``fields`` (the
+failure is, by construction, what was run (a ``np.array([...])`` literal carries the very array
+its text spells and is copied rather than parsed: tests/test_suite_machinery.py checks both agree
+bit for bit).  They define ``q, k, v, mask`` and ``fields`` (the
 optional problem fields of `specs.problem.validate`: bias, grouped heads, causal alignment,
 window, lengths, segment ids, softcap, ALiBi slopes), which every call passes on as
 ``backend.forward(q, k, v, mask, is_causal=..., scale=..., dtype=..., **fields)``.
@@ -118,14 +120,41 @@ def _round_bf16(x):
     return round_bfloat16(x)
 
 
-def literal(name: str, x: np.ndarray) -> str:
+class Literal(str):
+    """``name = np.array([...])`` that also carries the array it spells: running the statement is a
+    copy of it, not a parse (a drawn problem's literals took ~1 ms to parse, twice a draw)."""
+
+    name: str
+    value: np.ndarray
+
+
+def literal(name: str, x: np.ndarray) -> Literal:
     """``name = np.array([...])``: exact (repr of a float round-trips; -inf included)."""
     if x.dtype == bool:
-        return f"{name} = np.array({x.tolist()!r}, dtype=bool)"
-    if np.issubdtype(x.dtype, np.integer):
-        return f"{name} = np.array({x.tolist()!r})"
-    text = repr(np.asarray(x, dtype=np.float64).tolist()).replace("-inf", "-np.inf")
-    return f"{name} = np.array({text})"
+        text, value = f"{name} = np.array({x.tolist()!r}, dtype=bool)", np.array(x, dtype=bool)
+    elif np.issubdtype(x.dtype, np.integer):
+        text, value = f"{name} = np.array({x.tolist()!r})", np.array(x, dtype=np.int64)
+    else:
+        value = np.array(x, dtype=np.float64)
+        text = f"{name} = np.array({repr(value.tolist()).replace('-inf', '-np.inf')})"
+    line = Literal(text)
+    line.name, line.value = name, value
+    return line
+
+
+def run(lines, env: dict) -> dict:
+    """Execute statements into env (which has ``np``); a Literal sets its variable to a copy of its value."""
+    pending = []
+    for line in (*lines, None):
+        if line is None or isinstance(line, Literal):
+            if pending:
+                exec("\n".join(pending), env)  # noqa: S102 - our own generated statements
+                pending = []
+            if line is not None:
+                env[line.name] = line.value.copy()
+        else:
+            pending.append(line)
+    return env
 
 
 def fields_literal(fields: dict) -> str:
@@ -136,8 +165,7 @@ def fields_literal(fields: dict) -> str:
 
 def build(lines, proto: Case) -> Case:
     """Execute statements that define q, k, v, mask (and optionally fields) into a Case like proto."""
-    env = {"np": np}
-    exec("\n".join(lines), env)  # noqa: S102
+    env = run(lines, {"np": np})
     return dataclasses.replace(proto, q=env["q"], k=env["k"], v=env["v"], mask=env.get("mask"),
                                fields=env.get("fields", {}), code=tuple(lines))
 

@@ -27,7 +27,7 @@ from specs.error_budget import round_to
 from specs.problem import alibi_slopes
 
 from . import variants as V
-from .case import Case, fields_literal, literal, seed_case  # noqa: F401 - re-exported
+from .case import Case, fields_literal, literal, run, seed_case  # noqa: F401 - re-exported
 from .reuse import binary, booleans, integers, reused, sampled
 
 LOW_PRECISION = ("float16", "bfloat16")
@@ -292,11 +292,11 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     small = _is_small(s)
     lines = draw(_values_small(s, fmt) if small else _values_large(s, fmt))
     lines += draw(_mask_lines(kind, s, compiled, allow_empty_rows, small))
-    env = {"np": np}
-    exec("\n".join(lines), env)  # noqa: S102 - our own generated statements
+    env = run(lines, {"np": np})  # q, k, v, mask
     group = s.H // s.Hkv
     used_scale = scale if scale is not None else 1.0 / np.sqrt(s.E)
     amp = _amplitude(draw, fmt, env["q"], env["k"], used_scale, group)
+    done = len(lines)  # the statements env has run
     if amp:
         lines.append(f"q, k = q * 2.0**{amp}, k * 2.0**{amp}")
     fields, field_lines = {}, []
@@ -330,8 +330,7 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
         field_lines.append(V.slopes_literal(s.H))
         fields["alibi_slopes"] = None
     lines += field_lines
-    env2 = {"np": np}
-    exec("\n".join(lines), env2)  # noqa: S102
+    env2 = run(lines[done:], env)
     values = {k: (env2[k] if v is None else v) for k, v in fields.items()}
     if values:
         lines.append("fields = " + fields_literal(values))

@@ -31,13 +31,13 @@ ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
 @reused
 @st.composite
 def chosen_features(draw, supported, need=frozenset(), avoid=frozenset()) -> frozenset:
-    """Which optional fields this problem uses: those needed, plus each supported one at DRAW_RATE."""
-    chosen = set(need)
-    for name in OPTIONAL:
-        if name in supported and name not in avoid and name not in chosen:
-            if draw(integers(0, 99), label=f"use {name}") < DRAW_RATE * 100:
-                chosen.add(name)
-    return frozenset(chosen)
+    """Which optional fields this problem uses: those needed, plus each supported one at DRAW_RATE.
+
+    One byte a field, one draw for all (a draw each cost ~0.1 ms, a drawn problem's sixth); the
+    zero byte, where shrinking goes, keeps the field."""
+    raw = draw(binary(len(OPTIONAL)), label="optional fields (a byte each: below 64 = used)")
+    return frozenset(need) | {name for name, byte in zip(OPTIONAL, raw)
+                              if name in supported and name not in avoid and byte < DRAW_RATE * 256}
 
 
 def _grid_values(draw, dims, dtype, amplitude: float, label: str):
@@ -82,22 +82,21 @@ def window_value(draw, compiled: bool):
 
 
 @reused
-def _length(L: int, lo: int, allow_empty: bool):
+def _length(draw, L: int, lo: int, allow_empty: bool, label: str) -> int:
     """A length of L positions: mostly the upper half (padding, not one key); 0 or 1 sometimes."""
     keep = min(L, max(lo, (L + 1) // 2, 2))  # at least two rows or keys stay: one would judge nothing
-    upper = integers(0, L - keep).map(lambda cut: L - cut)  # simplest: no padding
-    if not allow_empty or L < 2:
-        return upper
-    rare = integers(0, 19).map(lambda i: i == 9)  # a middle value: Hypothesis favours the ends
-    return rare.flatmap(lambda r: integers(0, 1) if r else upper)
+    # a middle value of 0..19 picks 0 or 1: Hypothesis favours the ends, and shrinks to no padding
+    if allow_empty and L >= 2 and draw(integers(0, 19), label=f"{label}: 0 or 1 (at 9)") == 9:
+        return draw(integers(0, 1), label=label)
+    return L - draw(integers(0, L - keep), label=f"{label}: positions cut")
 
 
 @reused
 @st.composite
 def lengths_lines(draw, shape, allow_empty: bool) -> list:
-    q_len = [draw(_length(shape.Lq, shape.Lq if not allow_empty else 0, allow_empty), label="q_length")
+    q_len = [_length(draw, shape.Lq, shape.Lq if not allow_empty else 0, allow_empty, "q_length")
              for _ in range(shape.B)]
-    kv_len = [draw(_length(shape.Lk, 1, allow_empty), label="kv_length") for _ in range(shape.B)]
+    kv_len = [_length(draw, shape.Lk, 1, allow_empty, "kv_length") for _ in range(shape.B)]
     return [f"q_lengths = np.array({q_len})  # query rows at or past it are padding",
             f"kv_lengths = np.array({kv_len})  # keys at or past it are hidden"]
 

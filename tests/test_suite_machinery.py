@@ -15,7 +15,7 @@ from specs.error_budget import round_to
 
 from properties.judge import snippet
 from properties.runner import run_suite
-from properties.strategies import Case, cases, literal
+from properties.strategies import Case, cases, literal, run
 from properties.targets import Target
 
 _CAPS = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"),
@@ -58,6 +58,30 @@ def test_literal_round_trips_floats_exactly():
     env = {"np": np}
     exec(literal("x", x), env)  # noqa: S102
     assert np.array_equal(env["x"], x)
+
+
+@pytest.mark.parametrize("x", [np.array([[0.1, -0.0, -np.inf, 2.0**-1074, 1e300]]),  # (1, 5)
+                               np.array([[True, False], [False, True]]),  # (2, 2)
+                               np.array([[3, -1, 0]], dtype=np.int32)])  # (1, 3)
+def test_a_literal_carries_exactly_the_array_its_text_spells(x):
+    """Drawn problems copy a literal's carried array instead of parsing its text: both must be the
+    same array, bit for bit and dtype for dtype, or the reproducer would not rebuild what was run."""
+    parsed = {"np": np}
+    exec(literal("x", x), parsed)  # noqa: S102
+    carried = run([literal("x", x)], {"np": np})["x"]
+    assert carried.dtype == parsed["x"].dtype
+    assert carried.tobytes() == parsed["x"].tobytes()
+
+
+def test_statements_run_in_order_around_literals():
+    """Statements before and after a literal see the variables as a plain exec would."""
+    lines = ["a = np.ones(2)", literal("b", np.array([2.0, 3.0])), "b[0] = a.sum()", "c = b * 2"]
+    env = run(lines, {"np": np})
+    plain = {"np": np}
+    exec("\n".join(lines), plain)  # noqa: S102
+    for name in "abc":
+        assert np.array_equal(env[name], plain[name])
+    assert lines[1].value[0] == 2.0  # the statement after it changed a copy, not the literal
 
 
 def test_run_suite_refuses_no_backend():
