@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import jax_programs
 from .base import Backend, BackendUnavailable, Capabilities, Deviation, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
@@ -84,7 +85,7 @@ class JaxBackend(Backend):
                         static.scale, static.enable_gqa, static.return_lse, present)
 
     def _jitted(self, op, call, with_dbias=False):
-        """The jitted forward or vjp for this call's static fields; arrays are arguments."""
+        """(key, the jitted forward or vjp) for this call's static fields; arrays are arguments."""
         static, key = self._static(call, op)
         key += (with_dbias,)
         if key not in self._compiled:
@@ -100,20 +101,25 @@ class JaxBackend(Backend):
                 return pullback(grad_out)  # (dq, dk, dv, dbias)
 
             self._compiled[key] = self.jax.jit(forward if op == "forward" else backward)
-        return self._compiled[key]
+        return key, self._compiled[key]
+
+    def _run(self, op, call, args, with_dbias=False):
+        """The jitted forward or vjp on args (through a kept program when the suite keeps them)."""
+        key, jitted = self._jitted(op, call, with_dbias)
+        return jax_programs.call(self, key, jitted, args)
 
     def _arrays(self, call, q, k, with_dbias=False) -> dict:
         return {n: getattr(call, n) for n in _ARRAYS if getattr(call, n) is not None}
 
     def native_attention(self, q, k, v, call):
         with self._x64(q.dtype == np.float64):
-            return self._jitted("forward", call)(q, k, v, self._arrays(call, q, k))
+            return self._run("forward", call, (q, k, v, self._arrays(call, q, k)))
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         with_dbias = call.bias is not None and self.capabilities.bias_gradient
         with self._x64(q.dtype == np.float64):
-            return tuple(self._jitted("backward", call, with_dbias)(q, k, v, grad_out,
-                                                                       self._arrays(call, q, k, with_dbias)))
+            return tuple(self._run("backward", call, (q, k, v, grad_out, self._arrays(call, q, k, with_dbias)),
+                                   with_dbias))
 
 
 class JaxNaive(JaxBackend):
@@ -267,6 +273,19 @@ class JaxDpa(JaxBackend):
             yield
         except NotImplementedError as e:  # JAX's "this implementation does not take that" (cuDNN's checks)
             raise Unsupported(f"{self.name}: jax.nn.dot_product_attention refuses this call: {e}") from None
+
+    def _arrays(self, call, q, k, with_dbias=False) -> dict:
+        """The mask and bias broadcast to the scores' shape on the host, as `_attend` broadcasts them
+        before the library sees them: one program whatever shape they were drawn in (a bias drawn
+        in 4 shapes was 4 programs).  dBias needs the given shape: that bias stays as it is."""
+        arrays = super()._arrays(call, q, k, with_dbias)
+        scores = q.shape[:-2] + (q.shape[-2], k.shape[-2])  # (..., Hq, Lq, Lk)
+        for name in ("mask",) + (() if with_dbias else ("bias",)):
+            x = arrays.get(name)
+            if x is not None and np.broadcast_shapes(x.shape, scores) != tuple(x.shape):
+                full = np.broadcast_to(np.asarray(x), np.broadcast_shapes(x.shape, scores))  # (..., Hq, Lq, Lk)
+                arrays[name] = self.jax.device_put(np.ascontiguousarray(full), self.jax_device)
+        return arrays
 
     def _window(self, call, Lq, Lk):
         """local_window_size for our top-left window; None (unbounded) reaches past every key."""

@@ -33,6 +33,7 @@ INSTALLED = "__attnspec_backends__"   # set by properties.install in a user's te
 PACKAGE = __package__ or "properties"
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 JAX_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "attnspec", "jax")
+JAX_PROGRAMS = os.path.join(os.path.expanduser("~"), ".cache", "attnspec", "jax-programs")
 PROFILES = tuple(profiles.EXAMPLES)
 
 _ROWS: dict = {"conformance": [], "semantics": []}
@@ -260,11 +261,18 @@ def is_property(fn) -> bool:
 
 
 def _enable_jax_cache(per_backend) -> None:
-    """JAX's persistent compilation cache: later runs skip the per-shape compiles."""
+    """JAX's persistent compilation cache, and the JAX backends' compiled programs kept whole
+    (backends/jax_programs.py): later runs skip the per-shape compiles, traces and lowerings."""
     from .targets import is_compiled
 
     if not any(is_compiled(t[0].backend) for t in per_backend if t):
         return
+    from backends import jax_programs
+
+    try:
+        jax_programs.enable(JAX_PROGRAMS)
+    except OSError:  # no room or no home: plain jit, as before
+        pass
     try:
         import jax
         os.makedirs(JAX_CACHE, exist_ok=True)

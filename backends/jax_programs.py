@@ -1,0 +1,137 @@
+"""Compiled JAX programs kept across processes, under a key of everything their trace depends on.
+
+JAX's persistent compilation cache (which the suite turns on: ~/.cache/attnspec/jax) skips
+XLA's compile, not the tracing and lowering before it: a new program still cost 25-100 ms (a
+forward) and 60-160 ms (a backward) here with jax 0.10.2, and a run of the suite builds ~200 of
+them on jax-naive and ~550 on jax-dpa (new shapes, dtypes and static fields) - most of those
+backends' time.  This cache keeps each compiled executable (``jax.experimental.
+serialize_executable``) under a key of what its trace depends on: the backend's class and the
+source of every module its class hierarchy is defined in (a changed adapter is a new key), the
+static configuration the adapter jits on (``JaxBackend._static``), the arguments' tree, shapes
+and dtypes, x64, the device, and the versions of jax and jaxlib.  A hit loads the executable jit
+compiled for that very key (~3 ms) and runs it; a miss compiles through the backend's own jit
+and stores it.  A file that does not load is compiled again and replaced, never an error.
+
+Only the suite turns it on (``enable``, from properties/plugin.py); direct use and the
+benchmarks run plain jit.  tests/test_backends_jax_programs.py checks that a hit gives the bits
+plain jit gives and traces nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+
+DIRECTORY: str | None = None  # where programs are kept; None: every call is plain jit
+MAX_IN_MEMORY = 4096  # loaded programs kept per process
+_loaded: dict = {}
+_salts: dict = {}
+
+
+def enable(directory: str | None) -> None:
+    """Keep programs in `directory` from now on (None: off)."""
+    global DIRECTORY
+    if directory is not None:
+        os.makedirs(directory, exist_ok=True)
+    DIRECTORY = directory
+    _loaded.clear()
+
+
+def _salt(backend, jax) -> str:
+    """The backend's class, the source of the modules of its class hierarchy, jax's versions, the device."""
+    cls = type(backend)
+    if cls not in _salts:
+        h = hashlib.sha256()
+        for klass in cls.__mro__:
+            path = getattr(sys.modules.get(klass.__module__), "__file__", None)
+            if path and os.path.exists(path):
+                with open(path, "rb") as f:
+                    h.update(f.read())
+        import jaxlib
+
+        device = backend.jax_device
+        h.update(f"{cls.__module__}.{cls.__qualname__} {backend.name} jax {jax.__version__} jaxlib "
+                 f"{jaxlib.__version__} {device.platform} {device.device_kind}".encode())
+        _salts[cls] = h.hexdigest()
+    return _salts[cls]
+
+
+def call(backend, key: tuple, jitted, args: tuple):
+    """jitted(*args), through a kept program when the cache is on."""
+    if DIRECTORY is None:
+        return jitted(*args)
+    jax = backend.jax
+    leaves, tree = jax.tree.flatten(args)
+    signature = (str(tree), tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
+                                  for x in leaves), bool(jax.config.jax_enable_x64))
+    full = repr((_salt(backend, jax), key, signature))
+    program = _loaded.get(full)
+    if program is None:
+        program = _load(full, jax) or _compile(full, jitted, args)
+        if len(_loaded) >= MAX_IN_MEMORY:
+            _loaded.clear()
+        _loaded[full] = program
+    return program(*args)
+
+
+def _path(full: str) -> str:
+    return os.path.join(DIRECTORY, hashlib.sha256(full.encode()).hexdigest() + ".program")
+
+
+def _load(full: str, jax):
+    path = _path(full)
+    if not os.path.exists(path):
+        return None
+    try:
+        from jax.experimental import serialize_executable
+
+        with open(path, "rb") as f:
+            stored_key, payload, in_tree, out_tree = pickle.load(f)
+        if stored_key != full:  # a hash collision, or not ours
+            return None
+        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+    except Exception:  # noqa: BLE001 - unreadable or from elsewhere: compile it again
+        return None
+
+
+def _compile(full: str, jitted, args):
+    # past JAX's persistent cache: an executable it loaded serialises without its code (running
+    # that copy in another process fails: "Function ... not found"); this cache replaces it here
+    with _without_jax_cache():
+        program = jitted.lower(*args).compile()
+    try:
+        from jax.experimental import serialize_executable
+
+        payload, in_tree, out_tree = serialize_executable.serialize(program)
+    except Exception:  # noqa: BLE001 - not serialisable: this process still has it in memory
+        return program
+    fd, tmp = tempfile.mkstemp(dir=DIRECTORY, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((full, payload, in_tree, out_tree), f)
+        os.replace(tmp, _path(full))  # atomic: another process may write the same program
+    except OSError:  # no room: this process still has it in memory
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+    return program
+
+
+@contextlib.contextmanager
+def _without_jax_cache():
+    try:
+        from jax._src.config import enable_compilation_cache
+    except ImportError:  # another jax: the public switch, put back afterwards
+        import jax
+
+        before = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_compilation_cache", before)
+        return
+    with enable_compilation_cache(False):
+        yield
