@@ -53,6 +53,10 @@ class TorchFlex(TorchBackend):
 
     name = "torch-flex"
     compiled = False
+    # eager flex runs one dense path (materialised scores) for every shape, at ~20 ms of dynamo and
+    # vmap work a call: the edges grid (shapes where kernels switch paths) once a run, dealt over
+    # its dtypes like a compiling backend's (properties/test_edges.py), not 4 x 58 calls
+    edge_grid_over_dtypes = True
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False, features=_EVERY_FEATURE)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           deviations=_DEVIATIONS,
@@ -100,6 +104,8 @@ class TorchFlex(TorchBackend):
         """(score_mod, block_mask, uniform) for this call; the last call's are reused (benchmarks repeat one)."""
         if self._memo is not None and self._memo[0] is call and self._memo[1] == (B, H, Lq, Lk):
             return self._memo[2]
+        if B * H * Lq == 0:  # no query row: nothing to score or hide (hooks would index empty tensors)
+            return None, None, False
         if self.uniform_hooks and B * H * Lq * Lk <= self.UNIFORM_MAX_SCORES:
             mods = (*self._uniform_mods(call, batch, B, H, Lq, Lk, device, dtype), True)
         else:

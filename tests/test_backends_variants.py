@@ -213,3 +213,17 @@ def test_eager_flex_uniform_hooks_equal_per_field_hooks_bit_for_bit(dtype):
                 for b in (uniform, per_field)]
         for got, want, what in zip(outs[0], outs[1], ("output", "lse")):
             assert np.array_equal(got, want, equal_nan=True), f"{features} {dtype}: {what} differs"
+
+
+@pytest.mark.parametrize("name", ["torch-flex", "torch-flex-compiled"])
+def test_flex_gives_zero_query_rows_an_empty_output(name):
+    """No query row (Lq = 0, or batch 0): flex_attention itself returns the empty output; the
+    adapter's hooks indexed their empty tensors and raised IndexError - hidden behind flex's
+    declared Lk = 0 deviation until the edges grid ran each zero size in a dtype of its own."""
+    backend = available(_BACKENDS, name)
+    for B, Lq in ((1, 0), (0, 8)):
+        q, k = np.zeros((B, 2, Lq, 16)), np.zeros((B, 2, 16, 16))  # (B, H, Lq, E), (B, H, Lk, E)
+        mask = np.ones((Lq, 16), dtype=bool)  # (Lq, Lk)
+        for causal in (False, True):
+            out = backend.forward(q, k, k, mask, causal, None, "float32", window=(2, 1), softcap=4.0)
+            assert out.shape == (B, 2, Lq, 16)
