@@ -152,7 +152,7 @@ class JaxNaive(JaxBackend):
         sig = (with_dbias, q.shape, k.shape, q.dtype)
         if self._prepared is not None and self._prepared[0] is call and self._prepared[1] == sig:
             return self._prepared[2]
-        arrays = {n: self.jax.device_put(x, self.jax_device) for n, x in self._host_arrays(call, q, k, with_dbias).items()}
+        arrays = self.jax.device_put(self._host_arrays(call, q, k, with_dbias), self.jax_device)  # one batched put
         self._prepared = (call, sig, arrays)
         return arrays
 

@@ -91,6 +91,8 @@ class OpenVinoSdpa(Backend):
     semantics = Semantics(fully_masked="nan", causal_alignment="top_left", notes=_NOTES, deviations=_DEVIATIONS)
 
     def load(self):
+        if getattr(self, "core", None) is not None:
+            return  # loaded: every call checks (a new Core and its property query cost ~3 ms a call)
         try:
             import openvino
             from openvino import opset13
