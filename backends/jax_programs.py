@@ -10,7 +10,9 @@ source of every module its class hierarchy is defined in (a changed adapter is a
 static configuration the adapter jits on (``JaxBackend._static``), the arguments' tree, shapes
 and dtypes, x64, the device, and the versions of jax and jaxlib.  A hit loads the executable jit
 compiled for that very key (~3 ms) and runs it; a miss compiles through the backend's own jit
-and stores it.  A file that does not load is compiled again and replaced, never an error.
+(past JAX's own cache: see `_compile`) and stores it.  A file that does not load is compiled
+again and replaced, never an error.  Programs live in a folder per class and source
+(``<dir>/JaxDpa-<source hash>/``); a new source of a class removes its older folders.
 
 Only the suite turns it on (``enable``, from properties/plugin.py); direct use and the
 benchmarks run plain jit.  tests/test_backends_jax_programs.py checks that a hit gives the bits
@@ -22,6 +24,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 
@@ -29,6 +32,7 @@ DIRECTORY: str | None = None  # where programs are kept; None: every call is pla
 MAX_IN_MEMORY = 4096  # loaded programs kept per process
 _loaded: dict = {}
 _salts: dict = {}
+_folders: set = set()
 
 
 def enable(directory: str | None) -> None:
@@ -38,6 +42,7 @@ def enable(directory: str | None) -> None:
         os.makedirs(directory, exist_ok=True)
     DIRECTORY = directory
     _loaded.clear()
+    _folders.clear()
 
 
 def _salt(backend, jax) -> str:
@@ -67,22 +72,37 @@ def call(backend, key: tuple, jitted, args: tuple):
     leaves, tree = jax.tree.flatten(args)
     signature = (str(tree), tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
                                   for x in leaves), bool(jax.config.jax_enable_x64))
-    full = repr((_salt(backend, jax), key, signature))
+    salt = _salt(backend, jax)
+    full = repr((salt, key, signature))
     program = _loaded.get(full)
     if program is None:
-        program = _load(full, jax) or _compile(full, jitted, args)
+        path = _path(full, salt, type(backend))
+        program = _load(full, path) or _compile(full, path, jitted, args)
         if len(_loaded) >= MAX_IN_MEMORY:
             _loaded.clear()
         _loaded[full] = program
     return program(*args)
 
 
-def _path(full: str) -> str:
-    return os.path.join(DIRECTORY, hashlib.sha256(full.encode()).hexdigest() + ".program")
+def _path(full: str, salt: str, cls) -> str:
+    """DIRECTORY/<class>-<salt>/<key hash>.program: one folder per adapter source."""
+    folder = os.path.join(DIRECTORY, f"{cls.__qualname__}-{salt[:16]}")
+    if folder not in _folders:
+        _prune(cls.__qualname__, folder)
+        os.makedirs(folder, exist_ok=True)
+        _folders.add(folder)
+    return os.path.join(folder, hashlib.sha256(full.encode()).hexdigest() + ".program")
 
 
-def _load(full: str, jax):
-    path = _path(full)
+def _prune(name: str, keep: str) -> None:
+    """Another folder of this class is an older source's: its programs can never be loaded again."""
+    for entry in os.listdir(DIRECTORY):
+        old = os.path.join(DIRECTORY, entry)
+        if entry.startswith(name + "-") and old != keep and os.path.isdir(old):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _load(full: str, path: str):
     if not os.path.exists(path):
         return None
     try:
@@ -97,7 +117,7 @@ def _load(full: str, jax):
         return None
 
 
-def _compile(full: str, jitted, args):
+def _compile(full: str, path: str, jitted, args):
     # past JAX's persistent cache: an executable it loaded serialises without its code (running
     # that copy in another process fails: "Function ... not found"); this cache replaces it here
     with _without_jax_cache():
@@ -108,11 +128,11 @@ def _compile(full: str, jitted, args):
         payload, in_tree, out_tree = serialize_executable.serialize(program)
     except Exception:  # noqa: BLE001 - not serialisable: this process still has it in memory
         return program
-    fd, tmp = tempfile.mkstemp(dir=DIRECTORY, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump((full, payload, in_tree, out_tree), f)
-        os.replace(tmp, _path(full))  # atomic: another process may write the same program
+        os.replace(tmp, path)  # atomic: another process may write the same program
     except OSError:  # no room: this process still has it in memory
         with contextlib.suppress(OSError):
             os.remove(tmp)

@@ -32,6 +32,10 @@ def _results(backend, dtype="float32", scale=0.5):
     return [np.asarray(x) for x in (forward, *grads)]
 
 
+def _programs(folder) -> list:
+    return sorted(str(p) for p in folder.rglob("*.program"))
+
+
 @pytest.fixture
 def kept(tmp_path):
     jax_programs.enable(str(tmp_path))
@@ -46,7 +50,7 @@ def test_a_kept_program_gives_the_bits_of_plain_jit_and_traces_nothing(name, dty
     plain = _results(_fresh(name), dtype)
     jax_programs.enable(str(kept))
     stored = _results(_fresh(name), dtype)  # compiled and written
-    assert len(os.listdir(kept)) == 2  # the forward and the vjp
+    assert len(_programs(kept)) == 2  # the forward and the vjp
     jax_programs._loaded.clear()  # as a new process: only the files are left
     backend = _fresh(name)
     backend._attend = None  # a trace would call it (and fail): a hit loads, it does not trace
@@ -60,9 +64,9 @@ def test_programs_are_kept_apart_by_static_field_shape_and_adapter_class(kept):
     backend = _fresh("jax-dpa")
     _results(backend, scale=0.5)
     _results(backend, scale=0.25)  # jax-dpa jits on the scale: new programs
-    assert len(os.listdir(kept)) == 4
+    assert len(_programs(kept)) == 4
     backend.forward(Q[:, :, :3], K, K, MASK[:3], True, 0.5, "float32", bias=BIAS[:, :, :3])  # another Lq
-    assert len(os.listdir(kept)) == 5
+    assert len(_programs(kept)) == 5
 
     class Mine(JaxNaive):  # a plug-in's subclass: another class, its own programs
         name = "my-jax"
@@ -70,15 +74,15 @@ def test_programs_are_kept_apart_by_static_field_shape_and_adapter_class(kept):
     mine = Mine()
     mine.load()
     _results(_fresh("jax-naive"))
-    files = len(os.listdir(kept))
+    files = len(_programs(kept))
     _results(mine)
-    assert len(os.listdir(kept)) == files + 2
+    assert len(_programs(kept)) == files + 2
 
 
 def test_a_program_that_does_not_load_is_compiled_again(kept):
     want = _results(_fresh("jax-naive"))
-    for f in os.listdir(kept):
-        with open(os.path.join(kept, f), "wb") as out:
+    for f in _programs(kept):
+        with open(f, "wb") as out:
             out.write(b"not a program")
     jax_programs._loaded.clear()
     got = _results(_fresh("jax-naive"))
@@ -87,3 +91,17 @@ def test_a_program_that_does_not_load_is_compiled_again(kept):
     backend = _fresh("jax-naive")
     backend._attend = None
     assert all(a.tobytes() == b.tobytes() for a, b in zip(want, _results(backend)))
+
+
+def test_programs_of_an_older_adapter_source_are_removed(kept):
+    """A folder per class and source: a changed adapter's old programs can never load again."""
+    _results(_fresh("jax-naive"))
+    (folder,) = {os.path.dirname(p) for p in _programs(kept)}
+    stale = kept / "JaxNaive-0123456789abcdef"  # as an older jax_backends.py left it
+    stale.mkdir()
+    (stale / "x.program").write_bytes(b"old")
+    other = kept / "JaxDpa-0123456789abcdef"  # another class's: kept
+    other.mkdir()
+    jax_programs.enable(str(kept))  # a new process
+    _results(_fresh("jax-naive"))
+    assert not stale.exists() and other.exists() and os.path.isdir(folder)
