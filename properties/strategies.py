@@ -277,7 +277,12 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     """
     fmt = within or dtype
     supported = getattr(caps, "features", frozenset())
-    use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
+    # compiling backends: the static part from a fixed table (variants.compiled_configs)
+    config = V.compiled_config(draw, frozenset(need), frozenset(avoid)) if compiled else None
+    if config is not None:
+        use = (config.features & supported) | frozenset(need)
+    else:
+        use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
     grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
                                   and draw(integers(0, 3), label="grouped heads") == 0)
     s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use,
@@ -286,9 +291,12 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
         s = Shape(s[0], s[1], s[1], *s[2:]) if len(s) == 6 else Shape(*s)
     kinds = tuple(k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)
                   and (allow_empty_rows or k != "empty_rows"))
-    kind = draw(sampled(kinds), label="mask kind")
     menu = (tuple(x for x in scales if x in (None, 0.5)) or (0.5,)) if compiled else tuple(scales)  # a compile per scale
-    scale = draw(sampled(menu), label="scale")
+    if config is not None:
+        kind, scale = kinds[config.kind % len(kinds)], menu[config.scale % len(menu)]
+    else:
+        kind = draw(sampled(kinds), label="mask kind")
+        scale = draw(sampled(menu), label="scale")
     small = _is_small(s)
     lines = draw(_values_small(s, fmt) if small else _values_large(s, fmt))
     lines += draw(_mask_lines(kind, s, compiled, allow_empty_rows, small))
@@ -317,7 +325,8 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
         field_lines += draw(V.bias_lines(s, fmt, room, allow_empty_rows or kind != "none"))
         fields["bias"] = None
     if "window" in use:
-        fields["window"] = draw(V.window_value(compiled))
+        fields["window"] = (V.COMPILED_WINDOWS[config.window % len(V.COMPILED_WINDOWS)] if config is not None
+                            else draw(V.window_value(compiled)))
     if "seq_lengths" in use:
         field_lines += draw(V.lengths_lines(s, allow_empty_rows))
         fields["q_lengths"] = fields["kv_lengths"] = None

@@ -101,3 +101,51 @@ def test_strategy_objects_are_reused_for_the_same_arguments_and_built_afresh_for
     assert sampled((0.5, None)) is sampled((0.5, None))
     caps = Capabilities(dtypes=("float32",), masks=True, causal=True)
     assert cases("float32", caps) is cases("float32", caps)  # a frozen Capabilities is a key
+
+
+def test_the_compiled_configurations_cover_each_field_pair_kind_window_and_scale():
+    """The fixed table a compiling backend's static choices come from (properties/variants.py)."""
+    import collections
+    import itertools
+
+    from properties.variants import COMPILED_CONFIGS, OPTIONAL
+
+    assert len(COMPILED_CONFIGS) == 24
+    for f in OPTIONAL:
+        assert 9 <= sum(f in c.features for c in COMPILED_CONFIGS) <= 15, f
+    for a, b in itertools.combinations(OPTIONAL, 2):
+        assert sum({a, b} <= c.features for c in COMPILED_CONFIGS) >= 3, (a, b)
+    assert any(not c.features for c in COMPILED_CONFIGS)
+    assert sum(not c.features & {"bias", "window", "seq_lengths"} for c in COMPILED_CONFIGS) >= 3  # jax-dpa's
+    for n, least in ((5, 3), (4, 4), (3, 6), (2, 10)):  # any number of mask kinds a test allows
+        assert min(collections.Counter(c.kind % n for c in COMPILED_CONFIGS)[i] for i in range(n)) >= least
+    assert min(collections.Counter(c.window % 3 for c in COMPILED_CONFIGS)[i] for i in range(3)) >= 6
+    assert min(collections.Counter(c.scale % 2 for c in COMPILED_CONFIGS)[i] for i in range(2)) >= 10
+
+
+def test_a_compiling_backend_draws_a_bounded_set_of_static_configurations(monkeypatch):
+    """Its programs repeat from run to run: every static choice comes from one of the 24 rows
+    (with the shape menu's 7 shapes, at most 24 x 7 configurations); drawn field by field, the
+    same number of draws make far more (and more with every run)."""
+    from properties import variants
+    from properties.strategies import COMPILED_GQA_SHAPES, COMPILED_SHAPES
+
+    def static(case) -> tuple:
+        f = {k: v for k, v in case.fields.items() if k in ("window", "softcap", "causal_alignment", "enable_gqa")}
+        present = tuple(sorted(k for k, v in case.fields.items() if isinstance(v, np.ndarray)))
+        return (case.q.shape, case.k.shape, case.mask is None, case.is_causal, case.scale,
+                tuple(sorted(f.items())), present)
+
+    seen = {}
+    for table in (variants.COMPILED_CONFIGS, ()):  # () : no row fits, every field drawn on its own
+        monkeypatch.setattr(variants, "COMPILED_CONFIGS", table)
+        seen[bool(table)] = set()
+
+        @settings(max_examples=600, database=None, derandomize=True, deadline=None)
+        @given(data=st.data())
+        def sample(data):
+            seen[bool(table)].add(static(data.draw(cases("float32", _CAPS, compiled=True))))
+
+        sample()
+    assert len(seen[True]) <= 24 * (len(COMPILED_SHAPES) + len(COMPILED_GQA_SHAPES))
+    assert len(seen[False]) > 2 * len(seen[True])
