@@ -125,6 +125,14 @@ def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = Fal
     return Shape(B, H, Hkv, Lq, Lk, E, Ev)
 
 
+def _menu_shape(config, grouped: bool, regimes, head_multiple: int) -> Shape:
+    """A compiling backend's shape: the one its static configuration names (variants.compiled_configs)."""
+    menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
+    s = menu[config.shape % len(menu)]
+    up = lambda n: -(-n // head_multiple) * head_multiple  # noqa: E731
+    return s if head_multiple == 1 else s._replace(Lk=up(s.Lk), E=up(s.E), Ev=up(s.Ev))  # still E = Ev = Lk
+
+
 def _is_small(s: Shape) -> bool:
     return max(s.Lq, s.Lk) <= SMALL_MAX_LEN and max(s.E, s.Ev) <= SMALL_MAX_DIM
 
@@ -284,9 +292,11 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     else:
         use = draw(V.chosen_features(supported, need, avoid), label="optional fields")
     grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
-                                  and draw(integers(0, 3), label="grouped heads") == 0)
-    s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use,
-                             getattr(caps, "head_dim_multiple", 1)), label="shape")
+                                  and (config.grouped if config is not None
+                                       else draw(integers(0, 3), label="grouped heads") == 0))
+    s = shape or (_menu_shape(config, grouped, regimes, getattr(caps, "head_dim_multiple", 1)) if config is not None
+                  else draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use,
+                                   getattr(caps, "head_dim_multiple", 1)), label="shape"))
     if not isinstance(s, Shape):
         s = Shape(s[0], s[1], s[1], *s[2:]) if len(s) == 6 else Shape(*s)
     kinds = tuple(k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)

@@ -80,6 +80,8 @@ class Config(NamedTuple):
     scale: int       # index into the scales it allows
     window: int      # index into COMPILED_WINDOWS
     features: frozenset  # the optional fields used
+    shape: int       # index into the shape menu (strategies.COMPILED_SHAPES or _GQA_SHAPES)
+    grouped: bool    # fewer KV heads than query heads, where the backend takes them
 
 
 def compiled_configs(rows: int = 24, seed: int = 779) -> tuple:
@@ -87,8 +89,9 @@ def compiled_configs(rows: int = 24, seed: int = 779) -> tuple:
 
     Drawn field by field, jax-dpa's static combinations (mask kind x scale x window x which of
     bias and lengths are given, per shape, dtype and call) made ~240 new programs in each dev run
-    even after five runs had filled the program cache, ~0.35 s of compile each.  From a table,
-    the programs a run builds repeat from run to run; the values in every array stay drawn.  Each
+    even after five runs had filled the program cache, ~0.35 s of compile each.  From a table -
+    the shape from the menu included, else a row's 7 shapes left 80 new programs a run after
+    eight - the programs a run builds repeat from run to run; every array's values stay drawn.  Each
     field is in about half the rows and every pair of fields shares some, so a test that needs
     (or avoids) fields draws among the rows that have (or lack) them.  Seed 779: the first whose
     table has each field in 9-15 of the 24 rows, every pair of fields together in 3 or more,
@@ -99,8 +102,10 @@ def compiled_configs(rows: int = 24, seed: int = 779) -> tuple:
     table = []
     for _ in range(rows):
         kind, scale, window = (int(x) for x in rng.integers(0, 60, 3))
-        table.append(Config(kind, scale, window, frozenset(f for f in OPTIONAL if rng.random() < 0.5)))
-    return tuple(table)
+        table.append(Config(kind, scale, window, frozenset(f for f in OPTIONAL if rng.random() < 0.5), 0, False))
+    # the shape and grouping from a generator of their own: the table above is the one checked
+    shapes = np.random.default_rng(seed + 1)
+    return tuple(c._replace(shape=int(shapes.integers(0, 60)), grouped=bool(shapes.random() < 0.25)) for c in table)
 
 
 COMPILED_CONFIGS = compiled_configs()

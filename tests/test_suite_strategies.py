@@ -121,6 +121,9 @@ def test_the_compiled_configurations_cover_each_field_pair_kind_window_and_scale
         assert min(collections.Counter(c.kind % n for c in COMPILED_CONFIGS)[i] for i in range(n)) >= least
     assert min(collections.Counter(c.window % 3 for c in COMPILED_CONFIGS)[i] for i in range(3)) >= 6
     assert min(collections.Counter(c.scale % 2 for c in COMPILED_CONFIGS)[i] for i in range(2)) >= 10
+    for n in (5, 4, 2):  # the shape menus: 5 shapes, 4 without the large one, 2 grouped
+        assert min(collections.Counter(c.shape % n for c in COMPILED_CONFIGS)[i] for i in range(n)) >= 3
+    assert 4 <= sum(c.grouped for c in COMPILED_CONFIGS) <= 12
 
 
 def test_a_compiling_backend_draws_a_bounded_set_of_static_configurations(monkeypatch):
