@@ -5,6 +5,8 @@ Plain data, no framework: `backends.base.Backend` reads them, the suite judges b
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,15 +51,23 @@ class Deviation:
 
     The suite still runs the property: where it fails as declared the result is `deviation` (shown
     as such in the summary, the JSON and the report, with its reproducer), never `passed`; any
-    other failure is still a failure.  ``dtypes`` () means every dtype.
+    other failure is still a failure.  ``dtypes`` () means every dtype.  ``when``: a regular
+    expression the failure's text (its message and problem) must contain to be this deviation -
+    '' takes any failure of the property, which can hide a second bug behind the declared one
+    (torch-flex's Lk = 0 declaration hid its adapter's Lq = 0 error).
     """
 
     property: str
     why: str
     dtypes: tuple = ()
+    when: str = ""
 
     def covers(self, prop: str, dtype: str) -> bool:
         return prop == self.property and (not self.dtypes or dtype in self.dtypes)
+
+    def matches(self, failure: str) -> bool:
+        """Whether a failure of the property, as text, is this deviation."""
+        return not self.when or re.search(self.when, failure or "") is not None
 
 
 @dataclass(frozen=True)

@@ -347,7 +347,8 @@ def pytest_runtest_call(item):
         with profiles.bounded_shrinking(DEVIATION_SHRINK_SECONDS if declared else profiles.SHRINK_SECONDS):
             outcome = yield
     exc = outcome.exception
-    if declared and exc is not None and (_conformance_failures(exc) or _assertions_only(exc)):
+    if (declared and exc is not None and (_conformance_failures(exc) or _assertions_only(exc))
+            and declared.matches(_failure_text(exc))):
         # the declared deviation, seen: makereport records it from here.  Not raised on, so pytest
         # does not format a traceback it would throw away (it parses the source of every frame:
         # ~0.2 s a test through torch's or JAX's files)
@@ -476,12 +477,24 @@ def pytest_runtest_makereport(item, call):
     report.user_properties.append(("attnspec_conformance", row))
 
 
+def _failure_text(exc) -> str:
+    """What a declared deviation's `when` is matched against: the failure's message and problem,
+    as the row's message has it (pytest_runtest_makereport)."""
+    failures = _conformance_failures(exc)
+    if failures:
+        return failures[0].headline
+    leaf = _leaves(exc)[0]
+    return f"{type(leaf).__name__}: {leaf}"[:4000]
+
+
 def _declared_deviation(report, target, prop: str, status: str, message):
     """A failure the backend declares as a known deviation is `deviation`, not a failure (and not a pass)."""
     declared = target.backend.semantics.deviation(prop, target.dtype) if hasattr(
         target.backend.semantics, "deviation") else None
     if declared is None:
         return status, message
+    if status == "failed" and not declared.matches(message):
+        return status, f"{message} | not the declared deviation ({declared.why}; when: {declared.when!r})"
     if status == "failed":
         report.outcome, report.longrepr = "passed", None  # the session does not fail on it
         return "deviation", f"declared deviation: {declared.why} | observed: {message}"

@@ -72,3 +72,22 @@ def test_a_declared_semantics_deviation_is_no_contradiction():
     assert "CONTRADICTS" not in result.output
     verdict = verdict_frame(pd.DataFrame(result.conformance), pd.DataFrame(result.semantics))
     assert int(verdict.loc[verdict["backend"] == backend, "semantics contradicted"].iloc[0]) == 0
+
+
+def test_a_failure_the_declaration_does_not_describe_is_still_a_failure():
+    """A deviation with `when` covers only failures whose text matches it: the same leak, declared
+    for other problems, fails the run (torch-flex's Lk = 0 declaration had hidden an Lq = 0 error)."""
+    result = run_suite([f"{PLUGIN}:LeaksPaddingNaNDeclaredElsewhere"], extra_args=ONLY, timeout=600)
+    rows = _rows(result, "leaks-padding-nan-declared-elsewhere")
+    assert rows and {r["status"] for r in rows} == {"failed"}, result.output[-2000:]
+    assert result.returncode == 1
+    assert all("not the declared deviation" in r["message"] for r in rows)
+
+
+def test_when_matches_the_failures_text():
+    from backends.base import Deviation
+
+    d = Deviation("edge_shapes_match_reference", "Lk = 0 raises", when=r"\bLk=0\b")
+    assert d.matches("problem: Case(B=1 H=2 Lq=8 Lk=0 E=32 Ev=32, mask=None)")
+    assert not d.matches("problem: Case(B=1 H=2 Lq=0 Lk=16 E=32 Ev=32, mask=None)")
+    assert Deviation("p", "any").matches("whatever")

@@ -44,3 +44,13 @@ class NanRowsButFloat64Declared(NumpyNaive):
             return out
         empty = ~self._weights(q, k, call)[0].any(axis=-1, keepdims=True)  # (..., Lq, 1) rows with no key
         return np.where(empty, np.nan, out)  # (..., Lq, Ev)
+
+
+class LeaksPaddingNaNDeclaredElsewhere(LeaksPaddingNaN):
+    """Declares the padding leak only where a problem has a single batch element (`when`): the
+    leak on other problems is a failure, not the declared deviation."""
+
+    name = "leaks-padding-nan-declared-elsewhere"
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
+        Deviation("nan_in_padding_changes_nothing", "reads padded values on a problem of one batch element",
+                  when=r"no problem has this text"),))
