@@ -6,7 +6,6 @@ Plain data, no framework: `backends.base.Backend` reads them, the suite judges b
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -282,9 +282,10 @@ class JaxDpa(JaxBackend):
         scores = q.shape[:-2] + (q.shape[-2], k.shape[-2])  # (..., Hq, Lq, Lk)
         for name in ("mask",) + (() if with_dbias else ("bias",)):
             x = arrays.get(name)
-            if x is not None and np.broadcast_shapes(x.shape, scores) != tuple(x.shape):
-                full = np.broadcast_to(np.asarray(x), np.broadcast_shapes(x.shape, scores))  # (..., Hq, Lq, Lk)
-                arrays[name] = self.jax.device_put(np.ascontiguousarray(full), self.jax_device)
+            full = None if x is None else np.broadcast_shapes(x.shape, scores)
+            if full is not None and full != tuple(x.shape):
+                arrays[name] = self.jax.device_put(np.ascontiguousarray(np.broadcast_to(np.asarray(x), full)),
+                                                   self.jax_device)  # (..., Hq, Lq, Lk)
         return arrays
 
     def _window(self, call, Lq, Lk):

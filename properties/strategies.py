@@ -83,10 +83,8 @@ def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = Fal
     def up(n: int) -> int:
         return -(-n // head_multiple) * head_multiple
 
-    if compiled:  # the largest menu shape only where large problems are drawn at all
-        menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
-        s = draw(sampled(menu), label="shape")
-        return s if head_multiple == 1 else s._replace(Lk=up(s.Lk), E=up(s.E), Ev=up(s.Ev))  # still E = Ev = Lk
+    if compiled:
+        return _in_head_multiple(draw(sampled(_compiled_menu(grouped, regimes)), label="shape"), head_multiple)
     if grouped:
         B = draw(sampled((1, 2)), label="batch")
         H, Hkv = draw(sampled(V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS), label="query heads, KV heads")
@@ -125,12 +123,15 @@ def shapes(draw, compiled: bool = False, regimes=REGIMES, equal_dims: bool = Fal
     return Shape(B, H, Hkv, Lq, Lk, E, Ev)
 
 
-def _menu_shape(config, grouped: bool, regimes, head_multiple: int) -> Shape:
-    """A compiling backend's shape: the one its static configuration names (variants.compiled_configs)."""
-    menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
-    s = menu[config.shape % len(menu)]
+def _compiled_menu(grouped: bool, regimes) -> tuple:
+    """A compiling backend's shapes: the largest only where large problems are drawn at all."""
+    return COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
+
+
+def _in_head_multiple(s: Shape, head_multiple: int) -> Shape:
+    """A menu shape with Lk, E and Ev rounded up to the backend's head-dim multiple (still E = Ev = Lk)."""
     up = lambda n: -(-n // head_multiple) * head_multiple  # noqa: E731
-    return s if head_multiple == 1 else s._replace(Lk=up(s.Lk), E=up(s.E), Ev=up(s.Ev))  # still E = Ev = Lk
+    return s if head_multiple == 1 else s._replace(Lk=up(s.Lk), E=up(s.E), Ev=up(s.Ev))
 
 
 def _is_small(s: Shape) -> bool:
@@ -294,9 +295,11 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
     grouped = ("gqa" in need) or ("gqa" in supported and "gqa" not in avoid
                                   and (config.grouped if config is not None
                                        else draw(integers(0, 3), label="grouped heads") == 0))
-    s = shape or (_menu_shape(config, grouped, regimes, getattr(caps, "head_dim_multiple", 1)) if config is not None
-                  else draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use,
-                                   getattr(caps, "head_dim_multiple", 1)), label="shape"))
+    multiple = getattr(caps, "head_dim_multiple", 1)
+    if shape is None and config is not None:  # the menu shape the configuration names
+        menu = _compiled_menu(grouped, regimes)
+        shape = _in_head_multiple(menu[config.shape % len(menu)], multiple)
+    s = shape or draw(shapes(compiled, regimes, equal_dims, probe, grouped, "alibi" in use, multiple), label="shape")
     if not isinstance(s, Shape):
         s = Shape(s[0], s[1], s[1], *s[2:]) if len(s) == 6 else Shape(*s)
     kinds = tuple(k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)
@@ -349,11 +352,11 @@ def cases(draw, dtype: str, caps, compiled: bool = False, kinds=MASK_KINDS, allo
         field_lines.append(V.slopes_literal(s.H))
         fields["alibi_slopes"] = None
     lines += field_lines
-    env2 = run(lines[done:], env)
-    values = {k: (env2[k] if v is None else v) for k, v in fields.items()}
+    run(lines[done:], env)  # the scaling and the fields' statements
+    values = {k: (env[k] if v is None else v) for k, v in fields.items()}
     if values:
         lines.append("fields = " + fields_literal(values))
     else:
         lines.append("fields = {}")
-    return Case(env2["q"], env2["k"], env2["v"], env2["mask"], kind in ("causal", "causal_mask"), scale,
+    return Case(env["q"], env["k"], env["v"], env["mask"], kind in ("causal", "causal_mask"), scale,
                 tuple(lines), fields=values)
