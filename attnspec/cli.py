@@ -11,13 +11,13 @@ import argparse
 import os
 import sys
 
-from .errors import UserError
+from attnspec.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnspec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    from .commands import backends_cmd, report_cmd, run_cmd
+    from attnspec.commands import backends_cmd, report_cmd, run_cmd
 
     for module in (run_cmd, report_cmd, backends_cmd):
         module.add_parser(sub)

@@ -3,6 +3,6 @@
 Importing this package loads no framework; each backend imports its own in `load`.
 `declare` attaches declarations to a plain-function plug-in (backends/plain.py).
 """
-from .plain import declare
+from attnspec.backends.plain import declare
 
 __all__ = ["declare"]

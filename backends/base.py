@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specs.problem import FEATURE_TEXT, FEATURES, causal_mask, validate  # the definition; never the reference
+from attnspec.specs.problem import FEATURE_TEXT, FEATURES, causal_mask, validate  # the definition; never the reference
 
 class Unsupported(Exception):
     """A combination the backend declares it does not support (a skip, with its reason)."""
@@ -42,7 +42,7 @@ class BackendFailure(AssertionError):
 
 
 # the declarations live in backends/declarations.py; everything imports them from here too
-from .declarations import (_ARRAY_FIELDS, CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, LAYOUTS, OPS,  # noqa: E402,F401
+from attnspec.backends.declarations import (_ARRAY_FIELDS, CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, LAYOUTS, OPS,  # noqa: E402,F401
                            Call, Capabilities, Deviation, Semantics, numpy_layout)
 
 

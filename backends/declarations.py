@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specs.problem import FEATURES
+from attnspec.specs.problem import FEATURES
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 # Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.

@@ -28,8 +28,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from .base import BackendUnavailable, Capabilities, Deviation, Semantics
-from .torch_backends import TorchBackend, _fold
+from attnspec.backends.base import BackendUnavailable, Capabilities, Deviation, Semantics
+from attnspec.backends.torch_backends import TorchBackend, _fold
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",

@@ -25,8 +25,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import jax_programs
-from .base import Backend, BackendUnavailable, Capabilities, Deviation, Semantics, Unsupported
+from attnspec.backends import jax_programs
+from attnspec.backends.base import Backend, BackendUnavailable, Capabilities, Deviation, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",

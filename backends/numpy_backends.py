@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import LAYOUTS, Backend, Capabilities, Semantics
+from attnspec.backends.base import LAYOUTS, Backend, Capabilities, Semantics
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
 _ALL_FEATURES = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
@@ -301,5 +301,5 @@ class NumpyTiled(Backend):
 
 def _raw_call(call):
     """The same call with only the scale: tile_scores then gives scale * q k^T."""
-    from .base import Call
+    from attnspec.backends.base import Call
     return Call(scale=call.scale, enable_gqa=call.enable_gqa, dtype=call.dtype)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
-from .layout4d import Packing
+from attnspec.backends.base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
+from attnspec.backends.layout4d import Packing
 
 OPSET = 23
 _ONNX_TYPES = {"float16": "FLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}

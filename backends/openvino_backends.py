@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Backend, BackendUnavailable, Capabilities, Deviation, Semantics
-from .layout4d import Packing
+from attnspec.backends.base import Backend, BackendUnavailable, Capabilities, Deviation, Semantics
+from attnspec.backends.layout4d import Packing
 
 _BF16_NEG_INF = np.uint16(0xFF80)
 _PRECISIONS = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}  # INFERENCE_PRECISION_HINT names

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, Backend, Capabilities, Deviation, Semantics,
+from attnspec.backends.base import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, Backend, Capabilities, Deviation, Semantics,
                    Unsupported)
-from specs.problem import FEATURES, FLOAT_DTYPE_NAMES
+from attnspec.specs.problem import FEATURES, FLOAT_DTYPE_NAMES
 
 PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)"
 # parameter name -> feature it declares

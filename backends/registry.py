@@ -10,16 +10,16 @@ import inspect
 import os
 
 
-from .base import Backend
-from .plain import PLAIN_CALL, FunctionBackend, check_plain_call
+from attnspec.backends.base import Backend
+from attnspec.backends.plain import PLAIN_CALL, FunctionBackend, check_plain_call
 
 ENV_VAR = "ATTNSPEC_BACKENDS"
 ENTRY_POINT_GROUP = "attnspec.backends"
 
-_T, _TC, _J = "backends.torch_backends:", "backends.torch_cuda_backends:", "backends.jax_backends:"
+_T, _TC, _J = "attnspec.backends.torch_backends:", "attnspec.backends.torch_cuda_backends:", "attnspec.backends.jax_backends:"
 BUILTINS = {
-    "numpy-naive": "backends.numpy_backends:NumpyNaive",
-    "numpy-tiled": "backends.numpy_backends:NumpyTiled",
+    "numpy-naive": "attnspec.backends.numpy_backends:NumpyNaive",
+    "numpy-tiled": "attnspec.backends.numpy_backends:NumpyTiled",
     "torch-math": _T + "TorchMath",
     "torch-sdpa-cpu": _T + "TorchSdpaCpu",
     "torch-sdpa-cpu-math": _T + "TorchSdpaCpuMath",
@@ -28,14 +28,14 @@ BUILTINS = {
     "torch-sdpa-cuda-efficient": _TC + "TorchSdpaCudaEfficient",
     "torch-sdpa-cuda-cudnn": _TC + "TorchSdpaCudaCudnn",
     "torch-sdpa-cuda-math": _TC + "TorchSdpaCudaMath",
-    "torch-flex": "backends.flex_backends:TorchFlex",
-    "torch-flex-compiled": "backends.flex_backends:TorchFlexCompiled",
+    "torch-flex": "attnspec.backends.flex_backends:TorchFlex",
+    "torch-flex-compiled": "attnspec.backends.flex_backends:TorchFlexCompiled",
     "jax-naive": _J + "JaxNaive",
     "jax-dpa": _J + "JaxDpa",
     "jax-dpa-cudnn": _J + "JaxDpaCudnn",
-    "onnxruntime-attention": "backends.onnx_backends:OnnxRuntimeAttention",
-    "openvino-sdpa": "backends.openvino_backends:OpenVinoSdpa",
-    "openvino-sdpa-f32": "backends.openvino_backends:OpenVinoSdpaF32",
+    "onnxruntime-attention": "attnspec.backends.onnx_backends:OnnxRuntimeAttention",
+    "openvino-sdpa": "attnspec.backends.openvino_backends:OpenVinoSdpa",
+    "openvino-sdpa-f32": "attnspec.backends.openvino_backends:OpenVinoSdpaF32",
 }
 
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .base import LAYOUTS, Backend, BackendUnavailable, Call, Capabilities, Deviation, Semantics, Unsupported
+from attnspec.backends.base import LAYOUTS, Backend, BackendUnavailable, Call, Capabilities, Deviation, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")

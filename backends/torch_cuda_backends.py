@@ -6,8 +6,8 @@ H200 (tools/gpu_check.sh runs the suite there); the findings are in the deviatio
 """
 from __future__ import annotations
 
-from .base import Capabilities, Deviation, Semantics, Unsupported
-from .torch_backends import _ALL, _HALF, _SDPA_FEATURES, TorchSdpa
+from attnspec.backends.base import Capabilities, Deviation, Semantics, Unsupported
+from attnspec.backends.torch_backends import _ALL, _HALF, _SDPA_FEATURES, TorchSdpa
 
 _CUDA_NOTE = "run on an NVIDIA H200 with torch 2.11.0+cu130 (tools/gpu_check.sh)"
 _CUDA_LSE = ("the log-sum-exp comes from the private op SDPA dispatches to (aten._scaled_dot_product_{flash,"

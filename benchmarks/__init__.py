@@ -9,6 +9,6 @@ costs; the fork-unsafe state (JAX's client, torch's thread pool, CUDA) is create
 import sys
 
 if sys.argv[1:2] == ["run_server"]:
-    from . import _common, _threads
+    from attnspec.benchmarks import _common, _threads
 
     _threads.preload(_common.backend_names())

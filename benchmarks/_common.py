@@ -13,8 +13,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import _threads  # noqa: I001 - first: thread variables before NumPy loads
-from ._grid import BACKEND_BUDGET_SECONDS, BATCH, HEADS, MAX_CALL_SECONDS  # noqa: F401 - re-exported
+from attnspec.benchmarks import _threads  # noqa: I001 - first: thread variables before NumPy loads
+from attnspec.benchmarks._grid import BACKEND_BUDGET_SECONDS, BATCH, HEADS, MAX_CALL_SECONDS  # noqa: F401 - re-exported
 
 import numpy as np  # noqa: E402
 
@@ -29,8 +29,8 @@ if (os.environ.get("ASV_ENV_TYPE") in (None, "existing") and os.path.isfile(os.p
         and REPO_ROOT not in sys.path):
     sys.path.insert(0, REPO_ROOT)
 
-from backends import registry  # noqa: E402
-from backends.base import BackendUnavailable, Unsupported  # noqa: E402
+from attnspec.backends import registry  # noqa: E402
+from attnspec.backends.base import BackendUnavailable, Unsupported  # noqa: E402
 
 # The clock of the time_ benchmarks. "process" = the process's CPU time: with one thread it is
 # the call's compute time, blind to waiting for a core (on the shared 2-core VM, under load 6-8,

@@ -121,7 +121,7 @@ def frameworks_of(names) -> list[str]:
 
 def _adapter(name: str) -> str | None:
     """A built-in's adapter module ("flex_backends"); None for a plug-in."""
-    from backends import registry
+    from attnspec.backends import registry
 
     target = registry.BUILTINS.get(name)
     return None if target is None else target.partition(":")[0].rsplit(".", 1)[-1]

@@ -8,7 +8,7 @@ cost model (specs.cost) by the recorded time, so rate and time come from the sam
 """
 from __future__ import annotations
 
-from . import _common, _grid
+from attnspec.benchmarks import _common, _grid
 
 SAMPLE_SECONDS = 0.005  # one asv sample holds this much calling time at least
 

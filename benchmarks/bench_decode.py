@@ -10,7 +10,7 @@ and the report draws it under the STREAM-style copy/triad bandwidth bench_machin
 """
 from __future__ import annotations
 
-from . import _common, _grid, bench_attention
+from attnspec.benchmarks import _common, _grid, bench_attention
 
 
 class TimeDecode(bench_attention.Timed):

@@ -7,7 +7,7 @@ import statistics
 import sys
 import time
 
-from . import _common, _grid, _threads, bench_attention  # modules, not classes: asv would collect those twice
+from attnspec.benchmarks import _common, _grid, _threads, bench_attention  # modules, not classes: asv would collect those twice
 
 MATMUL_N = 1024  # 2.1 GFLOP per product: 10-50 ms here, long enough to swamp call overhead
 GPU_MATMUL_N = 8192  # 1.1 TFLOP: ~1.4 ms on an H200's bf16 tensor cores; 1024 would time the launch

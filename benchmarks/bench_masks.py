@@ -9,7 +9,7 @@ far less (window).
 """
 from __future__ import annotations
 
-from . import _common, _grid, bench_attention
+from attnspec.benchmarks import _common, _grid, bench_attention
 
 
 class TimeMasked(bench_attention.Timed):

@@ -5,8 +5,8 @@ is slow spends the grid's budget (_grid.BACKEND_BUDGET_SECONDS) on timed combina
 """
 from __future__ import annotations
 
-from . import _common, _grid, _memory
-from .bench_attention import sweep
+from attnspec.benchmarks import _common, _grid, _memory
+from attnspec.benchmarks.bench_attention import sweep
 
 
 class MemoryAttention:

@@ -34,10 +34,10 @@ import os
 
 os.environ.setdefault("ATTNSPEC_BACKENDS", {backend!r})
 
-from benchmarks.bench_attention import TimeAttention, TimeHalfPrecision  # noqa: E402,F401
-from benchmarks.bench_decode import TimeDecode, TimeGroupedDecode  # noqa: E402,F401
-from benchmarks.bench_masks import TimeMasked  # noqa: E402,F401
-from benchmarks.bench_memory import MemoryAttention  # noqa: E402,F401
+from attnspec.benchmarks.bench_attention import TimeAttention, TimeHalfPrecision  # noqa: E402,F401
+from attnspec.benchmarks.bench_decode import TimeDecode, TimeGroupedDecode  # noqa: E402,F401
+from attnspec.benchmarks.bench_masks import TimeMasked  # noqa: E402,F401
+from attnspec.benchmarks.bench_memory import MemoryAttention  # noqa: E402,F401
 '''
 
 

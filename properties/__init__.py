@@ -7,7 +7,7 @@ Run it on your implementation from any folder (attnspec installed)::
 or inside your own test suite, one module (scikit-learn's ``parametrize_with_checks`` idea)::
 
     # tests/test_attention_conformance.py
-    from properties import install
+    from attnspec.properties import install
 
     install(globals(), "mypkg.attn:sdpa")          # every family; or families=("output", "masking")
 
@@ -73,8 +73,8 @@ def install(namespace: dict, *backends, families: tuple | None = None) -> list[s
     if f"{__name__}.plugin" not in sys.modules:
         raise RuntimeError("install: attnspec's pytest plugin is not loaded (pytest loads it through attnspec's "
                            "entry point unless plugin autoloading is off): run pytest with -p properties.plugin")
-    from . import profiles
-    from .plugin import INSTALLED
+    from attnspec.properties import profiles
+    from attnspec.properties.plugin import INSTALLED
 
     try:
         profile = profiles.choose()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specs.problem import Problem, validate, visible
+from attnspec.specs.problem import Problem, validate, visible
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def _short(x) -> str:
 
 
 def _round_bf16(x):
-    from specs.error_budget import round_bfloat16
+    from attnspec.specs.error_budget import round_bfloat16
     return round_bfloat16(x)
 
 

@@ -130,7 +130,7 @@ LONG_SUITES = ("jax-dpa", "jax-naive", "torch-flex", "openvino-sdpa-f32", "openv
 def suite_weight(backend: str, tests: int = 0) -> tuple:
     """Sort key, largest first: a known long suite by its place in LONG_SUITES, else its test count.
     `backend` may carry a dtype (an xdist group: "jax-dpa-float32")."""
-    from specs.problem import FLOAT_DTYPE_NAMES
+    from attnspec.specs.problem import FLOAT_DTYPE_NAMES
 
     for dtype in FLOAT_DTYPE_NAMES:
         backend = backend[:-len(dtype) - 1] if backend.endswith("-" + dtype) else backend

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from .runner import ROOT, run_suite
+from attnspec.properties.runner import ROOT, run_suite
 
 say = functools.partial(print, flush=True)  # progress lines reach a log file as they happen
 
@@ -57,7 +57,7 @@ STOP_ENV, IGNORE_ENV = "ATTNSPEC_MEASURE_STOP", "ATTNSPEC_MEASURE_IGNORE"  # sto
 
 def cpu_builtins() -> list:
     """The CPU built-ins (chosen without importing a framework; the suite skips a missing one)."""
-    from backends.registry import builtin_names, resolve
+    from attnspec.backends.registry import builtin_names, resolve
     return [n for n in builtin_names() if resolve(n).capabilities.device == "cpu"]
 
 
@@ -125,7 +125,7 @@ def suite_run(names, seed: int, rule: str = "attnspec", profile: str = "dev", ex
     env.pop("ATTNSPEC_BACKENDS", None)
     env["ATTNSPEC_WORKERS"] = "1"  # one process unless --workers asks for pytest-xdist (-n below)
     result = run_suite(list(names), profile=profile, env=env, timeout=timeout,
-                       extra_args=["-p", "properties.detection_power", f"--hypothesis-seed={seed}"]
+                       extra_args=["-p", "attnspec.properties.detection_power", f"--hypothesis-seed={seed}"]
                        + (["-n", WORKERS] if WORKERS not in ("", "0") else []) + list(extra), pythonpath=[ROOT])
     if not result.conformance:
         raise RuntimeError(f"the suite reported nothing (exit {result.returncode}):\n{result.output[-3000:]}")
@@ -258,7 +258,7 @@ def examples_needed(p: float, target: float = 0.99):
 
 
 def _names(entry) -> set:
-    from backends.registry import resolve
+    from attnspec.backends.registry import resolve
     return {entry.spec, getattr(resolve(entry.spec), "name", entry.spec)}
 
 

@@ -13,11 +13,11 @@ import textwrap
 import numpy as np
 from hypothesis import reject
 
-from specs import error_budget, reference
-from specs.invariants import Verdict
+from attnspec.specs import error_budget, reference
+from attnspec.specs.invariants import Verdict
 
-from .case import Case
-from .strategies import cases
+from attnspec.properties.case import Case
+from attnspec.properties.strategies import cases
 
 
 class ConformanceFailure(AssertionError):
@@ -58,7 +58,7 @@ def draw_case(data, target, **kwargs) -> Case:
 
 def requires(target, *features: str) -> None:
     """Skip (with the reason) unless the backend declares every feature natively."""
-    from specs.problem import FEATURE_TEXT
+    from attnspec.specs.problem import FEATURE_TEXT
     missing = [f for f in features if not target.supports(f)]
     if missing:
         import pytest
@@ -112,7 +112,7 @@ def snippet(target, case: Case, call: str = "forward", checks: tuple = (), grad_
              "import numpy as np", "from backends.registry import resolve", "from specs import reference",
              f"backend = resolve({getattr(target, 'spec', target.name)!r})"]
     if getattr(target, "earlier", None):
-        from .targets import replay_line
+        from attnspec.properties.targets import replay_line
         lines += ["def shaped(*shapes):  # random inputs: the calls below only bring the backend to its state",
                   "    rng = np.random.default_rng(0)",
                   "    return [rng.standard_normal(s) for s in shapes]",

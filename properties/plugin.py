@@ -26,7 +26,7 @@ import tempfile
 
 import pytest
 
-from . import cores, heap, output, profiles
+from attnspec.properties import cores, heap, output, profiles
 
 ENTRY_POINT = "attnspec"              # the pytest11 name: -p no:attnspec turns the plugin off
 INSTALLED = "__attnspec_backends__"   # set by properties.install in a user's test module
@@ -78,7 +78,7 @@ def _add_backend_alias(parser) -> None:
 
 
 def _names(config) -> list[str]:
-    from backends import registry
+    from attnspec.backends import registry
 
     names = [n.strip() for raw in (config.getoption("attnspec_backend") or []) for n in raw.split(",") if n.strip()]
     return names or registry.names_from_env() or registry.suite_names()
@@ -221,11 +221,11 @@ def import_paths(spec: str) -> tuple:
 
 def make_targets(spec: str) -> list:
     """One Target per dtype the backend declares and the error budget covers."""
-    from backends import registry
-    from specs.error_budget import BUDGETS
-    from specs.problem import FLOAT_DTYPE_NAMES
+    from attnspec.backends import registry
+    from attnspec.specs.error_budget import BUDGETS
+    from attnspec.specs.problem import FLOAT_DTYPE_NAMES
 
-    from .targets import Target
+    from attnspec.properties.targets import Target
 
     backend = registry.resolve(spec)
     paths = import_paths(spec)
@@ -240,7 +240,7 @@ def make_targets(spec: str) -> list:
 
 def _targets(config, names) -> list:
     """Per backend, its Targets; resolved once per run."""
-    from backends import registry
+    from attnspec.backends import registry
 
     cache = config.__dict__.setdefault("_attnspec_targets", {})
     key = tuple(dict.fromkeys(names))
@@ -257,17 +257,18 @@ def _targets(config, names) -> list:
 
 def is_property(fn) -> bool:
     """attnspec's own property tests (also where `install` put them), never a user's."""
-    return (getattr(fn, "__module__", None) or "").startswith(PACKAGE + ".test_")
+    code = getattr(fn, "__code__", None)
+    return code is not None and os.path.dirname(os.path.abspath(code.co_filename)) == PACKAGE_DIR
 
 
 def _enable_jax_cache(per_backend) -> None:
     """JAX's persistent compilation cache, and the JAX backends' compiled programs kept whole
     (backends/jax_programs.py): later runs skip the per-shape compiles, traces and lowerings."""
-    from .targets import is_compiled
+    from attnspec.properties.targets import is_compiled
 
     if not any(is_compiled(t[0].backend) for t in per_backend if t):
         return
-    from backends import jax_programs
+    from attnspec.backends import jax_programs
 
     try:
         jax_programs.enable(JAX_PROGRAMS)
@@ -291,7 +292,7 @@ def pytest_generate_tests(metafunc):
         try:
             per_backend = _targets(metafunc.config, installed)
         except pytest.UsageError as e:
-            pytest.fail(f"properties.install: {e}".replace("--backend: ", ""), pytrace=False)
+            pytest.fail(f"attnspec.properties.install: {e}".replace("--backend: ", ""), pytrace=False)
     else:
         per_backend = _targets(metafunc.config, _names(metafunc.config))
     if not getattr(metafunc.config, "_attnspec_jax_cache", False):
@@ -383,7 +384,7 @@ def _assertions_only(exc) -> bool:
 
 
 def _conformance_failures(exc) -> list:
-    from .judge import ConformanceFailure
+    from attnspec.properties.judge import ConformanceFailure
 
     found, todo = [], _leaves(exc)
     while todo:
@@ -560,7 +561,7 @@ def pytest_runtest_protocol(item, nextitem):
     if target is None or not os.environ.get(PROGRESS_ENV):
         yield
         return
-    from .targets import _HUNG  # id(backend) -> the call that did not return within the per-call limit
+    from attnspec.properties.targets import _HUNG  # id(backend) -> the call that did not return within the per-call limit
 
     key = _progress_key(item, target)
     _progress(dict(key, event="started"))
@@ -594,7 +595,7 @@ def pytest_terminal_summary(terminalreporter, config):
     for line in output.backend_lines(rows):
         tr.write_line(line)
     if _ROWS["semantics"]:
-        from specs.problem import FLOAT_DTYPE_NAMES
+        from attnspec.specs.problem import FLOAT_DTYPE_NAMES
         tr.section("attnspec: semantics profile (observed per dtype; 'ok' = as declared, blank = nothing declared)")
         for line in output.semantics_lines(_ROWS["semantics"], list(reversed(FLOAT_DTYPE_NAMES))):
             tr.write_line(line)

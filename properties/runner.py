@@ -1,6 +1,6 @@
 """Run the conformance suite on chosen backends from Python, in a fresh interpreter.
 
-    from properties.runner import run_suite
+    from attnspec.properties.runner import run_suite
     result = run_suite(["numpy-naive", "mypkg.attn:sdpa"], extra_args=["-x"])
     result.returncode, result.conformance, result.semantics, result.failed
 

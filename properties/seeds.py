@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .case import seed_case
+from attnspec.properties.case import seed_case
 
 _K000 = [[1.0, 0.0], [0.0, 1.0], [0.9, 0.1]]  # seed 000: key 0 = Q, key 1 perpendicular, key 2 close
 _V000 = [[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]]

@@ -23,12 +23,12 @@ from typing import NamedTuple
 import numpy as np
 from hypothesis import strategies as st
 
-from specs.error_budget import round_to
-from specs.problem import alibi_slopes
+from attnspec.specs.error_budget import round_to
+from attnspec.specs.problem import alibi_slopes
 
-from . import variants as V
-from .case import Case, fields_literal, literal, run, seed_case  # noqa: F401 - re-exported
-from .reuse import binary, booleans, integers, reused, sampled
+from attnspec.properties import variants as V
+from attnspec.properties.case import Case, fields_literal, literal, run, seed_case  # noqa: F401 - re-exported
+from attnspec.properties.reuse import binary, booleans, integers, reused, sampled
 
 LOW_PRECISION = ("float16", "bfloat16")
 SMALL_MAX_LEN, SMALL_MAX_DIM = 5, 4  # element-wise up to these (at most 40 entries an array)

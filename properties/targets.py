@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import reject
 
-from backends.base import Backend, BackendFailure, Unsupported
-from specs.error_budget import BUDGETS
+from attnspec.backends.base import Backend, BackendFailure, Unsupported
+from attnspec.specs.error_budget import BUDGETS
 
 DEFAULT_CALL_TIMEOUT = 60.0  # s: generous enough for a JAX compile of the largest shape
 
@@ -90,9 +90,9 @@ def _guarded(target, call: str, case, fn, *args, **kwargs):
         # a skip with the reason, now - not after Hypothesis has drawn hundreds of problems
         pytest.skip(target.unsupported)
     except BackendFailure as e:
-        from specs.invariants import Verdict
+        from attnspec.specs.invariants import Verdict
 
-        from .judge import ConformanceFailure, snippet
+        from attnspec.properties.judge import ConformanceFailure, snippet
         verdict = Verdict("backend_call", False, None, float("nan"), f"the {call} call failed: {e.what}")
         raise ConformanceFailure(target.current_property, target, verdict, case,
                                  snippet(target, case, call, return_lse=kwargs.get("return_lse", False))) from e
@@ -245,7 +245,7 @@ class Target:
         probed = id(self.backend) in _EQUAL_DIMS
         needs = needs_equal_head_dims(self.backend, self.dtype)
         if not probed and not needs:  # the probe was a call too: a stateful backend's reproducer replays it
-            from .case import build, Case
+            from attnspec.properties.case import build, Case
             q, k, v = _probe_shapes(self.backend)
             self._record("forward", build([f"q, k, v = np.zeros({q}), np.zeros({k}), np.zeros({v})",
                                            "mask = None", "fields = {}"], Case(None, None, None, None, False, None)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .judge import agreement, close_outputs, draw_case, requires
+from attnspec.properties.judge import agreement, close_outputs, draw_case, requires
 
 _ALIBI = frozenset({"alibi"})
 
@@ -42,5 +42,5 @@ def test_alibi_equals_explicit_bias(target, data):
 
 
 def _alibi_bias(*args):
-    from specs.problem import alibi_bias
+    from attnspec.specs.problem import alibi_bias
     return alibi_bias(*args)

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from specs import error_budget
+from attnspec.specs import error_budget
 
-from .judge import agreement, close_outputs, draw_case, fail_unless, judged_rows, requires
-from .reuse import integers
-from .test_gradients import _EXAMPLES, _grad_out
+from attnspec.properties.judge import agreement, close_outputs, draw_case, fail_unless, judged_rows, requires
+from attnspec.properties.reuse import integers
+from attnspec.properties.test_gradients import _EXAMPLES, _grad_out
 
 _BIAS = frozenset({"bias"})
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specs.problem import FLOAT_DTYPE_NAMES
+from attnspec.specs.problem import FLOAT_DTYPE_NAMES
 
-from .case import build, Case
-from specs.invariants import Verdict
+from attnspec.properties.case import build, Case
+from attnspec.specs.invariants import Verdict
 
-from .judge import agreement, fail_unless
+from attnspec.properties.judge import agreement, fail_unless
 
 HEAD_DIMS = (8, 16, 32, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256)
 LENGTHS = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)

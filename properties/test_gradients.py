@@ -14,13 +14,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specs import error_budget
-from specs.invariants import gradient_scaling
+from attnspec.specs import error_budget
+from attnspec.specs.invariants import gradient_scaling
 
-from .judge import draw_case, fail_unless, judged_rows
-from .reuse import integers, sampled
-from .seeds import with_seed_examples
-from .strategies import LOW_PRECISION, Case
+from attnspec.properties.judge import draw_case, fail_unless, judged_rows
+from attnspec.properties.reuse import integers, sampled
+from attnspec.properties.seeds import with_seed_examples
+from attnspec.properties.strategies import LOW_PRECISION, Case
 
 pytestmark = pytest.mark.needs_gradients
 

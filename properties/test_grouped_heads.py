@@ -13,12 +13,12 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from specs import error_budget
-from specs.invariants import Verdict
-from specs.reference import sum_groups
+from attnspec.specs import error_budget
+from attnspec.specs.invariants import Verdict
+from attnspec.specs.reference import sum_groups
 
-from .judge import agreement, close_outputs, draw_case, fail_unless, judged_rows, requires
-from .test_gradients import _EXAMPLES, _grad_out
+from attnspec.properties.judge import agreement, close_outputs, draw_case, fail_unless, judged_rows, requires
+from attnspec.properties.test_gradients import _EXAMPLES, _grad_out
 
 
 def _repeated(case):

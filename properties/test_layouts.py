@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .judge import close_outputs, draw_case
+from attnspec.properties.judge import close_outputs, draw_case
 
 _OTHER_LAYOUTS = ("transposed", "offset", "permuted", "expanded")  # expanded last: it changes the values
 

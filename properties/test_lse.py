@@ -12,11 +12,11 @@ import numpy as np
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from specs import error_budget, reference
-from specs.invariants import Verdict
+from attnspec.specs import error_budget, reference
+from attnspec.specs.invariants import Verdict
 
-from .judge import draw_case, fail_unless, judged_rows, output_tolerance, requires, worst
-from .reuse import integers
+from attnspec.properties.judge import draw_case, fail_unless, judged_rows, output_tolerance, requires, worst
+from attnspec.properties.reuse import integers
 
 # chunks of keys cannot carry fields tied to key positions (causal, windows, ALiBi, lengths)
 _POSITIONAL = frozenset({"window", "alibi", "seq_lengths"})

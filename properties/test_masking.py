@@ -11,12 +11,12 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from specs import invariants
-from specs.invariants import Verdict
+from attnspec.specs import invariants
+from attnspec.specs.invariants import Verdict
 
-from .judge import draw_case, fail_unless, judged_rows, worst
-from .reuse import integers
-from .strategies import Case
+from attnspec.properties.judge import draw_case, fail_unless, judged_rows, worst
+from attnspec.properties.reuse import integers
+from attnspec.properties.strategies import Case
 
 
 def _needs(target, capability: str) -> None:

@@ -9,11 +9,11 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specs import invariants
+from attnspec.specs import invariants
 
-from .judge import agreement, draw_case, fail_unless, output_tolerance
-from .seeds import with_seed_examples
-from .strategies import SCALES
+from attnspec.properties.judge import agreement, draw_case, fail_unless, output_tolerance
+from attnspec.properties.seeds import with_seed_examples
+from attnspec.properties.strategies import SCALES
 
 
 @with_seed_examples

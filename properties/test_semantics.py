@@ -16,11 +16,11 @@ import math
 import numpy as np
 import pytest
 
-from specs import error_budget
-from specs.error_budget import BUDGETS, round_to
+from attnspec.specs import error_budget
+from attnspec.specs.error_budget import BUDGETS, round_to
 
-from .case import Case, build, fields_literal, literal
-from .judge import ConformanceFailure
+from attnspec.properties.case import Case, build, fields_literal, literal
+from attnspec.properties.judge import ConformanceFailure
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN and inf are fed on purpose
 

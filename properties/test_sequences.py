@@ -12,9 +12,9 @@ import numpy as np
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from specs.invariants import Verdict
+from attnspec.specs.invariants import Verdict
 
-from .judge import agreement, draw_case, fail_unless, judged_rows, requires, worst
+from attnspec.properties.judge import agreement, draw_case, fail_unless, judged_rows, requires, worst
 
 
 def _unchanged(prop, target, case, other, rows, what, checks):

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from specs import error_budget
-from specs.invariants import Verdict
+from attnspec.specs import error_budget
+from attnspec.specs.invariants import Verdict
 
-from .judge import agreement, draw_case, fail_unless, judged_rows, output_tolerance, requires
-from .reuse import sampled
-from .test_gradients import _EXAMPLES, _grad_out
+from attnspec.properties.judge import agreement, draw_case, fail_unless, judged_rows, output_tolerance, requires
+from attnspec.properties.reuse import sampled
+from attnspec.properties.test_gradients import _EXAMPLES, _grad_out
 
 _SOFTCAP = frozenset({"softcap"})
 

@@ -13,12 +13,12 @@ import numpy as np
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from specs.invariants import Verdict
-from specs.problem import causal_mask
+from attnspec.specs.invariants import Verdict
+from attnspec.specs.problem import causal_mask
 
-from .judge import draw_case, fail_unless, judged_rows, output_tolerance, worst
-from .reuse import integers
-from .strategies import Case
+from attnspec.properties.judge import draw_case, fail_unless, judged_rows, output_tolerance, worst
+from attnspec.properties.reuse import integers
+from attnspec.properties.strategies import Case
 
 
 @given(data=st.data())

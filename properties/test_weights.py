@@ -10,11 +10,11 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specs import error_budget, invariants
+from attnspec.specs import error_budget, invariants
 
-from .judge import (draw_case, expected_forward, fail_unless, output_tolerance, plain_output, reduction_length,
+from attnspec.properties.judge import (draw_case, expected_forward, fail_unless, output_tolerance, plain_output, reduction_length,
                     score_size)
-from .seeds import with_seed_examples
+from attnspec.properties.seeds import with_seed_examples
 
 
 def _probe(target, data):

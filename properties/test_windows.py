@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specs.invariants import Verdict
-from specs.problem import window_mask
+from attnspec.specs.invariants import Verdict
+from attnspec.specs.problem import window_mask
 
-from .judge import agreement, close_outputs, draw_case, fail_unless, judged_rows, requires, worst
+from attnspec.properties.judge import agreement, close_outputs, draw_case, fail_unless, judged_rows, requires, worst
 
 _WINDOW = frozenset({"window"})
 

@@ -13,10 +13,10 @@ from typing import NamedTuple
 import numpy as np
 from hypothesis import strategies as st
 
-from specs.problem import alibi_slopes
+from attnspec.specs.problem import alibi_slopes
 
-from .case import literal
-from .reuse import binary, booleans, integers, reused, sampled
+from attnspec.properties.case import literal
+from attnspec.properties.reuse import binary, booleans, integers, reused, sampled
 
 # fields a drawn problem may carry, with how often each is drawn when the backend supports it
 OPTIONAL = ("bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")

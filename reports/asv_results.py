@@ -155,7 +155,7 @@ def builtin_device(name) -> str:
     """A built-in backend's declared device ("cpu" for any other name), importing no framework."""
     import importlib
 
-    from backends import registry
+    from attnspec.backends import registry
 
     spec = registry.BUILTINS.get(name) if isinstance(name, str) else None
     if spec is None:
@@ -192,7 +192,7 @@ def load_results(results_dir: str):
     if not os.path.isdir(results_dir):
         raise ValueError(f"results_dir {results_dir!r} is not a folder")
     declared = {}
-    bench_file = os.path.join(results_dir, "benchmarks.json")
+    bench_file = os.path.join(results_dir, "attnspec.benchmarks.json")
     if os.path.isfile(bench_file):
         with open(bench_file) as f:
             declared = {k: v for k, v in json.load(f).items() if isinstance(v, dict)}
@@ -238,7 +238,7 @@ def _derived(df):
     import pandas as pd
 
     try:
-        from specs import cost
+        from attnspec.specs import cost
         cost.useful_flops  # noqa: B018 - an older specs without it: the plain counts below
     except (ImportError, AttributeError) as e:  # the cost model is part of the spec; without it, no rates
         warnings.warn(f"specs.cost unavailable ({e}): no gflops or memory_multiple rows", stacklevel=3)

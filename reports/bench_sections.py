@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 from markupsafe import Markup
 
-from . import bench_tables, plots
+from attnspec.reports import bench_tables, plots
 
 DTYPE_TITLES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "float64": "float64"}
 

@@ -13,10 +13,10 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from . import inputs as inp
-from .writer import staging, write_text
+from attnspec.reports import inputs as inp
+from attnspec.reports.writer import staging, write_text
 
-CSV_FILES = ("conformance.csv", "semantics.csv", "benchmarks.csv", "scaling.csv", "worked_examples.csv",
+CSV_FILES = ("conformance.csv", "semantics.csv", "attnspec.benchmarks.csv", "scaling.csv", "worked_examples.csv",
              "verdicts.csv")
 
 # The page, top to bottom: (anchor, title).  Section <anchor> is drawn by the template
@@ -109,7 +109,7 @@ class Frames:
 
 
 def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: str) -> dict:
-    from . import page, tables  # pandas, matplotlib and Jinja2 only when a report is built
+    from attnspec.reports import page, tables  # pandas, matplotlib and Jinja2 only when a report is built
 
     conf = tables.conformance_frame(inputs.conformance)
     sem = tables.semantics_frame(inputs.semantics)

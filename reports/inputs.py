@@ -195,6 +195,6 @@ def copy_asv_results(src: str, dst: str, commit: str | None = None) -> int:
         for f in chosen:
             shutil.copy2(f, os.path.join(dst, machine, os.path.basename(f)))
             copied += 1
-    if copied and os.path.isfile(os.path.join(src, "benchmarks.json")):
-        shutil.copy2(os.path.join(src, "benchmarks.json"), os.path.join(dst, "benchmarks.json"))
+    if copied and os.path.isfile(os.path.join(src, "attnspec.benchmarks.json")):
+        shutil.copy2(os.path.join(src, "attnspec.benchmarks.json"), os.path.join(dst, "attnspec.benchmarks.json"))
     return copied

@@ -14,10 +14,10 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from . import plots
-from .bench_sections import decode_data, dtypes_data, masked_data  # noqa: F401 - sections of build.SECTIONS
-from .inputs import NOT_ATTEMPTED
-from .tables import FIT_T_MIN
+from attnspec.reports import plots
+from attnspec.reports.bench_sections import decode_data, dtypes_data, masked_data  # noqa: F401 - sections of build.SECTIONS
+from attnspec.reports.inputs import NOT_ATTEMPTED
+from attnspec.reports.tables import FIT_T_MIN
 
 STATUS_TEXT = {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "error",
                "crashed": "crashed", "timed_out": "timed out", "recorded": "recorded (nothing declared)",

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .inputs import ReportInputError
+from attnspec.reports.inputs import ReportInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

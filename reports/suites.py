@@ -15,8 +15,8 @@ import os
 import sys
 import time
 
-from .inputs import NOT_ATTEMPTED, ReportInputError, read_suite_json
-from .runner import child_env, say, watch
+from attnspec.reports.inputs import NOT_ATTEMPTED, ReportInputError, read_suite_json
+from attnspec.reports.runner import child_env, say, watch
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines when the terminal cannot redraw one
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .inputs import (CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance,
+from attnspec.reports.inputs import (CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance,
                      merge_semantics)
 
 BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit",
@@ -28,7 +28,7 @@ def semantics_frame(rows) -> pd.DataFrame:
 def benchmarks_frame(asv_dirs) -> pd.DataFrame:
     if not asv_dirs:
         return pd.DataFrame(columns=list(BENCH_COLUMNS))
-    from .asv_results import load_results
+    from attnspec.reports.asv_results import load_results
 
     frames = []
     for d in asv_dirs:
@@ -61,7 +61,7 @@ def scaling_frame(bench: pd.DataFrame) -> pd.DataFrame:
     machines = sorted(sub["machine"].dropna().unique()) if not sub.empty else []
     if not machines:
         return pd.DataFrame(columns=list(SCALING_COLUMNS))
-    from .asv_results import fit_scaling
+    from attnspec.reports.asv_results import fit_scaling
 
     frames = []
     for machine in machines:
@@ -82,7 +82,7 @@ def scaling_frame(bench: pd.DataFrame) -> pd.DataFrame:
 def worked_frame() -> tuple[pd.DataFrame, str]:
     """The seeds' worked examples recomputed, with a note when the spec module is missing."""
     try:
-        from specs import worked_examples
+        from attnspec.specs import worked_examples
     except ImportError as e:
         return pd.DataFrame(columns=list(WORKED_COLUMNS) + ["note"]), f"specs.worked_examples unavailable: {e}"
     rows = [_as_dict(r) for r in worked_examples.check()]

@@ -8,7 +8,7 @@ code must never load the reference.  The other modules load on first use (PEP 56
 """
 import importlib
 
-from .problem import FLOAT_DTYPE_NAMES, Problem, causal_mask, default_scale, validate
+from attnspec.specs.problem import FLOAT_DTYPE_NAMES, Problem, causal_mask, default_scale, validate
 
 _LAZY = ("cost", "error_budget", "invariants", "reference", "worked_examples")
 

@@ -1,7 +1,7 @@
 """`python -m specs`: the seeds' worked examples that disagree with the reference (the errata)."""
 import signal
 
-from .worked_examples import check
+from attnspec.specs.worked_examples import check
 
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `python -m specs | head` ends quietly
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import Problem, alibi_bias, visible
-from .reference import expand_kv, run_forward, sum_groups, sum_to
+from attnspec.specs.problem import Problem, alibi_bias, visible
+from attnspec.specs.reference import expand_kv, run_forward, sum_groups, sum_to
 
 _CHUNK = 1 << 16  # elements of the (rows, Lk, Ev) temporary: 512 KB, in cache (4x faster than 16 MB chunks)
 

@@ -76,12 +76,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import budget_terms as terms
-from .invariants import Verdict, worst_offender
-from .problem import Problem
-from .reference import run_backward, run_forward
-from .plain import Plain as _Plain, _problem, dtype_name, plain_backward, plain_forward, plain_lse  # noqa: F401
-from .plain import round_bfloat16, round_to  # noqa: F401 - public names
+from attnspec.specs import budget_terms as terms
+from attnspec.specs.invariants import Verdict, worst_offender
+from attnspec.specs.problem import Problem
+from attnspec.specs.reference import run_backward, run_forward
+from attnspec.specs.plain import Plain as _Plain, _problem, dtype_name, plain_backward, plain_forward, plain_lse  # noqa: F401
+from attnspec.specs.plain import round_bfloat16, round_to  # noqa: F401 - public names
 
 RULES = ("attnspec", "flash")
 RULE_ENV = "ATTNSPEC_BUDGET_RULE"

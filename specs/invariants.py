@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import causal_mask
+from attnspec.specs.problem import causal_mask
 
 
 @dataclass(frozen=True)

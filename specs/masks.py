@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from .problem import CAUSAL_ALIGNMENTS, Problem, _window
+from attnspec.specs.problem import CAUSAL_ALIGNMENTS, Problem, _window
 
 
 def causal_mask(Lq: int, Lk: int, alignment: str = "top_left") -> np.ndarray:

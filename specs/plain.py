@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import Problem, validate
-from .reference import Exact, run_backward, run_forward
+from attnspec.specs.problem import Problem, validate
+from attnspec.specs.reference import Exact, run_backward, run_forward
 
 # dtype -> the NumPy type holding its values (bfloat16 values are float32 numbers)
 STORAGE = {"float16": "float16", "bfloat16": "float32", "float32": "float32", "float64": "float64"}

@@ -282,4 +282,4 @@ def validate(query, key, value, mask=None, is_causal=False, scale=None, *, bias=
 
 
 # the pairs that take part: specs/masks.py (re-exported: everything imports them from here)
-from .masks import alibi_bias, alibi_slopes, causal_mask, padded_query_rows, visible, window_mask  # noqa: E402,F401
+from attnspec.specs.masks import alibi_bias, alibi_slopes, causal_mask, padded_query_rows, visible, window_mask  # noqa: E402,F401

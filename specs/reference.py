@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import Problem, alibi_bias, validate, visible
+from attnspec.specs.problem import Problem, alibi_bias, validate, visible
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import cost, invariants, reference
-from .worked_examples_data import K000, PRINTED, SCORES004, SEED_PROBLEMS, SOURCES, V000, X003
+from attnspec.specs import cost, invariants, reference
+from attnspec.specs.worked_examples_data import K000, PRINTED, SCORES004, SEED_PROBLEMS, SOURCES, V000, X003
 
 def run(problem: dict):
     """The reference forward of a SEED_PROBLEMS entry."""

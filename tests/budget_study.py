@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from backends.base import Unsupported  # noqa: E402
-from backends.registry import resolve, suite_names  # noqa: E402
-from specs import error_budget as eb  # noqa: E402
-from specs.problem import validate, visible  # noqa: E402
+from attnspec.backends.base import Unsupported  # noqa: E402
+from attnspec.backends.registry import resolve, suite_names  # noqa: E402
+from attnspec.specs import error_budget as eb  # noqa: E402
+from attnspec.specs.problem import validate, visible  # noqa: E402
 from tests.broken import CORRECT as TEETH_CORRECT  # noqa: E402
 
 # every built-in the suite checks by default (torch-flex-compiled, opt-in there, compiles each

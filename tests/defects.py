@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from backends.torch_backends import TorchMath
+from attnspec.backends.torch_backends import TorchMath
 
 DEFECTS = ("temperature", "gain", "tail", "rescale")
 DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the implementations are named tests.broken.*: importable from the root
     sys.path.insert(0, str(ROOT))
 
-from backends.registry import resolve  # noqa: E402
+from attnspec.backends.registry import resolve  # noqa: E402
 from tests.broken import BROKEN, CORRECT  # noqa: E402
 
 # never hang CI: the run takes a few minutes on 2 idle cores, several times that on a loaded machine

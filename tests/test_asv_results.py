@@ -17,8 +17,8 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from backends import registry  # noqa: E402
-from reports.asv_results import COLUMNS, fit_scaling, load_results  # noqa: E402
+from attnspec.backends import registry  # noqa: E402
+from attnspec.reports.asv_results import COLUMNS, fit_scaling, load_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "data", "asv_sample")
@@ -65,7 +65,7 @@ def test_naive_memory_is_one_score_matrix(df):
 
 
 def test_gflops_is_cost_over_time(df):
-    cost = pytest.importorskip("specs.cost")
+    cost = pytest.importorskip("attnspec.specs.cost")
     t = _one(df, machine="testbox", metric="time", backend="numpy-naive", T=512, E=64, op="forward")
     g = _one(df, machine="testbox", metric="gflops", backend="numpy-naive", T=512, E=64, op="forward")
     assert g["value"] == pytest.approx(cost.forward_flops(1, 8, 512, 512, 64) / t["value"] / 1e9)
@@ -185,7 +185,7 @@ def test_import_reports_loads_no_pandas():
 # -- the benchmarks' own helpers ---------------------------------------------------------------
 
 def test_grid_env_vars_reject_bad_values(monkeypatch):
-    from benchmarks import _grid
+    from attnspec.benchmarks import _grid
 
     monkeypatch.setenv("ATTNSPEC_BENCH_T", "4,abc")
     with pytest.raises(ValueError, match="ATTNSPEC_BENCH_T='4,abc': expected comma-separated integers"):
@@ -202,7 +202,7 @@ def test_grid_env_vars_reject_bad_values(monkeypatch):
 
 
 def test_backend_names_follow_the_plugin_env_var(monkeypatch):
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     monkeypatch.setenv("ATTNSPEC_BACKENDS", "numpy-naive, my.pkg:attn")
     assert _common.backend_names() == ["numpy-naive", "my.pkg:attn"]
@@ -243,7 +243,7 @@ def test_thread_pools_are_limited_through_threadpoolctl():
 
 def test_declined_combination_is_an_asv_skip():
     """A backend without gradients: NotImplementedError (asv's skip), before loading anything."""
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     with pytest.raises(NotImplementedError, match="computes no gradients"):
         _common.prepared(f"{__name__}:plain_attention", _common.Workload(1, 8, 8, 4, 4, 16), "forward_backward",
@@ -253,7 +253,7 @@ def test_declined_combination_is_an_asv_skip():
 @pytest.mark.parametrize("method", ["traced_peak", "rss_peak"])
 def test_memory_methods_see_one_known_allocation(method):
     np = pytest.importorskip("numpy")
-    from benchmarks import _memory
+    from attnspec.benchmarks import _memory
 
     n_bytes = 64 * 2 ** 20
     measured = getattr(_memory, method)(lambda: np.ones(n_bytes // 8))  # touches every page

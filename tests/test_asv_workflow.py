@@ -153,7 +153,7 @@ def test_a_plugin_runs_attnspecs_benchmarks_in_its_own_asv(tmp_path):
     (repo / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = '
                                          '"setuptools.build_meta"\n\n[project]\nname = "mykernel"\nversion = "0.1"\n'
                                          'dependencies = ["numpy"]\n\n[tool.setuptools]\npackages = ["mykernel"]\n')
-    from benchmarks import plugin_suite
+    from attnspec.benchmarks import plugin_suite
 
     plugin_suite.write(str(repo), backend="mykernel:attention")  # asv.conf.json and asv_bench/
     env = _env(tmp_path, ATTNSPEC_BENCH_T=SIZES, ATTNSPEC_BENCH_DTYPES="float32", ATTNSPEC_BENCH_OPS="forward",
@@ -169,7 +169,7 @@ def test_a_plugin_runs_attnspecs_benchmarks_in_its_own_asv(tmp_path):
     out = sh("asv", "continuous", "--machine", "box", "--factor", "1.1", "HEAD~1", "HEAD", "--bench", "TimeAttention",
              ok=(0, 1))
     _assert_flagged(out, "'mykernel:attention'")
-    from reports.asv_results import load_results
+    from attnspec.reports.asv_results import load_results
 
     df = load_results(str(repo / ".asv" / "results"))
     time = df[(df["metric"] == "time") & (df["backend"] == "mykernel:attention")]

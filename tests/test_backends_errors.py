@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 
-from backends.base import BackendFailure, BackendUnavailable, Unsupported  # noqa: E402
-from backends.numpy_backends import NumpyTiled  # noqa: E402
-from backends.registry import resolve, select  # noqa: E402
-from specs import error_budget  # noqa: E402
+from attnspec.backends.base import BackendFailure, BackendUnavailable, Unsupported  # noqa: E402
+from attnspec.backends.numpy_backends import NumpyTiled  # noqa: E402
+from attnspec.backends.registry import resolve, select  # noqa: E402
+from attnspec.specs import error_budget  # noqa: E402
 from tests.plugins.cases import random_cases  # noqa: E402
 
 PLUGIN = "tests.plugins.fake_plugin"
@@ -92,8 +92,8 @@ def _torch_available():
 
 def test_pinned_flash_refuses_with_pytorchs_reason_instead_of_falling_back():
     _torch_available()
-    from backends.base import Capabilities
-    from backends.torch_backends import TorchSdpaCpuFlash
+    from attnspec.backends.base import Capabilities
+    from attnspec.backends.torch_backends import TorchSdpaCpuFlash
 
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 5, 8)), rng.standard_normal((1, 2, 5, 6))
@@ -162,7 +162,7 @@ def test_jax_float64_leaves_x64_mode_off():
 
 @pytest.mark.parametrize("call", ["forward", "backward", "prepare"])
 def test_a_callers_mistake_is_a_valueerror_naming_the_argument_not_a_backend_failure(call):
-    from backends.registry import resolve
+    from attnspec.backends.registry import resolve
 
     b = resolve("numpy-naive")
     q, k = np.ones((1, 3, 4)), np.ones((1, 5, 4))

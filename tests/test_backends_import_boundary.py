@@ -66,5 +66,5 @@ def test_optimized_code_never_loads_the_reference():
             "from backends.registry import resolve\n"
             "b = resolve('numpy-tiled'); q = np.ones((2, 3, 4))\n"
             "b.forward(q, q, q); b.backward(q, q, q, q)\n"
-            "assert 'specs.reference' not in sys.modules, sorted(m for m in sys.modules if 'specs' in m)\n")
+            "assert 'attnspec.specs.reference' not in sys.modules, sorted(m for m in sys.modules if 'specs' in m)\n")
     assert _loaded_after(code) == set()

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from backends import jax_programs
-from backends.jax_backends import JaxNaive
-from backends.registry import resolve
+from attnspec.backends import jax_programs
+from attnspec.backends.jax_backends import JaxNaive
+from attnspec.backends.registry import resolve
 
 RNG = np.random.default_rng(7)
 Q, K = RNG.standard_normal((2, 3, 5, 4)), RNG.standard_normal((2, 3, 6, 4))  # (B, H, Lq, E), (B, H, Lk, E)

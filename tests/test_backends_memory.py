@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from backends.numpy_backends import _ROW_BLOCK, NumpyNaive, NumpyTiled
-from specs.cost import score_matrix_bytes
+from attnspec.backends.numpy_backends import _ROW_BLOCK, NumpyNaive, NumpyTiled
+from attnspec.specs.cost import score_matrix_bytes
 
 B, H, T, E = 1, 2, 512, 16
 ITEM = 4  # float32

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 
-from backends.base import Unsupported  # noqa: E402
-from backends.registry import builtin_names, resolve  # noqa: E402
-from specs import error_budget  # noqa: E402
+from attnspec.backends.base import Unsupported  # noqa: E402
+from attnspec.backends.registry import builtin_names, resolve  # noqa: E402
+from attnspec.specs import error_budget  # noqa: E402
 from tests.plugins.cases import all_cases, available, random_cases, seed_case, seed_cases  # noqa: E402
 
 _BACKENDS = {name: resolve(name) for name in builtin_names()}
@@ -92,7 +92,7 @@ def test_seed_000_output_is_the_printed_one():
 @pytest.mark.parametrize("block", [1, 3, 128])
 def test_numpy_tiled_any_block_size_matches_reference(block):
     """Blocks smaller than, dividing and exceeding Lk: the online-softmax rescaling is exercised."""
-    from backends.numpy_backends import NumpyTiled
+    from attnspec.backends.numpy_backends import NumpyTiled
 
     backend = NumpyTiled(block=block)
     for case in all_cases():

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.base import Unsupported
-from backends.registry import resolve
-from specs import error_budget
-from specs.problem import causal_mask
+from attnspec.backends.base import Unsupported
+from attnspec.backends.registry import resolve
+from attnspec.specs import error_budget
+from attnspec.specs.problem import causal_mask
 from tests.plugins.cases import available
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN rows are fed on purpose

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.base import BackendFailure
-from backends.registry import builtin_names, resolve
-from specs import error_budget, reference
-from specs.problem import causal_mask
+from attnspec.backends.base import BackendFailure
+from attnspec.backends.registry import builtin_names, resolve
+from attnspec.specs import error_budget, reference
+from attnspec.specs.problem import causal_mask
 from tests.plugins.cases import available
 
 _BACKENDS = {name: resolve(name) for name in builtin_names()}

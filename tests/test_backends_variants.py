@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 
-from backends.base import Unsupported  # noqa: E402
-from backends.registry import resolve  # noqa: E402
-from specs import error_budget  # noqa: E402
-from specs.problem import FEATURE_TEXT, FEATURES, alibi_slopes, validate, visible  # noqa: E402
+from attnspec.backends.base import Unsupported  # noqa: E402
+from attnspec.backends.registry import resolve  # noqa: E402
+from attnspec.specs import error_budget  # noqa: E402
+from attnspec.specs.problem import FEATURE_TEXT, FEATURES, alibi_slopes, validate, visible  # noqa: E402
 from tests.plugins.cases import available  # noqa: E402
 
 CPU_BUILTINS = ("numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "torch-sdpa-cpu-math",
@@ -200,7 +200,7 @@ def test_eager_flex_uniform_hooks_equal_per_field_hooks_bit_for_bit(dtype):
     ones their identity: bias 0, slope 0, no cap, every key visible) so dynamo stops retracing;
     large problems and compiled flex keep hooks with only the given fields.  The identities are
     exact, so both give the same bits: each feature alone and all of them together."""
-    from backends.flex_backends import TorchFlex
+    from attnspec.backends.flex_backends import TorchFlex
 
     uniform, per_field = TorchFlex(), TorchFlex()
     per_field.UNIFORM_MAX_SCORES = 0  # every problem "large": the per-field hooks

@@ -93,7 +93,7 @@ def test_bad_grid_settings_are_named(env, message):
 # -- workloads and skips (in this process: the default grid) --------------------------------------
 
 def test_workload_fields_are_the_problem_asked_for():
-    from benchmarks._common import Workload
+    from attnspec.benchmarks._common import Workload
 
     assert Workload(1, 8, 2, 1, 2048, 64, "decode").fields() == {"enable_gqa": True}
     speculative = Workload(1, 8, 8, 4, 2048, 64, "decode")
@@ -105,7 +105,7 @@ def test_workload_fields_are_the_problem_asked_for():
 
 def test_undeclared_features_are_skips_before_any_framework_loads():
     """A plain function declares no grouped heads and no window: asv's skip, with the reason."""
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     name = f"{__name__}:plain_attention"
     with pytest.raises(NotImplementedError, match="does not declare 'gqa'"):
@@ -122,7 +122,7 @@ def plain_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 def test_declared_features_run_and_time_the_problem():
     """numpy-naive declares everything: a grouped, speculative decode step is prepared and runs."""
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     p = _common.prepared("numpy-naive", _common.Workload(1, 8, 2, 4, 64, 16, "decode"), "forward", "float32")
     out = p.run()
@@ -130,7 +130,7 @@ def test_declared_features_run_and_time_the_problem():
 
 
 def test_a_call_predicted_too_slow_for_the_grid_is_skipped_with_the_prediction(monkeypatch):
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     monkeypatch.setattr(_common, "MAX_CALL_SECONDS", 1e-9)
     with pytest.raises(NotImplementedError, match=r"predicted .* s per call from T=256 \(x\(T/256\)\^2\)"):
@@ -139,7 +139,7 @@ def test_a_call_predicted_too_slow_for_the_grid_is_skipped_with_the_prediction(m
 
 def test_calls_over_the_budget_leave_the_backend_out_of_the_rest_of_the_run(monkeypatch, tmp_path):
     """The combination that used the budget up is kept; the run's later ones skip, saying why."""
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     monkeypatch.setattr(_common, "BACKEND_BUDGET_SECONDS", 1e-9)
     monkeypatch.setenv("ASV_ENV_TYPE", "existing")  # the account is kept inside asv runs only
@@ -160,7 +160,7 @@ def test_a_slow_first_call_is_followed_by_a_warm_one_where_the_backend_compiles(
     """A compile of seconds is not the call's time (it sized asv's samples and was charged three
     times for torch.compile'd flex's 0.2 ms calls); a slow call of a backend that does not
     compile is not made twice (NumPy at T = 2048)."""
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     monkeypatch.setattr(_common, "_CACHE", {})
     times = iter([2.5, 2e-4])
@@ -173,7 +173,7 @@ def test_a_slow_first_call_is_followed_by_a_warm_one_where_the_backend_compiles(
 def test_the_budget_is_kept_in_asvs_fork_server_which_passes_no_asv_variable(monkeypatch):
     """asv 0.6 runs an existing environment's benchmarks in processes forked from its server,
     without ASV_ENV_TYPE: the command line tells (the budget never applied in `attnspec run`)."""
-    from benchmarks import _common
+    from attnspec.benchmarks import _common
 
     monkeypatch.delenv("ASV_ENV_TYPE", raising=False)
     monkeypatch.setattr(sys, "argv", ["/site-packages/asv/benchmark.py", "run_server", "/repo/benchmarks", "/tmp/x"])
@@ -212,7 +212,7 @@ def test_frameworks_are_preloaded_only_in_asvs_fork_server():
                             text=True)
     installed = [m for m in ("jax", "torch") if importlib.util.find_spec(m) is not None]
     assert server.returncode == 0 and json.loads(server.stdout.strip().replace("'", '"')) == installed, server.stderr
-    from benchmarks import _threads
+    from attnspec.benchmarks import _threads
 
     assert _threads.frameworks_of(["numpy-naive", "torch-math", "jax-naive", "torch-sdpa-cpu"]) == ["torch", "jax"]
     assert _threads.frameworks_of(["my.pkg:attn"]) == installed[::-1]  # never the plug-in's own module
@@ -221,7 +221,7 @@ def test_frameworks_are_preloaded_only_in_asvs_fork_server():
 # -- a plug-in's own asv suite (the asv run itself: tests/test_asv_workflow.py) ----------------------
 
 def test_plugin_suite_writes_a_config_asv_reads(tmp_path):
-    from benchmarks import plugin_suite
+    from attnspec.benchmarks import plugin_suite
 
     written = plugin_suite.write(str(tmp_path), "mykernel:attention", requirements=["attnspec==0.1.0"])
     conf = json.loads((tmp_path / "asv.conf.json").read_text())
@@ -238,7 +238,7 @@ def test_plugin_suite_writes_a_config_asv_reads(tmp_path):
     (dict(repo="/nonexistent/folder"), "repo '/nonexistent/folder' is not a folder"),
 ])
 def test_plugin_suite_bad_input_is_named(tmp_path, kwargs, message):
-    from benchmarks import plugin_suite
+    from attnspec.benchmarks import plugin_suite
 
     args = dict(repo=str(tmp_path), backend="mykernel:attention") | kwargs
     with pytest.raises(ValueError, match=message):
@@ -246,7 +246,7 @@ def test_plugin_suite_bad_input_is_named(tmp_path, kwargs, message):
 
 
 def test_plugin_suite_never_overwrites_without_force(tmp_path, capsys):
-    from benchmarks import plugin_suite
+    from attnspec.benchmarks import plugin_suite
 
     (tmp_path / "asv.conf.json").write_text("{}  // mine")
     assert plugin_suite.main(["mykernel:attention", "--repo", str(tmp_path)]) == 2

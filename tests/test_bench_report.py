@@ -13,8 +13,8 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from reports import bench_tables  # noqa: E402
-from reports.asv_results import load_results  # noqa: E402
+from attnspec.reports import bench_tables  # noqa: E402
+from attnspec.reports.asv_results import load_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "data", "asv_sample_v2")
@@ -43,7 +43,7 @@ def test_every_question_has_rows(df):
 
 
 def test_causal_rate_counts_visible_pairs_only(df):
-    cost = pytest.importorskip("specs.cost")
+    cost = pytest.importorskip("attnspec.specs.cost")
     t = _one(df, metric="time", backend="numpy-naive", problem="causal", T=1024, op="forward")
     g = _one(df, metric="gflops", backend="numpy-naive", problem="causal", T=1024, op="forward")
     pairs = 1024 * 1025 // 2
@@ -119,7 +119,7 @@ def test_masked_table_against_the_dense_rate():
 def test_report_shows_the_new_sections(tmp_path):
     pytest.importorskip("matplotlib")
     pytest.importorskip("jinja2")
-    from reports import build, inputs
+    from attnspec.reports import build, inputs
 
     summary = build.build(inputs.Inputs(asv_dirs=[SAMPLE]), str(tmp_path / "out"))
     page = (tmp_path / "out" / "index.html").read_text()
@@ -128,7 +128,7 @@ def test_report_shows_the_new_sections(tmp_path):
     assert "KV read bandwidth against Lk" in page and "Grouped KV heads" in page
     assert "bfloat16 matmul peak" in page and "useful / dense" in page
     assert page.count("<svg") >= 6  # time, memory, GFLOP/s, dtypes, decode, masked
-    bench = pd.read_csv(tmp_path / "out" / "benchmarks.csv")
+    bench = pd.read_csv(tmp_path / "out" / "attnspec.benchmarks.csv")
     assert {"problem", "kv_heads", "Lq", "Lk", "clock"} <= set(bench.columns) and summary["benchmark_rows"] == len(bench)
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.registry import resolve
-from specs import error_budget as eb
+from attnspec.backends.registry import resolve
+from attnspec.specs import error_budget as eb
 from tests.budget_study import CORRECT, DTYPES, measure, study_problems, table
 
 PROBLEMS = 12  # per dtype: every shape of the menu twice (JAX compiles each shape once)
@@ -80,7 +80,7 @@ REJECTED = {"float16": (4, 11), "bfloat16": (0, 11), "float32": (2, 11), "float6
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_small_defects_are_rejected_by_the_output_budget(dtype):
     pytest.importorskip("torch", reason="the defects are built on torch-math")
-    from specs.problem import visible
+    from attnspec.specs.problem import visible
     from tests import defects
 
     problems = study_problems(dtype, 12, seed=0, gradients=False)

@@ -10,7 +10,7 @@ import pytest
 
 from attnspec import cli
 from attnspec.commands import run_cmd
-from reports import runner, suites
+from attnspec.reports import runner, suites
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "data", "report_sample")
 HAS_REPORT_DEPS = all(runner.importable(m) for m in ("pandas", "matplotlib", "jinja2"))
@@ -234,7 +234,7 @@ def test_the_commands_do_not_import_the_cli(tmp_path):
 
 @pytest.mark.parametrize("command", ["run", "report"])
 def test_a_missing_report_dependency_exits_2_naming_it(capsys, monkeypatch, tmp_path, command):
-    from reports import build
+    from attnspec.reports import build
 
     monkeypatch.setattr(build, "missing_modules", lambda: ["jinja2"])
     monkeypatch.setattr(run_cmd, "select_backends", lambda args: pytest.fail("ran before checking the report's needs"))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from properties import cores
+from attnspec.properties import cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 linux_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
@@ -112,7 +112,7 @@ def test_the_suite_over_several_backends_spreads_over_workers_unless_told_not_to
 
 def test_attnspec_run_gives_side_by_side_suites_cpus_of_their_own(monkeypatch, tmp_path):
     from attnspec.commands import run_cmd
-    from reports import suites
+    from attnspec.reports import suites
 
     running, seen, shared, lock = {}, [], [], threading.Lock()
     enough = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2  # (an xdist worker has one)
@@ -150,7 +150,7 @@ def test_xdist_hands_out_the_longest_suites_first():
     pytest.importorskip("xdist")
     from types import SimpleNamespace
 
-    from properties import plugin
+    from attnspec.properties import plugin
 
     option = SimpleNamespace(tx=["2*popen"], dist="loadgroup", loadscopereorder=True)
     config = SimpleNamespace(option=option, _attnspec_suite=True, getvalue=lambda name: getattr(option, name),

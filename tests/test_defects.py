@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("torch", reason="the defects are built on torch-math")
 
-from backends.registry import BackendSelectionError, resolve  # noqa: E402
-from specs import error_budget as eb  # noqa: E402
+from attnspec.backends.registry import BackendSelectionError, resolve  # noqa: E402
+from attnspec.specs import error_budget as eb  # noqa: E402
 from tests import defects as D  # noqa: E402
 
 

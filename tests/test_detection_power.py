@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from properties import detection_power as dp
+from attnspec.properties import detection_power as dp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_plugin_drops_the_database_and_shrinking_and_sets_the_examples(tmp_path)
     """))
     env = dict(os.environ, PYTHONPATH=str(ROOT), **{dp.EXAMPLES_ENV: "3"})
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                           "properties.detection_power", "--hypothesis-seed=4", str(tmp_path)],
+                           "attnspec.properties.detection_power", "--hypothesis-seed=4", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

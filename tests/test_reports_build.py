@@ -14,8 +14,8 @@ pytest.importorskip("jinja2")
 
 import markupsafe  # noqa: E402 - Jinja2's escaping
 
-from reports import build, inputs  # noqa: E402
-from reports.writer import recover  # noqa: E402
+from attnspec.reports import build, inputs  # noqa: E402
+from attnspec.reports.writer import recover  # noqa: E402
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "data", "report_sample")
 SUITE = os.path.join(SAMPLE, "suite_cpu.json")
@@ -24,7 +24,7 @@ ASV = os.path.join(SAMPLE, "asv_results")
 SCHEMAS = {
     "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message"],
     "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
-    "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
+    "attnspec.benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
                        "commit", "clock", "problem", "kv_heads", "Lq", "Lk"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
     "worked_examples.csv": ["source", "quantity", "kind", "printed", "computed", "agrees"],
@@ -74,7 +74,7 @@ def test_csv_files_have_the_documented_columns(tmp_path):
     conf = read_csv(out / "conformance.csv")
     assert {r["status"] for r in conf} <= set(inputs.STATUSES)
     assert len(conf) == summary["conformance_rows"] == 80
-    bench = read_csv(out / "benchmarks.csv")
+    bench = read_csv(out / "attnspec.benchmarks.csv")
     assert {"time", "memory"} <= {r["metric"] for r in bench}
     scaling = read_csv(out / "scaling.csv")
     naive_time = [r for r in scaling if r["backend"] == "numpy-naive" and r["metric"] == "time" and r["op"] == "forward"]
@@ -97,7 +97,7 @@ def test_page_is_self_contained_with_every_section(tmp_path):
 
 def test_every_section_has_its_template_and_data_function():
     """build.SECTIONS is the page's list: each anchor needs sections/<anchor>.html.j2 and page.<anchor>_data."""
-    from reports import page
+    from attnspec.reports import page
 
     env = page.environment()
     for anchor, _title in build.SECTIONS:
@@ -205,7 +205,7 @@ def test_merging_two_machines_and_two_suite_runs(tmp_path):
     out = tmp_path / "out"
     summary = make_report(out, [str(tmp_path / "suite_cpu.json"), ASV, str(gpu_suite), str(gpu)])
     assert summary["machines"] == ["gpu-box", "vm"]
-    bench = read_csv(out / "benchmarks.csv")
+    bench = read_csv(out / "attnspec.benchmarks.csv")
     assert {r["machine"] for r in bench} == {"gpu-box", "vm"}
     scaling = read_csv(out / "scaling.csv")
     assert header(out / "scaling.csv") == SCHEMAS["scaling.csv"] + ["machine"]  # one fit per machine
@@ -222,11 +222,11 @@ def test_report_folders_rebuild_and_merge(tmp_path):
     make_report(cpu)
     make_report(gpu, [str(second_machine(tmp_path))])
     make_report(merged, [str(cpu), str(gpu)])
-    assert {r["machine"] for r in read_csv(merged / "benchmarks.csv")} == {"gpu-box", "vm"}
+    assert {r["machine"] for r in read_csv(merged / "attnspec.benchmarks.csv")} == {"gpu-box", "vm"}
     assert len(read_csv(merged / "conformance.csv")) == 80
-    before = read_csv(cpu / "benchmarks.csv")
+    before = read_csv(cpu / "attnspec.benchmarks.csv")
     make_report(cpu, [str(cpu)])  # a rebuild from its own raw/ copy reads the same results
-    assert read_csv(cpu / "benchmarks.csv") == before
+    assert read_csv(cpu / "attnspec.benchmarks.csv") == before
 
 
 @pytest.mark.parametrize("content, expected", [
@@ -256,7 +256,7 @@ def test_a_corrupt_asv_results_file_is_an_input_error(tmp_path):
 def test_detection_power_reaches_the_page_and_its_csv(tmp_path):
     """A detection_power.csv folder (python -m properties.detection_power --out DIR) is a report
     input: the page gets its table, the folder its CSV and raw/ copy; a wrong CSV is named."""
-    from reports import build, inputs
+    from attnspec.reports import build, inputs
 
     measured = tmp_path / "dp"
     measured.mkdir()

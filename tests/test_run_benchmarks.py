@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from attnspec.commands import run_cmd
-from reports import runner
+from attnspec.reports import runner
 
 NAMES = ["numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "jax-naive", "jax-dpa", "onnxruntime-attention"]
 

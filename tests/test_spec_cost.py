@@ -1,9 +1,9 @@
-"""specs.cost: the FLOP and memory model, checked against counts done another way."""
+"""attnspec.specs.cost: the FLOP and memory model, checked against counts done another way."""
 import numpy as np
 import pytest
 
-from specs import cost
-from specs.problem import causal_mask
+from attnspec.specs import cost
+from attnspec.specs.problem import causal_mask
 
 
 def test_forward_is_4_B_H_L2_E():
@@ -44,7 +44,7 @@ def test_bad_sizes_are_named(bad):
 
 # -- masked pair counts and bytes moved (benchmarks) ------------------------------------------------
 
-from specs.problem import window_mask  # noqa: E402
+from attnspec.specs.problem import window_mask  # noqa: E402
 
 
 @pytest.mark.parametrize("Lq,Lk", [(1, 1), (1, 9), (4, 9), (9, 4), (16, 16), (5, 33)])

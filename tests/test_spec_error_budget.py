@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from specs import error_budget as eb
-from specs import reference as ref
-from specs.problem import validate, visible
+from attnspec.specs import error_budget as eb
+from attnspec.specs import reference as ref
+from attnspec.specs.problem import validate, visible
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -310,7 +310,7 @@ def test_flushing_subnormal_terms_is_allowed_where_cpu_kernels_do_it():
     """XLA returned 0 for a float32 dK of -3.0e-38: a sum of subnormal products, each flushed.
     Each of a row's n terms may be flushed (n tau) in float32/bfloat16/float64; float16 keeps
     its subnormals (its kernels compute in float32 and round), so there only u tau."""
-    from specs.error_budget import BUDGETS
+    from attnspec.specs.error_budget import BUDGETS
 
     tau32 = float(np.finfo(np.float32).tiny)
     assert BUDGETS["float32"].tiny(6) == 6 * tau32 and BUDGETS["bfloat16"].tiny(1) == tau32
@@ -333,7 +333,7 @@ def test_a_flushed_weight_is_allowed_what_it_multiplies():
     of dK = scale dS^T Q: 8.2e-40 |dA - r| |q| = 2.1e-37, a normal number and ~9 n tau (jax-dpa
     gave 0 for a dK of -7.0e-37 this way).  The terms carry tau / sigma where kernels flush; a
     gain of 1e-6 on the same gradients is still rejected."""
-    from specs.reference import run_backward
+    from attnspec.specs.reference import run_backward
 
     q, k = np.array([[[[32.0]]]]), np.array([[[[0.0], [-2.8125]]]])  # scores 0 and -90: w_1 = exp(-90)
     v, g = np.array([[[[0.0], [4.0]]]]), np.array([[[[2.0]]]])

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from specs import invariants as inv
-from specs import reference as ref
+from attnspec.specs import invariants as inv
+from attnspec.specs import reference as ref
 
 
 @pytest.fixture

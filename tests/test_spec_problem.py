@@ -1,10 +1,10 @@
-"""specs.problem: every bad input gets a ValueError naming the argument and what was wrong."""
+"""attnspec.specs.problem: every bad input gets a ValueError naming the argument and what was wrong."""
 import math
 
 import numpy as np
 import pytest
 
-from specs import problem as P
+from attnspec.specs import problem as P
 
 
 def qkv(Lq=3, Lk=4, E=5, Ev=2, batch=(2,), dtype=np.float64):
@@ -122,8 +122,8 @@ def test_a_python_bool_is_not_a_mask():
 
 def test_alibi_slopes_reach_float64_backends_exactly():
     """16 heads: the slopes 2^(-h/2) are not float32 numbers; a float64 call must get them exactly."""
-    from backends.registry import resolve
-    from specs import error_budget
+    from attnspec.backends.registry import resolve
+    from attnspec.specs import error_budget
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((1, 16, 8, 8)), rng.standard_normal((1, 16, 40, 8)), rng.standard_normal((1, 16, 40, 8))
     slopes = P.alibi_slopes(16)

@@ -1,8 +1,8 @@
-"""specs.reference: stability, empty rows, lse, broadcasting, and the analytic backward."""
+"""attnspec.specs.reference: stability, empty rows, lse, broadcasting, and the analytic backward."""
 import numpy as np
 import pytest
 
-from specs import reference as ref
+from attnspec.specs import reference as ref
 
 
 def rand(seed, *shapes):

@@ -6,9 +6,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from specs import problem, reference
-from specs import worked_examples as W
-from specs.worked_examples_data import SOURCES
+from attnspec.specs import problem, reference
+from attnspec.specs import worked_examples as W
+from attnspec.specs.worked_examples_data import SOURCES
 
 SEEDS = pathlib.Path(__file__).resolve().parents[2] / "shared" / "seeds"
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from properties.runner import run_suite
+from attnspec.properties.runner import run_suite
 
 PLUGIN = "tests.plugins.deviating"
 ONLY = ["-k", "nan_in_padding"]
@@ -41,7 +41,7 @@ def test_a_declared_deviation_is_reported_as_such_and_only_then_spares_the_run(d
 
 
 def test_a_backend_whose_only_checks_are_skips_and_seen_deviations_was_tested():
-    from properties.output import backend_lines
+    from attnspec.properties.output import backend_lines
 
     rows = [dict(backend="b", status=s, seconds=0.1) for s in ("skipped", "deviation")]
     assert "NOT TESTED" not in backend_lines(rows)[0]
@@ -60,7 +60,7 @@ def test_a_declared_semantics_deviation_is_no_contradiction():
     the answer is recorded (not 'CONTRADICTS'), and the report counts no contradicted declaration."""
     import pandas as pd
 
-    from reports.tables import verdict_frame
+    from attnspec.reports.tables import verdict_frame
 
     result = run_suite([f"{PLUGIN}:NanRowsButFloat64Declared"], extra_args=["-k", "fully_masked_rows"], timeout=600)
     backend = "nan-rows-but-float64-declared"
@@ -85,7 +85,7 @@ def test_a_failure_the_declaration_does_not_describe_is_still_a_failure():
 
 
 def test_when_matches_the_failures_text():
-    from backends.base import Deviation
+    from attnspec.backends.base import Deviation
 
     d = Deviation("edge_shapes_match_reference", "Lk = 0 raises", when=r"\bLk=0\b")
     assert d.matches("problem: Case(B=1 H=2 Lq=8 Lk=0 E=32 Ev=32, mask=None)")

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.base import Capabilities, Unsupported
-from properties.runner import run_suite
-from properties.strategies import cases
+from attnspec.backends.base import Capabilities, Unsupported
+from attnspec.properties.runner import run_suite
+from attnspec.properties.strategies import cases
 from tests.plugins.head_dims import NumpyHeadDim8
 
 PLUGIN = "tests.plugins.head_dims:NumpyHeadDim8"
@@ -53,8 +53,8 @@ def test_the_suite_judges_such_a_backend_on_every_property_numpy_naive_gets():
 
 
 def test_a_plain_function_declares_its_head_dim_multiple_and_deviations():
-    from backends.base import Deviation
-    from backends.registry import resolve
+    from attnspec.backends.base import Deviation
+    from attnspec.backends.registry import resolve
 
     backend = resolve("tests.plugins.head_dims:plain_head_dim_8")
     assert backend.capabilities.head_dim_multiple == 8
@@ -69,7 +69,7 @@ def test_a_plain_function_declares_its_head_dim_multiple_and_deviations():
 @pytest.mark.parametrize("bad", [dict(head_dim_multiple=0), dict(head_dim_multiple=8.0),
                                  dict(deviations=["zero_future_mass"]), dict(deviations={"zero_future_mass": ""})])
 def test_declare_refuses_a_bad_head_dim_multiple_or_deviations(bad):
-    from backends import declare
+    from attnspec.backends import declare
 
     with pytest.raises(ValueError, match=f"declare: {next(iter(bad))} must"):
         declare(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: None, **bad)
@@ -78,7 +78,7 @@ def test_declare_refuses_a_bad_head_dim_multiple_or_deviations(bad):
 def test_the_ev_probe_asks_only_about_ev_within_the_multiple():
     """Whether a backend takes Ev != E is asked with head dims it takes (16 and 24): a refusal of
     E = 2 for being off the multiple must not read as "needs Ev == E" (Ev != E would never be drawn)."""
-    from properties import targets
+    from attnspec.properties import targets
 
     backend = NumpyHeadDim8()
     targets._EQUAL_DIMS.pop(id(backend), None)  # the cache is keyed by id: no answer of a collected object

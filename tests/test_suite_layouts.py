@@ -1,7 +1,7 @@
 """layout_independence has teeth: a kernel that reads strided inputs as contiguous is rejected."""
 from __future__ import annotations
 
-from properties.runner import run_suite
+from attnspec.properties.runner import run_suite
 
 
 def test_a_kernel_that_ignores_strides_is_rejected_and_numpy_views_pass():

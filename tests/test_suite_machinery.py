@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.base import Capabilities
-from backends.registry import resolve
-from specs.error_budget import round_to
+from attnspec.backends.base import Capabilities
+from attnspec.backends.registry import resolve
+from attnspec.specs.error_budget import round_to
 
-from properties.judge import snippet
-from properties.runner import run_suite
-from properties.strategies import Case, cases, literal, run
-from properties.targets import Target
+from attnspec.properties.judge import snippet
+from attnspec.properties.runner import run_suite
+from attnspec.properties.strategies import Case, cases, literal, run
+from attnspec.properties.targets import Target
 
 _CAPS = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"),
                      features=frozenset(("gqa", "bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")))
@@ -99,7 +99,7 @@ def test_ci_seed_follows_the_commit_unless_given(tmp_path):
     """ci draws change with the commit (issue 12: not the same draws forever), reproducibly."""
     import subprocess
 
-    from properties import profiles
+    from attnspec.properties import profiles
 
     assert profiles.ci_seed(str(tmp_path), {"ATTNSPEC_SEED": "17"}) == (17, "ATTNSPEC_SEED")
     with pytest.raises(ValueError, match="ATTNSPEC_SEED must be an integer; got 'x'"):
@@ -122,7 +122,7 @@ def test_ci_seed_follows_the_commit_unless_given(tmp_path):
 def test_amplitude_handles_the_formats_extremes(dtype):
     """A key at the smallest normal number: the goal/S ratio overflows float64 (it raised
     OverflowError inside a draw); the amplitude still lands the scores at or below the cap."""
-    from properties.strategies import SCORE_CAP, _amplitude, score_terms
+    from attnspec.properties.strategies import SCORE_CAP, _amplitude, score_terms
 
     tiny = float(np.finfo(dtype).tiny)
     q, k = np.array([[[[0.0], [1.0]]]]), np.array([[[[0.0], [tiny]]]])

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTN = '''
 """A user's attention: a correct plain function with declarations, and one with a bug."""
 import numpy as np
-from backends import declare
+from attnspec.backends import declare
 
 
 @declare(dtypes=("float64", "float32"), fully_masked="zeros", causal_alignment="top_left")
@@ -43,7 +43,7 @@ def sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None):
 
 def declines_masks(query, key, value, attn_mask=None, is_causal=False, scale=None):
     """A library without masks says so: a skip with its reason, never a failure."""
-    from backends.base import Unsupported
+    from attnspec.backends.base import Unsupported
     if attn_mask is not None:
         raise Unsupported("this library takes no attn_mask")
     return sdpa(query, key, value, attn_mask, is_causal, scale)
@@ -87,7 +87,7 @@ def test_hypothesis_settings_are_mine(x):
 '''
 
 INSTALLED_TESTS = '''
-from properties import install
+from attnspec.properties import install
 
 install(globals(), "mypkg.attn:sdpa", families=("output", "semantics"))
 
@@ -166,7 +166,7 @@ def _suite_counts(output: str) -> dict:
 def test_pyproject_registers_the_pytest_plugin():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         entry_points = tomllib.load(f)["project"]["entry-points"]
-    assert entry_points["pytest11"] == {"attnspec": "properties.plugin"}
+    assert entry_points["pytest11"] == {"attnspec": "attnspec.properties.plugin"}
 
 
 def test_the_stand_in_install_is_what_python_imports(site, tmp_path):
@@ -174,7 +174,7 @@ def test_the_stand_in_install_is_what_python_imports(site, tmp_path):
             "print([e.value for e in m.entry_points(group='pytest11') if e.name == 'attnspec'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=_env(site), capture_output=True,
                          text=True, timeout=120).stdout.splitlines()
-    assert out[0].startswith(str(site)) and out[1] == "['properties.plugin']", out
+    assert out[0].startswith(str(site)) and out[1] == "['attnspec.properties.plugin']", out
 
 
 def test_the_suite_runs_from_any_folder_and_counts_as_pytest_does(site, tmp_path):
@@ -243,7 +243,7 @@ def test_install_runs_the_suite_inside_a_users_own_tests(site, tmp_path):
 
 
 def test_install_refuses_what_it_cannot_use():
-    from properties import install
+    from attnspec.properties import install
 
     with pytest.raises(ValueError, match="globals"):
         install({}, "numpy-naive")
@@ -256,7 +256,7 @@ def test_install_refuses_what_it_cannot_use():
 
 
 def test_install_names_an_object_as_the_reproducer_will_import_it():
-    from properties import _spec_of
+    from attnspec.properties import _spec_of
 
     from tests.plugins import fake_plugin
     assert _spec_of(fake_plugin.sdpa) == "tests.plugins.fake_plugin:sdpa"
@@ -268,7 +268,7 @@ def test_install_names_an_object_as_the_reproducer_will_import_it():
 def test_profiles_are_chosen_by_name_and_restored_after_an_install():
     from hypothesis import settings
 
-    from properties import profiles
+    from attnspec.properties import profiles
     assert profiles.choose({}) == "dev"
     assert profiles.choose({"HYPOTHESIS_PROFILE": "ci"}) == "ci"
     assert profiles.choose({"HYPOTHESIS_PROFILE": "theirs"}) == "dev"  # a user's own profile is not ours to judge

@@ -20,16 +20,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import properties
-from properties import judge
-from properties.judge import ConformanceFailure
-from properties.plugin import make_targets
-from properties.strategies import MASK_KINDS
+import attnspec.properties as properties
+from attnspec.properties import judge
+from attnspec.properties.judge import ConformanceFailure
+from attnspec.properties.plugin import make_targets
+from attnspec.properties.strategies import MASK_KINDS
 
 NAN_BACKEND = '''
 """Every output, LSE and gradient NaN: each property must catch it."""
 import numpy as np
-from backends.numpy_backends import NumpyNaive
+from attnspec.backends.numpy_backends import NumpyNaive
 
 
 class NanEverywhere(NumpyNaive):
@@ -46,8 +46,8 @@ class NanEverywhere(NumpyNaive):
 STATEFUL_BACKEND = '''
 """A runtime whose scratch buffer goes stale when the shape changes: a call that follows a call
 of another shape gets its last query row shifted by one.  Correct for the first call of a process."""
-from backends.base import Backend, Capabilities, Semantics
-from backends.numpy_backends import NumpyNaive
+from attnspec.backends.base import Backend, Capabilities, Semantics
+from attnspec.backends.numpy_backends import NumpyNaive
 
 _CORRECT = NumpyNaive()
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends import declare
-from backends.plain import FunctionBackend
-from properties import test_semantics as S
-from properties.targets import Target
+from attnspec.backends import declare
+from attnspec.backends.plain import FunctionBackend
+from attnspec.properties import test_semantics as S
+from attnspec.properties.targets import Target
 
 DTYPES = ("float64", "float32", "float16")
 

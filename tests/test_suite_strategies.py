@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.base import Capabilities
-from properties.strategies import SCORE_CAP, cases
-from specs import reference
+from attnspec.backends.base import Capabilities
+from attnspec.properties.strategies import SCORE_CAP, cases
+from attnspec.specs import reference
 
 _CAPS = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"),
                      features=frozenset(("gqa", "bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")))
@@ -69,8 +69,8 @@ def test_byte_drawn_entries_are_exact_in_range_and_shrink_to_zero(dtype):
     """Small arrays come from one byte string (properties.strategies._element_values): every
     entry exact in the dtype and in [-4, 4], every kind of entry reachable, and the zero bytes
     (where Hypothesis shrinks) the value 0."""
-    from properties.strategies import LOW_PRECISION, _element_values
-    from specs.error_budget import round_to
+    from attnspec.properties.strategies import LOW_PRECISION, _element_values
+    from attnspec.specs.error_budget import round_to
 
     n = 4000
     width = n if dtype in LOW_PRECISION else 4 * n
@@ -87,7 +87,7 @@ def test_byte_drawn_entries_are_exact_in_range_and_shrink_to_zero(dtype):
 def test_strategy_objects_are_reused_for_the_same_arguments_and_built_afresh_for_unhashable_ones():
     """properties/reuse.py: Hypothesis validates each new strategy object (~0.1 ms); the same
     arguments share one, so a draw builds almost none."""
-    from properties.reuse import reused, sampled
+    from attnspec.properties.reuse import reused, sampled
 
     made = []
 
@@ -108,7 +108,7 @@ def test_the_compiled_configurations_cover_each_field_pair_kind_window_and_scale
     import collections
     import itertools
 
-    from properties.variants import COMPILED_CONFIGS, OPTIONAL
+    from attnspec.properties.variants import COMPILED_CONFIGS, OPTIONAL
 
     assert len(COMPILED_CONFIGS) == 24
     for f in OPTIONAL:
@@ -130,8 +130,8 @@ def test_a_compiling_backend_draws_a_bounded_set_of_static_configurations(monkey
     """Its programs repeat from run to run: every static choice comes from one of the 24 rows
     (with the shape menu's 7 shapes, at most 24 x 7 configurations); drawn field by field, the
     same number of draws make far more (and more with every run)."""
-    from properties import variants
-    from properties.strategies import COMPILED_GQA_SHAPES, COMPILED_SHAPES
+    from attnspec.properties import variants
+    from attnspec.properties.strategies import COMPILED_GQA_SHAPES, COMPILED_SHAPES
 
     def static(case) -> tuple:
         f = {k: v for k, v in case.fields.items() if k in ("window", "softcap", "causal_alignment", "enable_gqa")}

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 
-from backends.base import Unsupported  # noqa: E402
-from backends.registry import resolve  # noqa: E402
-from specs import error_budget, reference  # noqa: E402
+from attnspec.backends.base import Unsupported  # noqa: E402
+from attnspec.backends.registry import resolve  # noqa: E402
+from attnspec.specs import error_budget, reference  # noqa: E402
 from tests.broken import BROKEN, CORRECT, FAMILIES  # noqa: E402
 from tests.broken import witnesses as W  # noqa: E402
 from tests import teeth_report as teeth  # noqa: E402
@@ -100,7 +100,7 @@ def test_catalogue_is_big_enough():
 
 def test_every_family_is_proven_in_every_dtype():
     """Each bug family has members declaring float16, bfloat16, float32 and float64 between them."""
-    from specs.problem import FLOAT_DTYPE_NAMES
+    from attnspec.specs.problem import FLOAT_DTYPE_NAMES
     assert teeth.DTYPES == FLOAT_DTYPE_NAMES
     assert {e.family for e in BROKEN} == set(FAMILIES)
     for family in FAMILIES:
@@ -112,7 +112,7 @@ def test_every_family_is_proven_in_every_dtype():
 
 def test_witness_alibi_slopes_are_the_standard_ones():
     """tests/broken never reads specs, so the witness writes the 6-head slopes out: they must be the spec's."""
-    from specs.problem import alibi_slopes
+    from attnspec.specs.problem import alibi_slopes
     np.testing.assert_array_equal(W.ALIBI_SLOPES_6, alibi_slopes(6))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import UserError
+from attnspec.errors import UserError
 
 _COLUMNS = ("name", "available", "device", "dtypes", "gradients", "masks", "causal",
             "fully_masked", "causal_alignment")
@@ -30,7 +30,7 @@ def add_parser(sub):
 
 
 def _rows(extra_names) -> list[dict]:
-    from backends import registry
+    from attnspec.backends import registry
 
     rows = [_with_support(registry.resolve(n).describe()) for n in registry.builtin_names()]
     listed = set(registry.builtin_names())
@@ -68,7 +68,7 @@ def _describe(backend, name: str) -> dict:
 
 def _with_support(row: dict) -> dict:
     """Adds "supports": every feature of specs.problem.FEATURES -> declared natively or not."""
-    from specs.problem import FEATURES
+    from attnspec.specs.problem import FEATURES
 
     return {**row, "supports": {f: f in (row.get("features") or ()) for f in FEATURES}}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UserError
+from attnspec.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,7 +25,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from reports import build, inputs, writer
+    from attnspec.reports import build, inputs, writer
 
     try:
         writer.check_out_dir(args.out)

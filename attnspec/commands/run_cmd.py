@@ -15,10 +15,10 @@ import sys
 import tempfile
 import time
 
-from ..errors import UserError
-from reports import runner as _procs
-from reports import suites
-from reports.runner import ROOT
+from attnspec.errors import UserError
+from attnspec.reports import runner as _procs
+from attnspec.reports import suites
+from attnspec.reports.runner import ROOT
 
 # Benchmark grid per mode: benchmarks/_grid.py defines each (ATTNSPEC_BENCH_GRID), so `asv run`
 # by hand measures what `attnspec run` does.  asv runs every parameter combination in a process
@@ -68,7 +68,7 @@ def add_parser(sub):
 
 
 def _require_tools(args) -> None:
-    from reports import build, writer
+    from attnspec.reports import build, writer
 
     try:  # before anything runs: the swap at the end would replace the folder whole
         writer.check_out_dir(args.out)
@@ -98,14 +98,14 @@ def probe(names: list[str]) -> list[tuple]:
 
 def named(args) -> list[str] | None:
     """The backends the user asked for (--backend, else ATTNSPEC_BACKENDS); None: the default selection."""
-    from backends import registry  # imports no framework
+    from attnspec.backends import registry  # imports no framework
 
     return args.backend or registry.names_from_env()
 
 
 def select_backends(args) -> tuple[list[tuple], list[dict]]:
     """[(name as given, the backend's own name)] to run, and skipped rows (with the reason)."""
-    from backends import registry  # imports no framework
+    from attnspec.backends import registry  # imports no framework
 
     explicit = named(args)
     names = list(dict.fromkeys(explicit or registry.builtin_names()))
@@ -134,7 +134,7 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
-    from properties import cores
+    from attnspec.properties import cores
 
     slots: queue.Queue = queue.Queue()
     for share in cores.shares(jobs):  # one per running child; a child gives its share back when it ends
@@ -252,7 +252,7 @@ def _shard_python(i: int) -> str:
 
 
 def run(args) -> int:
-    from reports import build, inputs
+    from attnspec.reports import build, inputs
 
     try:
         return _run(args, build, inputs)
@@ -261,7 +261,7 @@ def run(args) -> int:
 
 
 def _run(args, build, inputs) -> int:
-    from backends import registry  # imports no framework
+    from attnspec.backends import registry  # imports no framework
 
     _require_tools(args)
     commit = None if args.no_bench else _procs.git_head()  # before the long part: fail fast

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Backend, Capabilities, Semantics, Unsupported
+from attnspec.backends.base import Backend, Capabilities, Semantics, Unsupported
 
 ALL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 F64_F32 = ("float64", "float32")

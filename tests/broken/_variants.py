@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Capabilities, Semantics
+from attnspec.backends.base import Capabilities, Semantics
 
 from ._kernels import ALL_DTYPES, NumpyBackend, store, sum_to, widened
 

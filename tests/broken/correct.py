@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Capabilities, Semantics
+from attnspec.backends.base import Capabilities, Semantics
 
 from ._kernels import F64_F32, NumpyBackend, resolve_scale, sum_to, tiled_attention, visible
 from ._variants import EVERY_FEATURE, VariantKernel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Semantics
+from attnspec.backends.base import Semantics
 
 from ._kernels import (NumpyBackend, masked_softmax, numpy_caps, resolve_scale, scores, tiled_attention,
                        visible)

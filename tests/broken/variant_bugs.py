@@ -6,7 +6,7 @@ features its authors would claim; the dtypes each runs in are chosen in tests/br
 """
 from __future__ import annotations
 
-from backends.base import Capabilities
+from attnspec.backends.base import Capabilities
 
 from ._kernels import ALL_DTYPES
 from ._variants import VariantKernel

@@ -35,7 +35,7 @@ class Case:
 
 def seed_cases() -> list[Case]:
     """specs.worked_examples.SEED_PROBLEMS as cases, each with a fixed dL/dY."""
-    from specs.worked_examples import SEED_PROBLEMS
+    from attnspec.specs.worked_examples import SEED_PROBLEMS
 
     rng = np.random.default_rng(0)
     cases = []

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Deviation, Semantics
-from backends.numpy_backends import NumpyNaive
+from attnspec.backends.base import Deviation, Semantics
+from attnspec.backends.numpy_backends import NumpyNaive
 
 
 class LeaksPaddingNaN(NumpyNaive):

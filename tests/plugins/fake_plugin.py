@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import Backend, Capabilities, Semantics
+from attnspec.backends.base import Backend, Capabilities, Semantics
 
 SEEN_DTYPES: list = []  # dtypes `sdpa` was called with, for the contract tests
 

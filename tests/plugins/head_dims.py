@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from backends import declare
-from backends.numpy_backends import NumpyNaive
+from attnspec.backends import declare
+from attnspec.backends.numpy_backends import NumpyNaive
 
 
 class NumpyHeadDim8(NumpyNaive):

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import LAYOUTS
-from backends.declarations import Capabilities
-from backends.numpy_backends import NumpyNaive
+from attnspec.backends.base import LAYOUTS
+from attnspec.backends.declarations import Capabilities
+from attnspec.backends.numpy_backends import NumpyNaive
 
 
 def _as_if_contiguous(x: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ Imported as a plug-in (`fake_backends:Crashing`) with this folder as the working
 import os
 import time
 
-from backends.base import Backend, Capabilities
+from attnspec.backends.base import Backend, Capabilities
 
 
 class Crashing(Backend):
