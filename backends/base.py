@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.specs.problem import FEATURE_TEXT, FEATURES, causal_mask, validate  # the definition; never the reference
+from attnspec.specs.fields import FEATURE_TEXT, FEATURES, FIELDS
+from attnspec.specs.problem import causal_mask, validate  # the definition; never the reference
 
 class Unsupported(Exception):
     """A combination the backend declares it does not support (a skip, with its reason)."""
@@ -42,7 +43,7 @@ class BackendFailure(AssertionError):
 
 
 # the declarations live in backends/declarations.py; everything imports them from here too
-from attnspec.backends.declarations import (_ARRAY_FIELDS, CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, LAYOUTS, OPS,  # noqa: E402,F401
+from attnspec.backends.declarations import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, LAYOUTS, OPS,  # noqa: E402,F401
                            Call, Capabilities, Deviation, Semantics, numpy_layout)
 
 
@@ -165,23 +166,25 @@ class Backend:
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
 
     def _call_of(self, p, dtype: str, return_lse: bool, scale) -> Call:
-        """The native Call for a validated problem (the mask folds the triangle in where needed)."""
+        """The native Call for a validated problem, every field cast as specs.fields says.
+
+        A backend that takes no mask together with is_causal (PyTorch's signature) gets the
+        triangle folded into the mask whenever a mask or a bias comes with is_causal: a plain
+        function then receives one float mask, -inf where the triangle hides."""
         mask, is_causal = p.mask, p.is_causal
-        if mask is not None and is_causal and not self.capabilities.mask_with_causal:
-            mask = np.asarray(mask, dtype=bool) & causal_mask(p.Lq, p.Lk, p.causal_alignment)  # (..., Lq, Lk)
+        if is_causal and not self.capabilities.mask_with_causal and (mask is not None or p.bias is not None):
+            mask = np.asarray(True if mask is None else mask, dtype=bool) & causal_mask(p.Lq, p.Lk, p.causal_alignment)
             is_causal = False
-        natives = {}
-        for name, cast in _ARRAY_FIELDS.items():
-            x = getattr(p, name)
-            if x is not None:
-                arr = np.asarray(x, dtype=np.int64 if cast == "int32" else np.float64)
-                if cast == "wide":
-                    cast = "float64" if dtype == "float64" else "float32"
-                natives[name] = self.to_native(arr, cast or dtype)
+        values = {}
+        for f in FIELDS:
+            x = p.fields[f.name]
+            if f.cast == "value" or x is None:
+                values[f.name] = x
+                continue
+            cast = {"input": dtype, "int32": "int32", "wide": "float64" if dtype == "float64" else "float32"}[f.cast]
+            values[f.name] = self.to_native(np.asarray(x, dtype=np.int64 if cast == "int32" else np.float64), cast)
         return Call(mask=None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None),
-                    is_causal=is_causal, scale=scale, enable_gqa=p.enable_gqa,
-                    causal_alignment=p.causal_alignment, window=p.window, softcap=p.softcap,
-                    return_lse=return_lse, dtype=dtype, **natives)
+                    is_causal=is_causal, scale=scale, return_lse=return_lse, dtype=dtype, **values)
 
     def _check(self, what: str, y, shape: tuple, dtype: str) -> np.ndarray:
         if y is None:

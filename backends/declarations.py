@@ -6,16 +6,15 @@ Plain data, no framework: `backends.base.Backend` reads them, the suite judges b
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
 import numpy as np
 
-from attnspec.specs.problem import FEATURES
+from attnspec.specs.fields import CAUSAL_ALIGNMENTS, FEATURES, FIELDS
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 # Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.
 LAYOUTS = ("contiguous", "transposed", "offset", "permuted", "expanded")
-CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 OPS = ("forward", "forward_backward")
 
 
@@ -91,31 +90,21 @@ class Semantics:
         return next((d for d in self.deviations if d.covers(prop, dtype)), None)
 
 
-@dataclass(frozen=True)
-class Call:
-    """What `native_attention` receives besides q, k, v: the problem's fields, native where arrays."""
-
-    mask: object = None            # bool (..., Lq, Lk), True = takes part
-    is_causal: bool = False
-    scale: float | None = None     # None: the backend's default (1/sqrt(E))
-    bias: object = None            # float (..., Hq, Lq, Lk) in the input dtype, added to the scaled scores
-    enable_gqa: bool = False
-    causal_alignment: str = "top_left"
-    window: tuple | None = None    # (left, right), inclusive, None = unbounded; in causal_alignment
-    softcap: float | None = None
-    q_lengths: object = None       # int32 (...,) per batch element
-    kv_lengths: object = None
-    q_segment_ids: object = None   # int32 (..., Lq)
-    kv_segment_ids: object = None  # int32 (..., Lk)
-    alibi_slopes: object = None    # (Hq,) float64 for float64 input, else float32
-    return_lse: bool = False       # then return (output, lse (..., Hq, Lq), natural log)
-    dtype: str = "float64"         # the dtype q, k, v were cast to
+def _call_fields() -> list:
+    """Call's fields: the classic three, every field of the problem's table (at its off value), then
+    the call options."""
+    return ([("mask", object, None), ("is_causal", bool, False), ("scale", object, None)]
+            + [(f.name, object, f.off) for f in FIELDS]
+            + [("return_lse", bool, False), ("dtype", str, "float64")])
 
 
-# how Call's arrays are cast: None = the input dtype; "wide" = float64 for float64 input, float32 else
-# (ALiBi slopes such as 2^-0.5 for 16 heads are not float32 numbers: a float64 call gets them exactly)
-_ARRAY_FIELDS = {"bias": None, "q_lengths": "int32", "kv_lengths": "int32", "q_segment_ids": "int32",
-                 "kv_segment_ids": "int32", "alibi_slopes": "wide"}
+# What `native_attention` receives besides q, k, v: the problem's fields (specs.fields.FIELDS), arrays
+# native and cast as each row says (bias in the input dtype, lengths and segment ids int32, ALiBi
+# slopes float64 for float64 input, else float32); mask bool (..., Lq, Lk), True = takes part; scale
+# None = the backend's default (1/sqrt(E)); return_lse: then return (output, lse (..., Hq, Lq),
+# natural log); dtype: the dtype q, k, v were cast to.
+Call = make_dataclass("Call", _call_fields(), frozen=True)
+Call.__doc__ = "What native_attention receives besides q, k, v (backends/declarations.py)."
 
 
 def numpy_layout(x: np.ndarray, layout: str) -> np.ndarray:

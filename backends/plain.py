@@ -29,15 +29,15 @@ import numpy as np
 
 from attnspec.backends.base import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, Backend, Capabilities, Deviation, Semantics,
                    Unsupported)
-from attnspec.specs.problem import FEATURES, FLOAT_DTYPE_NAMES
+from attnspec.specs.fields import FEATURES, FIELDS
+from attnspec.specs.problem import FLOAT_DTYPE_NAMES
 
 PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)"
-# parameter name -> feature it declares
-_PARAM_FEATURES = {"enable_gqa": ("gqa", "bias"), "softcap": ("softcap",), "window": ("window",),
-                   "q_lengths": ("seq_lengths",), "kv_lengths": ("seq_lengths",),
-                   "q_segment_ids": ("segment_ids",), "kv_segment_ids": ("segment_ids",),
-                   "alibi_slopes": ("alibi",), "causal_alignment": ("causal_bottom_right",),
-                   "return_lse": ("lse",)}
+# parameter name -> the features it declares: a parameter named after a field of the problem
+# (specs.fields) takes that field; PyTorch's enable_gqa also means float (additive) masks in
+# attn_mask, as PyTorch's own function takes them (its bias); return_lse the log-sum-exp
+_PARAM_FEATURES = {**{f.name: (f.feature,) for f in FIELDS if f.name != "bias"},
+                   "enable_gqa": ("gqa", "bias"), "return_lse": ("lse",)}
 _NUMPY_DTYPES = ("float16", "float32", "float64")  # a plain function works on NumPy arrays
 
 
@@ -163,14 +163,11 @@ class FunctionBackend(Backend):
             attn_mask = bias if attn_mask is None else np.where(attn_mask, bias, bias.dtype.type(-np.inf))
         kw = dict(attn_mask=attn_mask, is_causal=call.is_causal, scale=call.scale)
         feats = self.capabilities.features
-        if call.enable_gqa:
-            kw["enable_gqa"] = True
-        if "causal_bottom_right" in feats and call.causal_alignment != "top_left":
-            kw["causal_alignment"] = call.causal_alignment
-        for name in ("window", "softcap", "q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids",
-                     "alibi_slopes"):
-            if getattr(call, name) is not None:
-                kw[name] = getattr(call, name)
+        for f in FIELDS:  # the fields it declares through its parameters, when the problem uses them
+            value = getattr(call, f.name)
+            if f.name != "bias" and f.feature in feats and not (value is None or value is f.off or (
+                    not hasattr(value, "shape") and value == f.off)):
+                kw[f.name] = value
         if call.return_lse:
             kw["return_lse"] = True
         return kw

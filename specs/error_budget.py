@@ -64,14 +64,13 @@ kernel here, in every dtype (tests/budget_study.py, tests/test_budget_margins.py
 uses more than MARGIN of its allowance.  Detection power (the smallest defect the suite
 rejects): ``python -m properties.detection_power``.
 
-``ATTNSPEC_BUDGET_RULE=flash`` switches every budget to flash-attention's rule, 2 x the plain
-error's maximum over the whole tensor and no floor (for comparisons; in float64 it allows
-nothing, since there the plain computation is the reference).
+``rule="flash"`` (every function here takes it) switches a budget to flash-attention's rule,
+2 x the plain error's maximum over the whole tensor and no floor (for comparisons; in float64 it
+allows nothing, since there the plain computation is the reference).
 """
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,8 +82,7 @@ from attnspec.specs.reference import run_backward, run_forward
 from attnspec.specs.plain import Plain as _Plain, _problem, dtype_name, plain_backward, plain_forward, plain_lse  # noqa: F401
 from attnspec.specs.plain import round_bfloat16, round_to  # noqa: F401 - public names
 
-RULES = ("attnspec", "flash")
-RULE_ENV = "ATTNSPEC_BUDGET_RULE"
+RULES = ("attnspec", "flash")  # this module's per-row budget; flash-attention's tensor-wide one
 
 
 @dataclass(frozen=True)
@@ -139,12 +137,10 @@ def _budget(dtype) -> Budget:
     return BUDGETS[dtype_name(dtype)]
 
 
-def rule() -> str:
-    """The rule in force: 'attnspec' (this module's) or 'flash' ($ATTNSPEC_BUDGET_RULE)."""
-    name = os.environ.get(RULE_ENV, "attnspec") or "attnspec"
-    if name not in RULES:
-        raise ValueError(f"{RULE_ENV} must be one of {', '.join(RULES)}; got {name!r}")
-    return name
+def check_rule(rule: str) -> str:
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}; got {rule!r}")
+    return rule
 
 
 def _as_f64(x, name: str) -> np.ndarray:
@@ -172,24 +168,24 @@ def _plain_error(ref, plain, dtype, per_row: bool) -> np.ndarray:
     return err.max(axis=-1, initial=0.0) if per_row else err
 
 
-def _rows(ref, plain, phi, dtype, n: int, extra=0.0, per_row: bool = True) -> np.ndarray:
+def _rows(ref, plain, phi, dtype, n: int, extra=0.0, per_row: bool = True, rule: str = "attnspec") -> np.ndarray:
     """allowed per row: factor * e_r + floor_ulps * (sigma * max_r phi + extra) + tiny (or flash's rule)."""
     b = _budget(dtype)
     e = _plain_error(ref, plain, b.dtype, per_row)
-    if rule() == "flash":
+    if check_rule(rule) == "flash":
         return np.full(e.shape, b.factor * float(np.max(e, initial=0.0)))
     phi = np.max(phi, axis=-1, initial=0.0) if per_row else phi
     return b.factor * e + b.floor_ulps * (b.sigma(n) * phi + extra + b.tiny(n))
 
 
-def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", *, rule="attnspec", **fields):
     """(allowed (..., Lq), reference output (..., Lq, Ev), plain output (..., Lq, Ev))."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     f = run_forward(p)
     plain = run_forward(p, _Plain(dtype)).output  # (..., Lq, Ev)
     b, n = _budget(dtype), _reduction(p)
     phi = terms.forward_terms(p, f, b.weight_tau(n), b.accumulate_roundoff / b.sigma(n), _tanh_share(dtype, p))
-    return _rows(f.output, plain, phi, dtype, n), f.output, plain
+    return _rows(f.output, plain, phi, dtype, n, rule=rule), f.output, plain
 
 
 def _tanh_share(dtype: str, p) -> float:
@@ -198,7 +194,7 @@ def _tanh_share(dtype: str, p) -> float:
     return terms.TANH_ULPS * b.accumulate_roundoff / b.sigma(_reduction(p))
 
 
-def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", *, rule="attnspec", **fields):
     """(allowed (..., Lq), reference lse, plain lse); rows with no visible key: lse -inf, allowed 0."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     f = run_forward(p)
@@ -207,11 +203,11 @@ def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, 
     phi, size = terms.lse_terms(p, f, _tanh_share(dtype, p))  # (..., Lq) twice
     ref0, plain0 = np.where(seen, f.lse, 0.0), np.where(seen, plain, 0.0)
     u = _budget(dtype).unit_roundoff
-    allowed = _rows(ref0, plain0, phi, dtype, _reduction(p), u * size, per_row=False)
+    allowed = _rows(ref0, plain0, phi, dtype, _reduction(p), u * size, per_row=False, rule=rule)
     return np.where(seen, allowed, 0.0), f.lse, plain
 
 
-def row_sum_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+def row_sum_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", *, rule="attnspec", **fields):
     """(allowed (..., Lq), plain row sums of the weights (..., Lq)): how far from 1 a row's weights
     may sum.  A normalising kernel errs by its weights' roundings (sigma); one that writes
     exp(s - lse) by its log-sum-exp's error - the lse budget covers both."""
@@ -221,11 +217,13 @@ def row_sum_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
     seen = f.visible.any(axis=-1)  # (..., Lq)
     phi, size = terms.lse_terms(p, f, _tanh_share(dtype, p))
     u = _budget(dtype).unit_roundoff
-    allowed = _rows(seen.astype(float), np.where(seen, sums, 0.0), phi, dtype, _reduction(p), u * size, per_row=False)
+    allowed = _rows(seen.astype(float), np.where(seen, sums, 0.0), phi, dtype, _reduction(p), u * size, per_row=False,
+                    rule=rule)
     return allowed, sums
 
 
-def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", *,
+                          rule="attnspec", **fields):
     """[(allowed, reference, plain)] for dq, dk, dv (and dbias with a bias); allowed is per row,
     shaped like the gradient without its last axis."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
@@ -235,7 +233,7 @@ def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=N
     b, n = _budget(dtype), _reduction(p)
     acc = b.accumulate_roundoff / b.sigma(n)  # u_acc in units of sigma
     phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.weight_tau(n), acc, _tanh_share(dtype, p))
-    return [(_rows(r, pl, phi, dtype, n), r, pl) for r, pl, phi in zip(refs, plains, phis)]
+    return [(_rows(r, pl, phi, dtype, n, rule=rule), r, pl) for r, pl, phi in zip(refs, plains, phis)]
 
 
 # ---- tensor-wide views (the maxima of the row budgets) ---------------------------------
@@ -245,31 +243,33 @@ def _max(allowed, rows=None) -> float:
     return float(np.max(a, initial=0.0))
 
 
-def forward_allowed(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None,
-                    **fields):
+def forward_allowed(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None, *,
+                    rule="attnspec", **fields):
     """(largest row allowance, reference output, plain output); ``rows`` (bool (..., Lq)) restricts
     all three to the judged rows (reference and plain then come back as (judged rows, Ev))."""
-    allowed, ref, plain = forward_allowed_rows(q, k, v, mask, is_causal, scale, dtype, **fields)
+    allowed, ref, plain = forward_allowed_rows(q, k, v, mask, is_causal, scale, dtype, rule=rule, **fields)
     if rows is not None:
         return _max(allowed, rows), ref[rows], plain[rows]
     return _max(allowed), ref, plain
 
 
-def backward_allowed(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+def backward_allowed(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", *, rule="attnspec",
+                     **fields):
     """[(largest row allowance, reference, plain)] for dq, dk, dv (and dbias with a bias)."""
     return [(_max(a), r, pl) for a, r, pl in backward_allowed_rows(q, k, v, grad_out, mask, is_causal, scale,
-                                                                   dtype, **fields)]
+                                                                   dtype, rule=rule, **fields)]
 
 
-def lse_allowed(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None, **fields):
+def lse_allowed(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None, *,
+                rule="attnspec", **fields):
     """(largest allowance, reference lse, plain lse) over the judged rows (default: rows with a visible key)."""
-    allowed, ref, plain = lse_allowed_rows(q, k, v, mask, is_causal, scale, dtype, **fields)
+    allowed, ref, plain = lse_allowed_rows(q, k, v, mask, is_causal, scale, dtype, rule=rule, **fields)
     rows = np.isfinite(ref) if rows is None else rows
     return _max(allowed, rows), ref[rows], plain[rows]
 
 
 def allowed_error(reference, plain, dtype, reduction_length: int | None = None,
-                  magnitude: float | None = None, score_size: float = 0.0) -> float:
+                  magnitude: float | None = None, score_size: float = 0.0, rule: str = "attnspec") -> float:
     """factor * max|plain - reference| + `Budget.floor`: one allowance for a whole tensor.
 
     For callers without a problem; with one, prefer the row budgets (`check_forward`,
@@ -291,7 +291,7 @@ def allowed_error(reference, plain, dtype, reduction_length: int | None = None,
     if not (score_size >= 0 and math.isfinite(score_size)):
         raise ValueError(f"score_size must be a finite number >= 0; got {score_size}")
     plain_err = float(np.max(_plain_error(ref, pl, b.dtype, per_row=False), initial=0.0))
-    if rule() == "flash":
+    if check_rule(rule) == "flash":
         return b.factor * plain_err
     return b.factor * plain_err + b.floor(magnitude, n, score_size)
 
@@ -311,7 +311,7 @@ def forward_magnitude(q, k=None, v=None, mask=None, is_causal=False, scale=None,
 
 # ---- verdicts ----------------------------------------------------------------------------
 
-def _verdict(actual, reference, allowed, dtype, name, judged=None) -> Verdict:
+def _verdict(actual, reference, allowed, dtype, name, judged=None, rule: str = "attnspec") -> Verdict:
     """Every judged entry within its row's allowance; ``where`` is the entry that uses the
     largest fraction of its row's allowance (a full index), ``limit`` that allowance."""
     act, ref = _as_f64(actual, "actual"), _as_f64(reference, "reference")
@@ -332,7 +332,7 @@ def _verdict(actual, reference, allowed, dtype, name, judged=None) -> Verdict:
     worst, lim = float(err[where]), float(limit[where])
     worst = math.inf if worst != worst else worst
     row = where[:-1] if allowed.ndim == ref.ndim - 1 and ref.ndim else where
-    how = "2 x plain error over the tensor (flash-attention's rule)" if rule() == "flash" else \
+    how = "2 x plain error over the tensor (flash-attention's rule)" if rule == "flash" else \
         f"{_budget(dtype).factor:g} x the row's plain {dt} error + floor"
     if frac <= 1:
         return Verdict(f"close[{name}]", True, where, worst,
@@ -344,38 +344,39 @@ def _verdict(actual, reference, allowed, dtype, name, judged=None) -> Verdict:
 
 
 def check_close(actual, reference, plain, dtype, name: str = "output", reduction_length: int | None = None,
-                magnitude: float | None = None, score_size: float = 0.0) -> Verdict:
+                magnitude: float | None = None, score_size: float = 0.0, rule: str = "attnspec") -> Verdict:
     """Verdict on every entry against `allowed_error` (one allowance for the tensor)."""
     act, ref = _as_f64(actual, "actual"), _as_f64(reference, "reference")
     if act.shape != ref.shape:
         raise ValueError(f"actual {name} has shape {act.shape} but reference has {ref.shape}")
-    return _verdict(act, ref, allowed_error(ref, plain, dtype, reduction_length, magnitude, score_size), dtype, name)
+    return _verdict(act, ref, allowed_error(ref, plain, dtype, reduction_length, magnitude, score_size, rule), dtype,
+                    name, rule=rule)
 
 
-def check_forward(actual, q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None,
-                  **fields) -> Verdict:
+def check_forward(actual, q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None, *,
+                  rule="attnspec", **fields) -> Verdict:
     """A backend's forward output against the reference, each row within its own budget;
     ``rows`` (bool (..., Lq)): only those rows are judged.  ``where`` is a full index."""
-    allowed, ref, _ = forward_allowed_rows(q, k, v, mask, is_causal, scale, dtype, **fields)
-    return _verdict(actual, ref, allowed, dtype, "output", rows)
+    allowed, ref, _ = forward_allowed_rows(q, k, v, mask, is_causal, scale, dtype, rule=rule, **fields)
+    return _verdict(actual, ref, allowed, dtype, "output", rows, rule)
 
 
-def check_lse(actual, q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None,
-              **fields) -> Verdict:
+def check_lse(actual, q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None, *,
+              rule="attnspec", **fields) -> Verdict:
     """A backend's log-sum-exp (..., Lq) against the reference, on rows with a visible key."""
-    allowed, ref, _ = lse_allowed_rows(q, k, v, mask, is_causal, scale, dtype, **fields)
+    allowed, ref, _ = lse_allowed_rows(q, k, v, mask, is_causal, scale, dtype, rule=rule, **fields)
     act = _as_f64(actual, "actual")
     if act.shape != ref.shape:
         raise ValueError(f"actual lse has shape {act.shape} but the problem's rows are {ref.shape}")
     rows = np.isfinite(ref) if rows is None else np.asarray(rows, bool) & np.isfinite(ref)
-    return _verdict(np.where(rows, act, 0.0), np.where(rows, ref, 0.0), allowed, dtype, "lse", rows)
+    return _verdict(np.where(rows, act, 0.0), np.where(rows, ref, 0.0), allowed, dtype, "lse", rows, rule)
 
 
-def check_backward(actual, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32",
-                   **fields) -> list:
+def check_backward(actual, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", *,
+                   rule="attnspec", **fields) -> list:
     """One Verdict per gradient (dq, dk, dv, and dbias when both sides have it), rows within their budgets."""
-    budgets = backward_allowed_rows(q, k, v, grad_out, mask, is_causal, scale, dtype, **fields)
+    budgets = backward_allowed_rows(q, k, v, grad_out, mask, is_causal, scale, dtype, rule=rule, **fields)
     if len(actual) not in (3, len(budgets)):
         raise ValueError(f"actual must be (dq, dk, dv) or (dq, dk, dv, dbias); got {len(actual)} arrays")
-    return [_verdict(a, r, allowed, dtype, name)
+    return [_verdict(a, r, allowed, dtype, name, rule=rule)
             for a, (allowed, r, _), name in zip(actual, budgets, ("dq", "dk", "dv", "dbias"))]

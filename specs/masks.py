@@ -1,7 +1,7 @@
-"""Which (query, key) pairs take part, and the position-made biases: causal, window, ALiBi, padding.
+"""Positions: which (query, key) pairs a causal triangle or a window keeps, and ALiBi's biases.
 
-Built from indices only, so they read the same in every format.  `visible(problem)` combines
-every hiding field of a `specs.problem.Problem`.
+Built from indices only, so they read the same in every format.  The problem's fields use them
+(`specs.fields`); nothing here knows a problem.
 """
 from __future__ import annotations
 
@@ -10,7 +10,31 @@ import numbers
 
 import numpy as np
 
-from attnspec.specs.problem import CAUSAL_ALIGNMENTS, Problem, _window
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def offset(Lq: int, Lk: int, alignment: str) -> int:
+    """Where query i's diagonal meets the keys: Lk - Lq bottom-right aligned, else 0."""
+    return Lk - Lq if alignment == "bottom_right" else 0
+
+
+def normalize_window(window):
+    """(left, right) with ints >= 0 or None (unbounded); ValueError naming `window` otherwise."""
+    if window is None:
+        return None
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be (left, right) with ints >= 0 or None (unbounded); got {window!r}") from None
+    out = []
+    for side, w in (("left", left), ("right", right)):
+        if w is None:
+            out.append(None)
+            continue
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < 0:
+            raise ValueError(f"window {side} must be an int >= 0 or None (unbounded); got window={window!r}")
+        out.append(int(w))
+    return tuple(out)
 
 
 def causal_mask(Lq: int, Lk: int, alignment: str = "top_left") -> np.ndarray:
@@ -30,9 +54,8 @@ def window_mask(Lq: int, Lk: int, window, alignment: str = "top_left") -> np.nda
     o = Lk - Lq bottom-right aligned, else 0.  flash-attention's ``window_size=(wl, wr)`` is this
     with bottom_right (its -1 is None here); JAX's ``local_window_size=(L, R)`` with top_left.
     """
-    left, right = _window(window)
-    o = (Lk - Lq) if alignment == "bottom_right" else 0
-    d = np.arange(Lk)[None, :] - np.arange(Lq)[:, None] - o  # (Lq, Lk) j - (i + o)
+    left, right = normalize_window(window)
+    d = np.arange(Lk)[None, :] - np.arange(Lq)[:, None] - offset(Lq, Lk, alignment)  # (Lq, Lk) j - (i + o)
     keep = np.ones((Lq, Lk), dtype=bool)  # (Lq, Lk)
     if left is not None:
         keep &= d >= -left
@@ -70,40 +93,5 @@ def alibi_bias(slopes, Lq: int, Lk: int, alignment: str = "top_left") -> np.ndar
     FlashInfer and attention-gym, up to a per-row constant - which the softmax ignores.
     """
     s = np.asarray(slopes, dtype=np.float64)  # (H,)
-    o = (Lk - Lq) if alignment == "bottom_right" else 0
-    dist = np.abs(np.arange(Lq)[:, None] + o - np.arange(Lk)[None, :])  # (Lq, Lk)
+    dist = np.abs(np.arange(Lq)[:, None] + offset(Lq, Lk, alignment) - np.arange(Lk)[None, :])  # (Lq, Lk)
     return -s[:, None, None] * dist  # (H, Lq, Lk)
-
-
-def padded_query_rows(problem: Problem) -> np.ndarray:
-    """Boolean (..., Lq): query rows at or past q_lengths (padding; what they output is left open)."""
-    shape = problem.batch_shape + (problem.Lq,)
-    if problem.q_lengths is None:
-        return np.zeros(shape, dtype=bool)
-    lengths = np.asarray(problem.q_lengths)[..., None, None]  # (..., 1, 1): over heads and rows
-    return np.broadcast_to(np.arange(problem.Lq) >= lengths, shape)  # (..., Hq, Lq)
-
-
-def visible(problem: Problem) -> np.ndarray:
-    """Boolean (..., Lq, Lk): the pairs that take part (mask, causal, window, lengths, segments, -inf bias)."""
-    p = problem
-    shape = p.batch_shape + (p.Lq, p.Lk)
-    vis = np.ones(shape, dtype=bool)  # (..., Lq, Lk)
-    if p.mask is not None:
-        vis = vis & np.asarray(p.mask, dtype=bool)
-    if p.is_causal:
-        vis = vis & causal_mask(p.Lq, p.Lk, p.causal_alignment)
-    if p.window is not None:
-        vis = vis & window_mask(p.Lq, p.Lk, p.window, p.causal_alignment)
-    if p.kv_lengths is not None:
-        kv = np.asarray(p.kv_lengths)[..., None, None, None]  # (..., 1, 1, 1)
-        vis = vis & (np.arange(p.Lk) < kv)  # (..., Hq, Lq, Lk)
-    if p.q_lengths is not None:
-        vis = vis & ~padded_query_rows(p)[..., None]
-    if p.q_segment_ids is not None:
-        qs = np.asarray(p.q_segment_ids)[..., None, :, None]  # (..., 1, Lq, 1)
-        ks = np.asarray(p.kv_segment_ids)[..., None, None, :]  # (..., 1, 1, Lk)
-        vis = vis & (qs == ks)
-    if p.bias is not None:
-        vis = vis & ~np.isneginf(np.asarray(p.bias, dtype=np.float64))
-    return np.broadcast_to(vis, shape)

@@ -290,20 +290,17 @@ def test_gradient_and_lse_budgets_are_per_row(dtype):
     assert sums_allowed.shape == sums.shape == (2, 3, 5) and (np.abs(sums - 1) <= sums_allowed).all()
 
 
-def test_flash_rule_is_selectable_and_allows_nothing_in_float64(monkeypatch):
+def test_flash_rule_is_a_parameter_and_allows_nothing_in_float64():
     q, k, v = _problem(16, Lq=4, Lk=5)
     r = ref.attention(q, k, v)
-    monkeypatch.setenv(eb.RULE_ENV, "flash")
-    allowed, _, plain = eb.forward_allowed_rows(q, k, v, dtype="float64")
+    allowed, _, plain = eb.forward_allowed_rows(q, k, v, dtype="float64", rule="flash")
     assert (allowed == 0).all()  # float64's plain computation is the reference: 2 x 0
-    assert not eb.check_forward(r + 1e-15, q, k, v, dtype="float64")
-    allowed16, r16, plain16 = eb.forward_allowed_rows(q, k, v, dtype="float16")
+    assert not eb.check_forward(r + 1e-15, q, k, v, dtype="float64", rule="flash")
+    allowed16, r16, plain16 = eb.forward_allowed_rows(q, k, v, dtype="float16", rule="flash")
     assert (allowed16 == 2 * np.abs(plain16 - r16).max()).all()  # one number for the tensor
-    monkeypatch.setenv(eb.RULE_ENV, "strict")
-    with pytest.raises(ValueError, match=eb.RULE_ENV):
-        eb.forward_allowed_rows(q, k, v, dtype="float16")
-    monkeypatch.delenv(eb.RULE_ENV)
-    assert eb.check_forward(r + 1e-15, q, k, v, dtype="float64")  # ours: rounding dust is fine
+    with pytest.raises(ValueError, match="rule must be one of attnspec, flash"):
+        eb.forward_allowed_rows(q, k, v, dtype="float16", rule="strict")
+    assert eb.check_forward(r + 1e-15, q, k, v, dtype="float64")  # ours (the default): rounding dust is fine
 
 
 def test_flushing_subnormal_terms_is_allowed_where_cpu_kernels_do_it():

@@ -1,0 +1,227 @@
+"""The problem's optional fields: one table, iterated by everything that handles a field.
+
+Beyond PyTorch's classic ``(mask, is_causal, scale)`` a problem may carry each field below.
+A row says what the field is called (the keyword of `specs.problem.validate`, of
+``Backend.forward`` and of a backend's ``Call``), which feature a backend declares to take it
+natively (``Capabilities.features``), its off value, how it is validated, which (query, key)
+pairs it keeps - attention-gym's ``mask_mod`` idea: a predicate of the query and key index -
+and how a backend's call carries it.  `specs.problem.validate` and `visible`, the backends'
+``Call`` and their feature checks, a plain function's keywords, ``attnspec backends``, the
+suite's draws and its reproducers iterate this table.
+
+Adding a field: its row here; its arithmetic in `specs/reference.py` when it changes the scores
+(a field that only hides pairs needs nothing there); its draw (`properties/variants.py`) and its
+property (`properties/test_<family>.py`); the adapters that take it natively.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from attnspec.specs.masks import CAUSAL_ALIGNMENTS, normalize_window, offset, window_mask
+
+
+class Dims(NamedTuple):
+    """What a field is validated against."""
+
+    batch_shape: tuple  # leading dims of the output, ending with Hq when the inputs have a head axis
+    Lq: int
+    Lk: int
+    query_shape: tuple
+
+    @property
+    def lead(self) -> tuple:
+        """Per sequence: everything before the head axis."""
+        return self.batch_shape[:-1]
+
+    @property
+    def Hq(self) -> int:
+        return self.batch_shape[-1] if self.batch_shape else 1
+
+    @property
+    def scores(self) -> tuple:
+        return self.batch_shape + (self.Lq, self.Lk)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str          # keyword of validate, Backend.forward and Call
+    feature: str       # what a backend declares to take it natively (Capabilities.features)
+    off: object        # the value meaning "not used"
+    cast: str          # how Call carries it: "value" as is; "input" the input dtype; "int32";
+    #                    "wide" float64 for float64 input, else float32 (ALiBi's 2^-0.5 is no float32)
+    text: str          # the feature in words
+    check: Callable    # (value, Dims) -> the value validated; ValueError naming the field
+    keeps: Callable | None = None  # (value, problem) -> bool broadcastable to (..., Lq, Lk): pairs kept
+    uses: Callable | None = None   # (value, problem) -> whether the problem uses the feature (default: not off)
+
+    def used(self, value, problem) -> bool:
+        if self.uses is not None:
+            return bool(self.uses(value, problem))
+        return not (value is self.off or (not isinstance(value, np.ndarray) and value == self.off))
+
+
+def _dtype_name(x) -> str:
+    return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+
+
+def _broadcasts(shape, target) -> bool:
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(target)) == tuple(target)
+    except ValueError:
+        return False
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+def _bias(bias, d: Dims):
+    shape = tuple(getattr(bias, "shape", ()))
+    name = _dtype_name(bias)
+    if not (name.startswith("float") or name == "bfloat16"):
+        raise ValueError(f"bias must be a float array (added to the scaled scores; -inf = hidden); got dtype {name}")
+    if not _broadcasts(shape, d.scores):
+        raise ValueError(f"bias of shape {shape} is not broadcastable to (..., Hq, Lq, Lk) = {d.scores}")
+    b = np.asarray(bias, dtype=np.float64)
+    bad = np.isnan(b) | np.isposinf(b)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"bias must be finite or -inf (hidden); got {'NaN' if np.isnan(b[at]) else '+inf'} at {at}")
+    return bias
+
+
+def _flag(name):
+    def check(value, d: Dims):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be a bool; got {value!r}")
+        return bool(value)
+    return check
+
+
+def _alignment(value, d: Dims):
+    if value not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}; got {value!r}")
+    return value
+
+
+def _window(value, d: Dims):
+    return normalize_window(value)
+
+
+def _softcap(value, d: Dims):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"softcap must be a finite number > 0 (or None for off); got {value!r}")
+    return float(value)
+
+
+def _ints(name: str, per: str, extra: Callable[[Dims], tuple], limit: Callable[[Dims], int] | None = None):
+    """An integer array broadcastable to (lead..., *extra) - one value per sequence (and position)."""
+    def check(value, d: Dims):
+        if not d.batch_shape:
+            raise ValueError(f"{name} needs inputs with a head axis, shaped (..., H, L, E); got query {d.query_shape}")
+        shape = tuple(getattr(value, "shape", np.shape(value)))
+        if not _dtype_name(value).startswith(("int", "uint")):
+            raise ValueError(f"{name} must be an integer array; got dtype {_dtype_name(value)}")
+        target = d.lead + extra(d)
+        if not _broadcasts(shape, target):
+            raise ValueError(f"{name} of shape {shape} does not broadcast to {target} ({per})")
+        arr = np.asarray(value)
+        if limit is not None and arr.size and (arr.min() < 0 or arr.max() > limit(d)):
+            raise ValueError(f"{name} must lie in [0, {limit(d)}]; got {arr.tolist()}")
+        return arr
+    return check
+
+
+def _slopes(value, d: Dims):
+    slopes = np.asarray(value, dtype=np.float64)
+    if slopes.ndim != 1 or slopes.shape[0] != d.Hq:
+        raise ValueError(f"alibi_slopes must have one slope per query head, shape ({d.Hq},); got shape {slopes.shape}")
+    if not np.isfinite(slopes).all():
+        raise ValueError(f"alibi_slopes must be finite; got {slopes.tolist()}")
+    return slopes
+
+
+# ---- the pairs each field keeps (i: query index, j: key index) ---------------------------------
+
+def _per_sequence(x) -> np.ndarray:
+    return np.asarray(x)[..., None, None, None]  # (lead..., 1, 1, 1): over heads, queries, keys
+
+
+def _keeps_bias(bias, p):
+    return ~np.isneginf(np.asarray(bias, dtype=np.float64))  # -inf hides
+
+
+def _keeps_window(window, p):
+    return window_mask(p.Lq, p.Lk, window, p.causal_alignment)  # (Lq, Lk)
+
+
+def _keeps_q_lengths(q_lengths, p):
+    return np.arange(p.Lq)[:, None] < _per_sequence(q_lengths)  # (lead..., 1, Lq, 1): padded rows see nothing
+
+
+def _keeps_kv_lengths(kv_lengths, p):
+    return np.arange(p.Lk)[None, :] < _per_sequence(kv_lengths)  # (lead..., 1, 1, Lk)
+
+
+def _keeps_segments(q_ids, p):
+    qs = np.asarray(q_ids)[..., None, :, None]  # (lead..., 1, Lq, 1)
+    ks = np.asarray(p.kv_segment_ids)[..., None, None, :]  # (lead..., 1, 1, Lk)
+    return qs == ks
+
+
+def _uses_bottom_right(alignment, p) -> bool:
+    return (alignment == "bottom_right" and p.Lq != p.Lk
+            and (p.is_causal or p.window is not None or p.alibi_slopes is not None))
+
+
+FIELDS = (
+    Field("bias", "bias", None, "input", "an additive float bias", _bias, keeps=_keeps_bias),
+    Field("enable_gqa", "gqa", False, "value", "grouped KV heads (enable_gqa)", _flag("enable_gqa"),
+          uses=lambda on, p: on and p.group > 1),
+    Field("causal_alignment", "causal_bottom_right", "top_left", "value", "bottom-right causal alignment",
+          _alignment, uses=_uses_bottom_right),
+    Field("window", "window", None, "value", "a sliding window", _window, keeps=_keeps_window),
+    Field("softcap", "softcap", None, "value", "a softcap", _softcap),
+    Field("q_lengths", "seq_lengths", None, "int32", "per-sequence lengths (padding)",
+          _ints("q_lengths", "one length per batch element, before the head axis", lambda d: (), lambda d: d.Lq),
+          keeps=_keeps_q_lengths),
+    Field("kv_lengths", "seq_lengths", None, "int32", "per-sequence lengths (padding)",
+          _ints("kv_lengths", "one length per batch element, before the head axis", lambda d: (), lambda d: d.Lk),
+          keeps=_keeps_kv_lengths),
+    Field("q_segment_ids", "segment_ids", None, "int32", "segment ids (packed sequences)",
+          _ints("q_segment_ids", "(..., Lq), one id per query", lambda d: (d.Lq,)), keeps=_keeps_segments),
+    Field("kv_segment_ids", "segment_ids", None, "int32", "segment ids (packed sequences)",
+          _ints("kv_segment_ids", "(..., Lk), one id per key", lambda d: (d.Lk,))),
+    Field("alibi_slopes", "alibi", None, "wide", "ALiBi slopes", _slopes),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+NAMES = tuple(BY_NAME)
+OFF = {f.name: f.off for f in FIELDS}
+# fields that go together: one without the other is an error
+PAIRS = (("q_segment_ids", "kv_segment_ids"),)
+
+# What a backend may declare it takes natively: every field's feature, and returning the LSE
+# (a call option, not a field).
+FEATURES = tuple(dict.fromkeys(f.feature for f in FIELDS)) + ("lse",)
+FEATURE_TEXT = {**{f.feature: f.text for f in reversed(FIELDS)}, "lse": "returning the log-sum-exp"}
+FIELDS_OF = {feature: tuple(f.name for f in FIELDS if f.feature == feature) for feature in FEATURES}
+
+
+def check_pairs(values: dict) -> None:
+    for a, b in PAIRS:
+        if (values[a] is None) != (values[b] is None):
+            raise ValueError(f"{a} and {b} go together; got only {a if values[b] is None else b}")
+
+
+def positional(problem) -> bool:
+    """Whether the problem's pairs depend on where the diagonal lies (causal, window, ALiBi)."""
+    return problem.is_causal or problem.window is not None or problem.alibi_slopes is not None
+
+
+__all__ = ["CAUSAL_ALIGNMENTS", "Dims", "FEATURES", "FEATURE_TEXT", "FIELDS", "FIELDS_OF", "Field", "NAMES", "OFF",
+           "BY_NAME", "check_pairs", "offset", "positional"]
