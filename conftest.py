@@ -1,21 +1,26 @@
-"""attnspec's checkout: its suite's pytest plugin and Hypothesis profile for every run here.
+"""attnspec's checkout: its suite's pytest plugin for every run here, and a profile for tests/.
 
 Installed attnspec registers the plugin through its pytest11 entry point ("attnspec"); loading
 it again from here would register one module twice, so this file loads it only when the entry
-point did not (PYTEST_DISABLE_PLUGIN_AUTOLOAD set).  The checkout's own tests (tests/) run under
-the suite's profile too (no deadline; dev's example counts), as they always have; a user's
-project gets neither (the plugin stays inert there).
+point did not (PYTEST_DISABLE_PLUGIN_AUTOLOAD set).  The harness's own tests (tests/) run under
+the suite's dev or ci profile (no deadline; a few examples); the suite's runs load their own.
+Its runs keep the JAX backends' compiled programs in ~/.cache/attnspec/jax (ATTNSPEC_JAX_CACHE).
 """
+import os
 import sys
+
+# this project's runs keep JAX's compiled programs across processes (opt-in: backends/jax_programs.py)
+os.environ.setdefault("ATTNSPEC_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "attnspec", "jax"))
 
 pytest_plugins = [] if "attnspec.properties.plugin" in sys.modules else ["attnspec.properties.plugin"]
 
 
 def pytest_configure(config):
-    from attnspec.properties import profiles
+    from attnspec.properties import options, profiles
 
-    if not config.getoption("hypothesis_profile", None):
-        try:
-            profiles.load(profiles.choose())
-        except ValueError:  # a bad ATTNSPEC_PROFILE: the plugin says so for runs of the suite
-            profiles.load("dev")
+    if config.getoption("hypothesis_profile", None) or options.runs_suite(config):
+        return  # Hypothesis' own choice, or the suite's (properties/plugin.py)
+    try:
+        profiles.load(profiles.chosen() or "dev")
+    except ValueError:  # a bad ATTNSPEC_PROFILE: the plugin says so for runs of the suite
+        profiles.load("dev")

@@ -16,6 +16,10 @@ exactly: JAX keeps key j for query i when i - L <= j <= i + R (top-left, inclusi
 our ``window=(left, right)`` with top_left alignment, L = left, R = right; an unbounded side
 (None) becomes max(Lq, Lk), past every key.  The residual is the natural-log LSE of the scaled,
 biased, masked logits, computed in float32 and cast to the input dtype, shaped (B, T, N).
+
+Opt-in: ``ATTNSPEC_JAX_CACHE=DIR`` keeps compiled programs across processes (backends/jax_programs.py:
+JAX's persistent compilation cache in DIR/xla, whole executables in DIR/programs).  attnspec's own
+checkout turns it on for its runs (conftest.py: ~/.cache/attnspec).
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class JaxBackend(Backend):
             raise BackendUnavailable(f"no {self.platform.upper()} device for JAX") from None
         if not hasattr(self, "_compiled"):
             self._compiled = {}
+            jax_programs.from_environment(jax)
 
     def _x64(self, wide: bool):
         if not wide:

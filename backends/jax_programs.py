@@ -14,9 +14,10 @@ compiled for that very key (~3 ms) and runs it; a miss compiles through the back
 again and replaced, never an error.  Programs live in a folder per class and source
 (``<dir>/JaxDpa-<source hash>/``); a new source of a class removes its older folders.
 
-Only the suite turns it on (``enable``, from properties/plugin.py); direct use and the
-benchmarks run plain jit.  tests/test_backends_jax_programs.py checks that a hit gives the bits
-plain jit gives and traces nothing.
+Opt-in: ``ATTNSPEC_JAX_CACHE=DIR`` (read when a JAX backend loads) turns on JAX's persistent
+compilation cache in DIR/xla and this one in DIR/programs; without it every call is plain jit.
+attnspec's checkout turns it on for its own runs (conftest.py).  tests/test_backends_jax_programs.py
+checks that a hit gives the bits plain jit gives and traces nothing.
 """
 from __future__ import annotations
 
@@ -33,6 +34,25 @@ MAX_IN_MEMORY = 4096  # loaded programs kept per process
 _loaded: dict = {}
 _salts: dict = {}
 _folders: set = set()
+
+
+ENV = "ATTNSPEC_JAX_CACHE"
+
+
+def from_environment(jax) -> None:
+    """Both caches in $ATTNSPEC_JAX_CACHE's folder when it is set (once a process); a folder that
+    cannot be made leaves plain jit."""
+    root = os.environ.get(ENV, "").strip()
+    if not root or DIRECTORY is not None:
+        return
+    try:
+        enable(os.path.join(root, "programs"))
+        os.makedirs(os.path.join(root, "xla"), exist_ok=True)
+    except OSError:
+        return
+    jax.config.update("jax_compilation_cache_dir", os.path.join(root, "xla"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def enable(directory: str | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import sys
 
 
 from attnspec.backends.base import Backend
@@ -73,12 +74,27 @@ def _known() -> str:
             "or give package.module:attr")
 
 
+def _import(module_name: str):
+    """The module, as the user's shell imports it: a package in the current folder too (``python -m`` and
+    ``python -c`` put it on sys.path; the ``pytest`` and ``attnspec`` commands do not)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        here = os.getcwd()
+        top = module_name.split(".")[0]
+        if e.name != top or here in sys.path or not os.path.exists(os.path.join(here, top)) and \
+                not os.path.exists(os.path.join(here, top + ".py")):
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module_name)
+
+
 def _load_attr(spec: str, name: str):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise BackendSelectionError(f"backend {name!r}: expected package.module:attr, got {spec!r}")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except Exception as e:  # noqa: BLE001 - report any import failure by name
         raise BackendSelectionError(f"backend {name!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
     try:

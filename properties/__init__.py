@@ -2,16 +2,17 @@
 
 Run it on your implementation from any folder (attnspec installed)::
 
-    pytest --pyargs properties --backend mypkg.attn:sdpa
+    pytest --pyargs attnspec.properties --backend mypkg.attn:sdpa
 
 or inside your own test suite, one module (scikit-learn's ``parametrize_with_checks`` idea)::
 
     # tests/test_attention_conformance.py
-    from attnspec.properties import install
+    from attnspec import install
 
     install(globals(), "mypkg.attn:sdpa")          # every family; or families=("output", "masking")
 
-Importing this package loads no framework and no Hypothesis profile.
+Importing this package loads no framework and no Hypothesis profile.  (Every import here is
+absolute: pytest may load the property modules of a checkout under a name of their own.)
 """
 from __future__ import annotations
 
@@ -58,9 +59,10 @@ def install(namespace: dict, *backends, families: tuple | None = None) -> list[s
     function, a Backend class or object defined at a module's top level).  families: module
     names of `families()` to include (default: all).  Returns the names of the tests added.
 
-    The tests are attnspec's own functions, parametrized by the attnspec pytest plugin (loaded
-    with attnspec installed) with these backends only, whatever ``--backend`` says; the
-    module's failures print as one block each with the path of a runnable reproducer.
+    The tests are attnspec's own, parametrized by the attnspec pytest plugin (loaded with attnspec
+    installed) with these backends only, whatever ``--backend`` says; a failure prints one block
+    with the path of a runnable reproducer.  A backend that cannot be loaded fails the module's
+    collection with the reason.
     """
     if not isinstance(namespace, dict) or "__name__" not in namespace:
         raise ValueError("install: namespace must be a test module's globals()")
@@ -70,37 +72,20 @@ def install(namespace: dict, *backends, families: tuple | None = None) -> list[s
     chosen = known if families is None else list(families)
     if isinstance(families, str) or [f for f in chosen if f not in known]:
         raise ValueError(f"install: families must be a tuple of {', '.join(known)}; got {families!r}")
-    if f"{__name__}.plugin" not in sys.modules:
+    if "attnspec.properties.plugin" not in sys.modules:
         raise RuntimeError("install: attnspec's pytest plugin is not loaded (pytest loads it through attnspec's "
-                           "entry point unless plugin autoloading is off): run pytest with -p properties.plugin")
-    from attnspec.properties import profiles
+                           "entry point unless plugin autoloading is off): run pytest with -p attnspec.properties.plugin")
     from attnspec.properties.plugin import INSTALLED
 
-    try:
-        profile = profiles.choose()
-    except ValueError as e:
-        raise ValueError(f"install: {e}") from None
     added = []
-    with profiles.active(profile):  # Hypothesis binds a test's settings when its module is imported
-        for family in chosen:
-            module = importlib.import_module(f"{__name__}.test_{family}")
-            marks = getattr(module, "pytestmark", [])
-            for name, fn in vars(module).items():
-                if not (name.startswith("test_") and callable(fn) and getattr(fn, "__module__", "") == module.__name__):
-                    continue
-                if name in namespace and namespace[name] is not fn:
-                    raise ValueError(f"install: {namespace['__name__']} already defines {name}")
-                _carry_module_marks(fn, marks)
-                namespace[name] = fn
-                added.append(name)
+    for family in chosen:
+        module = importlib.import_module(f"attnspec.properties.test_{family}")
+        for name, fn in vars(module).items():
+            if not (name.startswith("test_") and callable(fn) and hasattr(fn, "property")):
+                continue
+            if name in namespace and namespace[name] is not fn:
+                raise ValueError(f"install: {namespace['__name__']} already defines {name}")
+            namespace[name] = fn
+            added.append(name)
     namespace[INSTALLED] = tuple(dict.fromkeys(_spec_of(b) for b in backends))
     return added
-
-
-def _carry_module_marks(fn, marks) -> None:
-    """A property module's own marks (needs_gradients, filterwarnings) on each of its tests, once."""
-    if getattr(fn, "_attnspec_module_marks", False):
-        return
-    for mark in marks if isinstance(marks, (list, tuple)) else [marks]:
-        mark(fn)
-    fn._attnspec_module_marks = True

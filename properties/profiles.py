@@ -1,29 +1,29 @@
-"""The suite's Hypothesis profiles: dev (the default), ci and thorough.
+"""The suite's Hypothesis profiles and how many problems a property draws.
 
-Registered as ``attnspec-dev``, ``attnspec-ci`` and ``attnspec-thorough``, so they never replace
-a profile of the user's own (many test suites register a "ci").  Which one: ``ATTNSPEC_PROFILE``,
-else ``HYPOTHESIS_PROFILE`` when it names one of them (``HYPOTHESIS_PROFILE=ci pytest properties``
-as before), else dev.  Nothing is loaded by importing this module: the plugin loads a profile for
-runs of the suite itself, and `properties.install` only around importing the property modules
-(Hypothesis binds a test's settings when its module is imported), so a user's own Hypothesis
-tests keep their settings.
+Profiles (registered as ``attnspec-<name>``, so a profile of the user's own, such as a "ci", is
+never replaced): dev and ci draw 6 problems a property (gradient properties 3) - the run over
+every built-in; deep draws 100 - a run of a few named backends, a plug-in above all, gets it
+unless a profile is asked for; thorough 250.  ci has no example database, prints reproduction
+blobs and seeds its draws by the checkout's commit (reproducible on one commit, new draws on
+the next).  Which one: ``ATTNSPEC_PROFILE``, else ``HYPOTHESIS_PROFILE`` when it names one of
+them, else deep for at most DEEP_BACKENDS named backends and dev otherwise.  Nothing is loaded
+by importing this module: the plugin loads a profile for runs of the suite only.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 
-# Drawn examples per property test (gradient tests draw half, at least 3), besides the seeds'
-# explicit examples.  Issue 12 measures kill rates of planted bugs (properties/detection_power.py
-# --kill-rates): when it recommends other counts, change them here.
-EXAMPLES = {"dev": 6, "ci": 6, "thorough": 250}
-SHRINK_SECONDS = 20  # dev and ci: at most this long shrinking one failure (thorough: Hypothesis' 300 s)
-ENV, HYPOTHESIS_ENV = "ATTNSPEC_PROFILE", "HYPOTHESIS_PROFILE"
+EXAMPLES = {"dev": 6, "ci": 6, "deep": 100, "thorough": 250}
+DEEP_BACKENDS = 3  # a run naming at most this many backends is a deep one (unless a profile is chosen)
+ENV, HYPOTHESIS_ENV, SEED_ENV = "ATTNSPEC_PROFILE", "HYPOTHESIS_PROFILE", "ATTNSPEC_SEED"
 PREFIX = "attnspec-"
 
 
-def choose(environ=None) -> str:
-    """dev, ci or thorough, from the environment; ValueError for an ATTNSPEC_PROFILE not among them."""
+def chosen(environ=None) -> str | None:
+    """The profile the environment asks for (ATTNSPEC_PROFILE, or HYPOTHESIS_PROFILE naming one of
+    ours), None when it asks for none; ValueError for an ATTNSPEC_PROFILE not among them."""
     env = os.environ if environ is None else environ
     own = env.get(ENV, "").strip()
     if own:
@@ -31,45 +31,28 @@ def choose(environ=None) -> str:
             raise ValueError(f"{ENV} must be one of {', '.join(EXAMPLES)}; got {own!r}")
         return own
     named = env.get(HYPOTHESIS_ENV, "").strip()
-    return named if named in EXAMPLES else "dev"
+    return named if named in EXAMPLES else None
+
+
+def choose(named_backends: int = 0, environ=None) -> str:
+    """The profile of a run: the one asked for, else deep for a few named backends, else dev."""
+    asked = chosen(environ)
+    if asked:
+        return asked
+    return "deep" if 0 < named_backends <= DEEP_BACKENDS else "dev"
 
 
 def register() -> None:
-    """The three profiles, under attnspec-<name> (registering again is harmless)."""
+    """The profiles, under attnspec-<name> (registering again is harmless)."""
     from hypothesis import HealthCheck, settings
 
     common = dict(deadline=None,  # JAX compiles on first sight of a shape; a per-call limit guards hangs instead
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                         HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
-    # report_multiple_bugs off in dev/ci: shrink the first bug only (each distinct bug costs a full shrink)
-    settings.register_profile(PREFIX + "dev", max_examples=EXAMPLES["dev"], report_multiple_bugs=False, **common)
-    # ci: no example database, and the draws seeded by the commit (ci_seed): reproducible, yet
-    # not the same handful of draws on every commit forever
-    settings.register_profile(PREFIX + "ci", max_examples=EXAMPLES["ci"], print_blob=True,
-                              database=None, report_multiple_bugs=False, **common)
-    settings.register_profile(PREFIX + "thorough", max_examples=EXAMPLES["thorough"], **common)
-
-
-def ci_seed(root: str, environ=None) -> tuple[int, str]:
-    """The ci profile's seed and where it came from: ATTNSPEC_SEED, else the checkout's commit
-    (its first 8 hex digits), else 0 outside a git checkout."""
-    env = os.environ if environ is None else environ
-    own = env.get("ATTNSPEC_SEED", "").strip()
-    if own:
-        try:
-            return int(own), "ATTNSPEC_SEED"
-        except ValueError:
-            raise ValueError(f"ATTNSPEC_SEED must be an integer; got {own!r}") from None
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        head = ""
-    if len(head) >= 8 and all(c in "0123456789abcdef" for c in head[:8]):
-        return int(head[:8], 16), f"commit {head[:8]}"
-    return 0, "no git commit here"
+                                         HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+                  report_multiple_bugs=False)  # shrink the first bug a test finds (each costs a full shrink)
+    for name, n in EXAMPLES.items():
+        extra = dict(print_blob=True, database=None) if name == "ci" else {}
+        settings.register_profile(PREFIX + name, max_examples=n, **common, **extra)
 
 
 def load(name: str) -> None:
@@ -79,20 +62,12 @@ def load(name: str) -> None:
     settings.load_profile(PREFIX + name)
 
 
-def current() -> str:
-    """The Hypothesis profile loaded now (its registered name)."""
-    from hypothesis import settings
-
-    getter = getattr(settings, "get_current_profile_name", None)
-    return getter() if getter else (getattr(settings, "_current_profile", None) or "default")
-
-
 @contextlib.contextmanager
 def active(name: str):
-    """The suite's profile while the block runs (imports its test modules), then the previous one."""
+    """The suite's profile while the block runs, then the previous one (a user's own tests keep theirs)."""
     from hypothesis import settings
 
-    previous = current()
+    previous = settings.get_current_profile_name()
     load(name)
     try:
         yield
@@ -100,23 +75,21 @@ def active(name: str):
         settings.load_profile(previous)
 
 
-@contextlib.contextmanager
-def bounded_shrinking(seconds: int = SHRINK_SECONDS):
-    """Cap the time Hypothesis spends shrinking one failure while the block runs (one test).
-
-    Its default is 300 s a test and a failing backend shrinks in every test it fails; dev and
-    ci runs should report within minutes.  Hypothesis has no setting for this, so its engine
-    constant is lowered and restored afterwards (a user's own tests keep theirs); the shrunk
-    example is then less minimal, never wrong.
-    """
+def ci_seed(root: str, environ=None) -> tuple[int, str]:
+    """The ci profile's seed and where it came from: ATTNSPEC_SEED, else the checkout's commit (its
+    first 8 hex digits), else 0 outside a git checkout."""
+    env = os.environ if environ is None else environ
+    own = env.get(SEED_ENV, "").strip()
+    if own:
+        try:
+            return int(own), SEED_ENV
+        except ValueError:
+            raise ValueError(f"{SEED_ENV} must be an integer; got {own!r}") from None
     try:
-        from hypothesis.internal.conjecture import engine
-        before = engine.MAX_SHRINKING_SECONDS
-    except (ImportError, AttributeError):  # another Hypothesis: its own limit applies
-        yield
-        return
-    engine.MAX_SHRINKING_SECONDS = min(before, seconds)
-    try:
-        yield
-    finally:
-        engine.MAX_SHRINKING_SECONDS = before
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        head = ""
+    if len(head) >= 8 and all(c in "0123456789abcdef" for c in head[:8]):
+        return int(head[:8], 16), f"commit {head[:8]}"
+    return 0, "no git commit here"

@@ -1,7 +1,8 @@
-"""The seeds' worked examples as Cases, for ``@example(data=case)`` on the property tests.
+"""The seeds' worked examples as Cases: problems every backend must get right, checked first.
 
 Inputs copied from the course notes in shared/seeds/ (the numbers they compute by hand are
 checked in specs.worked_examples; here they are simply problems every backend must get right).
+A property with ``seeds=True`` runs each that suits the backend before its drawn problems.
 """
 from __future__ import annotations
 
@@ -27,9 +28,18 @@ SEED_CASES = (
 )
 
 
-def with_seed_examples(test):
-    """Decorate a ``@given(data=st.data())`` test with every seed case as an explicit example."""
-    from hypothesis import example
-    for case in reversed(SEED_CASES):
-        test = example(data=case)(test)
-    return test
+def seed_examples(prop, target) -> list:
+    """(case rounded to the target's dtype, the property's seed params) for each seed that suits it."""
+    probe = prop.constraints(target).get("probe", False)
+    m = getattr(target.caps, "head_dim_multiple", 1)
+    out = []
+    for case in SEED_CASES:
+        d = case.dims
+        ev = d["Lk"] if probe else d["Ev"]  # the probe's V = identity makes Ev = Lk
+        if target.equal_head_dims and d["E"] != ev or d["E"] % m or ev % m:
+            continue
+        if case.is_causal and not target.caps.causal:
+            continue
+        params = prop.seed_params(case) if callable(prop.seed_params) else dict(prop.seed_params)
+        out.append((case.rounded(target.dtype), params))
+    return out

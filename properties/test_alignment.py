@@ -8,34 +8,20 @@ takes only one is asked for that one.  Bugs this catches: one alignment computed
 """
 from __future__ import annotations
 
-import numpy as np
-from hypothesis import assume, given
-from hypothesis import strategies as st
-
-from attnspec.specs.invariants import Verdict
-
-from attnspec.properties.judge import agreement, draw_case, fail_unless, judged_rows, worst
+from attnspec.properties.explore import prop
+from attnspec.properties.judge import agreement, zero_weights
 
 
-@given(data=st.data())
-def test_causal_alignment_as_asked(target, data):
+@prop(needs=("causal",), draw=dict(kinds=("causal",), probe=True, avoid=frozenset({"window", "alibi"})),
+      keep=lambda c: c.dims["Lq"] != c.dims["Lk"])
+def test_causal_alignment_as_asked(target, case, params):
     """V = identity, Lq != Lk: the weights are zero exactly where the asked alignment hides keys.
     Every alignment the backend takes, on every example (not one drawn per example: a bug in
     one alignment would pass a run whose draws never asked for it)."""
-    if not target.caps.causal:
-        import pytest
-        pytest.skip(f"{target.name} has no causal mode")
-    drawn = draw_case(data, target, kinds=("causal",), probe=True, avoid=frozenset({"window", "alibi"}))
-    assume(drawn.dims["Lq"] != drawn.dims["Lk"])
     for alignment in target.alignments:
-        case = drawn.with_fields(f"causal, aligned {alignment}", causal_alignment=alignment).with_identity_values()
-        weights = target.forward(case)  # (B, H, Lq, Lk): V = identity
-        rows = judged_rows(case)  # (B, H, Lq)
-        hidden = ~case.visible() & rows[..., None]  # (B, H, Lq, Lk)
-        where, amount = worst(np.abs(weights), hidden)
-        verdict = Verdict("causal_alignment_as_asked", amount == 0.0, where if amount else None, amount,
-                          f"{alignment} causal, Lq={case.dims['Lq']} Lk={case.dims['Lk']}: weight {amount:.6g} on the "
-                          f"hidden pair {where} (batch, head, query, key)")
-        fail_unless(verdict, "causal_alignment_as_asked", target, case,
-                    checks=("print((out != 0).astype(int))  # the visible pairs: compare with visible.astype(int)",))
-        agreement(target, case, "causal_alignment_as_asked")
+        asked = case.replace(causal_alignment=alignment).with_identity_values()
+        weights = target.forward(asked)  # (B, H, Lq, Lk): V = identity
+        hidden = ~asked.visible() & asked.judged_rows()[..., None]  # (B, H, Lq, Lk)
+        d = asked.dims
+        zero_weights("causal_alignment_as_asked", weights, hidden, f"{alignment} causal, Lq={d['Lq']} Lk={d['Lk']}")
+        agreement(target, asked, weights)

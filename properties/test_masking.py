@@ -7,70 +7,47 @@ the spec's, when it declares none).
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from attnspec.properties.explore import prop
+from attnspec.properties.judge import require, unchanged, zero_weights
 from attnspec.specs import invariants
-from attnspec.specs.invariants import Verdict
 
-from attnspec.properties.judge import draw_case, fail_unless, judged_rows, worst
-from attnspec.properties.reuse import integers
-from attnspec.properties.strategies import Case
+_CAUSAL = ("causal", "causal_mask")
 
 
-def _needs(target, capability: str) -> None:
-    if not getattr(target.caps, capability):
-        pytest.skip(f"{target.name} declares no {'causal mode' if capability == 'causal' else 'boolean masks'}")
+def _weights(target, case):
+    """(case with V = I, the backend's weights with unjudged rows zeroed, the judged rows)."""
+    case = case.with_identity_values()
+    rows = case.judged_rows()  # (B, H, Lq)
+    return case, np.where(rows[..., None], target.forward(case), 0.0), rows  # (B, H, Lq, Lk)
 
 
-def _weights(target, data, kinds):
-    case = draw_case(data, target, kinds=kinds, probe=True).with_identity_values()
-    rows = judged_rows(case)  # (B, H, Lq)
-    weights = target.forward(case)  # (B, H, Lq, Lk)
-    return case, np.where(rows[..., None], weights, 0.0), rows  # unjudged rows left out
+@prop(needs=("causal",), draw=dict(kinds=_CAUSAL, probe=True))
+def test_zero_future_mass(target, case, params):
+    case, weights, _ = _weights(target, case)
+    require(invariants.zero_future_mass(weights, case.alignment))
 
 
-@given(data=st.data())
-def test_zero_future_mass(target, data):
-    _needs(target, "causal")
-    case, weights, _ = _weights(target, data, ("causal", "causal_mask"))
-    verdict = invariants.zero_future_mass(weights, case.alignment)
-    fail_unless(verdict, "zero_future_mass", target, case,
-                checks=("print(out)  # V = identity: the weights; keys after the query must get exactly 0",))
+@prop(needs=("masks",), draw=dict(kinds=("mask", "empty_rows", "causal_mask"), probe=True))
+def test_masked_keys_get_zero_weight(target, case, params):
+    case, weights, rows = _weights(target, case)
+    zero_weights("masked_keys_get_zero_weight", weights, ~case.visible() & rows[..., None], "masked key")
 
 
-@given(data=st.data())
-def test_masked_keys_get_zero_weight(target, data):
-    _needs(target, "masks")
-    case, weights, rows = _weights(target, data, ("mask", "empty_rows", "causal_mask"))
-    hidden = ~case.visible() & rows[..., None]  # (B, H, Lq, Lk) judged hidden pairs
-    where, amount = worst(np.abs(weights), hidden)
-    verdict = Verdict("masked_keys_get_zero_weight", amount == 0.0, where if amount else None, amount,
-                      f"weight {amount:.6g} on the hidden pair {where} (batch, head, query, key): must be exactly 0")
-    fail_unless(verdict, "masked_keys_get_zero_weight", target, case,
-                checks=("rows = visible.any(axis=-1, keepdims=True)  # rows with a visible key are judged",
-                        "print(out[~visible & rows])  # V = identity: the weights of hidden pairs must be exactly 0"))
+def _first_changed(draw, case, target) -> dict:
+    return {"t": draw(st.integers(1, case.dims["Lk"] - 1), label="first changed key")}
 
 
-@given(data=st.data())
-def test_future_changes_nothing(target, data):
+@prop(needs=("causal",), draw=dict(kinds=_CAUSAL), keep=lambda c: c.dims["Lk"] >= 2, params=_first_changed,
+      seed_params={"t": 1})
+def test_future_changes_nothing(target, case, params):
     """Rows that cannot see keys >= t are bit-for-bit unchanged when those keys and values change."""
-    _needs(target, "causal")
-    case = draw_case(data, target, kinds=("causal", "causal_mask"))
-    d = case.dims
-    assume(d["Lk"] >= 2)
-    t = data.draw(integers(1, d["Lk"] - 1), label="first changed key") if not isinstance(data, Case) else 1
+    t = params["t"]
     before = target.forward(case)  # (B, H, Lq, Ev)
-    changed = case.then(f"k[..., {t}:, :] = -2 * k[..., {t}:, :] + 1  # keys and values from {t} on change",
-                        f"v[..., {t}:, :] = 3 * v[..., {t}:, :] - 1")
-    after = target.forward(changed)  # (B, H, Lq, Ev)
-    blind = ~case.visible()[..., t:].any(axis=-1) & judged_rows(case)  # (B, H, Lq)
-    where, amount = worst(np.abs(after - before), np.broadcast_to(blind[..., None], after.shape))
-    verdict = Verdict("future_changes_nothing", amount == 0.0, where if amount else None, amount,
-                      f"output row {where[:-1]} sees no key >= {t}, yet changed by {amount:.6g} when they did")
-    fail_unless(verdict, "future_changes_nothing", target, case,
-                checks=(f"k2, v2 = k.copy(), v.copy(); k2[..., {t}:, :] = -2 * k2[..., {t}:, :] + 1; "
-                        f"v2[..., {t}:, :] = 3 * v2[..., {t}:, :] - 1",
-                        f"out2 = backend.forward(q, k2, v2, dtype={target.dtype!r}, **call_kwargs)",
-                        f"print(out2 - out)  # rows that see no key >= {t} must not change at all"))
+    k, v = case.k.copy(), case.v.copy()
+    k[..., t:, :], v[..., t:, :] = -2 * k[..., t:, :] + 1, 3 * v[..., t:, :] - 1  # keys and values from t on change
+    after = target.forward(case.replace(k=k, v=v))  # (B, H, Lq, Ev)
+    blind = ~case.visible()[..., t:].any(axis=-1) & case.judged_rows()  # (B, H, Lq) rows that see no key >= t
+    unchanged("future_changes_nothing", before, after, blind, f"keys and values from {t} on changed; a row that sees "
+              f"none of them")

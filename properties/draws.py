@@ -1,0 +1,313 @@
+"""Drawing attention problems: Cases of float64 NumPy arrays, exact in the dtype under test.
+
+Every input value is exactly representable in the dtype under test (a grid of k/8 for 16-bit
+formats, float32 values for float32) and a normal number of it - no scaling step may push a
+value below the format's normal range - so the adapter's cast loses nothing and the reference
+sees the very numbers the backend sees.  Small problems are drawn entry by entry (Hypothesis
+shrinks them entry by entry); large ones as a seed and a distribution.
+
+Draws that can fail: the largest score term S is *measured* on the drawn arrays and the
+amplitude of q and k set so that S lands where the draw asks - deep saturation at the dtype's
+cap, a moderate spread, or (rarely) near-uniform rows.  An "aligned" distribution (q and k
+multiples of one direction) puts the scores themselves at +-S, and a "needle" one (each query
+row equal to one key) one score per row far above the others, so saturated rows are common in
+every dtype.  Each optional field is drawn at `variants.DRAW_RATE` when the backend takes it
+(`properties/variants.py`).  ``draw`` is Hypothesis' ``data.draw`` (labelled draws).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from hypothesis import strategies as st
+
+from attnspec.properties import variants as V
+from attnspec.properties.case import Case
+from attnspec.specs.plain import round_to
+
+LOW_PRECISION = ("float16", "bfloat16")
+SMALL_MAX_LEN, SMALL_MAX_DIM = 5, 4  # element-wise up to these (at most 40 entries an array)
+MEDIUM_LENGTHS, MEDIUM_DIMS = (7, 8, 9, 16, 17, 31, 32, 33, 64, 65), (7, 8, 16, 32, 64)  # block edges +-1
+LARGE_LENGTHS, LARGE_DIMS = (100, 127, 128, 129, 200, 256, 257, 300), (64, 80, 128, 256)  # the seeds' d_k
+LARGE_WORK = 257 * 257 * 64  # Lq * Lk * max(E, Ev) cap: 257 x 257 x 64 or 257 x 64 x 256, not 300 x 300 x 256
+REGIMES = ("small", "small", "small", "medium", "medium", "large")  # element-wise half the time
+BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3))
+SMALL_GQA_HEADS = ((4, 2), (2, 1), (3, 1))
+SMALL_LENGTHS = (2, 3, 4, 5)  # Hypothesis favours the first: a row of two keys, not one (the edge grid's)
+
+
+class Shape(NamedTuple):
+    B: int
+    H: int
+    Hkv: int
+    Lq: int
+    Lk: int
+    E: int
+    Ev: int
+
+
+# Compiling backends (JAX, compiled flex) get a fixed menu so a run compiles a bounded set of
+# programs; Ev == Lk so the weight probe (V = identity) reuses the same shapes, and
+# E == Ev == Lk also suits backends that need Ev == E.
+COMPILED_SHAPES = (Shape(1, 1, 1, 1, 1, 1, 1), Shape(2, 3, 3, 5, 3, 3, 3), Shape(1, 2, 2, 3, 6, 6, 6),
+                   Shape(1, 1, 1, 17, 64, 64, 64), Shape(1, 1, 1, 129, 256, 256, 256))
+COMPILED_GQA_SHAPES = (Shape(1, 4, 2, 3, 6, 6, 6), Shape(2, 2, 1, 5, 3, 3, 3))
+# The largest score term S = max scale |q|.|k| a dtype's draws may reach.  float32/float64: deep
+# saturation (gaps of hundreds; exp overflows past 88 in float32 without the max subtraction)
+# yet far from overflow.  The 16-bit formats hold the scores themselves (XLA, PyTorch's math
+# path), and one rounding of a score S moves its weight by u*S (specs/error_budget.py puts that
+# in the floor): past u*S ~ 2^-5 the budget could no longer tell a bug from rounding.
+SCORE_CAP = {"float16": 2.0**6, "bfloat16": 2.0**3, "float32": 2.0**11, "float64": 2.0**11}
+# Where S lands: at the cap (saturating), a moderate spread, or near-uniform (log2 targets).
+AMPLITUDES = (("saturating", None),) * 5 + (("moderate", 2.0), ("moderate", 3.0)) * 2 + (("tiny", -6.0),)
+MASK_KINDS = ("none", "causal", "mask", "empty_rows", "causal_mask")
+SCALES = (None, 0.5, 0.125, 1.0, 2.0, 4.0, 0.25)
+VALUE_DISTS, QK_DISTS = ("normal", "ties"), ("needle", "normal", "aligned", "needle", "ties")
+_SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
+SEEDS = st.integers(0, 2**31 - 1)
+
+
+def pick(draw, choices: tuple, label: str):
+    """One of `choices` (shrinking toward the first): an index, so no strategy object per tuple."""
+    return choices[draw(st.integers(0, len(choices) - 1), label=label)]
+
+
+def _up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def draw_shape(draw, compiled=False, regimes=REGIMES, equal_dims=False, probe=False, grouped=False,
+               odd_heads=False, head_multiple=1, batched=False, menu_index=None) -> Shape:
+    """A Shape; small ones first so shrinking goes there.
+
+    equal_dims: the backend needs Ev == E; with probe (V = identity, so Ev becomes Lk) also E == Lk.
+    grouped: fewer KV heads than query heads (Hq % Hkv == 0).  odd_heads: mostly head counts that
+    are not powers of two (ALiBi's slopes interpolate there).  head_multiple: the backend takes head
+    dims that are multiples of it only (cuDNN: 8).  batched: two or more sequences, so that a field
+    with a value per sequence (lengths, segment ids) differs across the batch.
+    """
+    if compiled:
+        menu = compiled_menu(grouped, regimes, batched)
+        s = menu[menu_index % len(menu)] if menu_index is not None else pick(draw, menu, "shape (menu)")
+        return s if head_multiple == 1 else s._replace(Lk=_up(s.Lk, head_multiple), E=_up(s.E, head_multiple),
+                                                       Ev=_up(s.Ev, head_multiple))
+    if grouped:
+        B = pick(draw, (2, 3) if batched else (1, 2), "batch")
+        H, Hkv = pick(draw, V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS, "query heads, KV heads")
+    elif odd_heads:
+        B, H = (2 if batched else 1), pick(draw, V.ODD_HEADS, "heads")
+        Hkv = H
+    else:
+        B, H = pick(draw, ((2, 1), (3, 2)) if batched else BATCH_HEADS, "batch, heads")
+        Hkv = H
+    regime = pick(draw, regimes, "regime")
+    if regime == "small":  # at most a few dozen entries an array: element-wise draws are slow
+        if grouped and not odd_heads:
+            H, Hkv = pick(draw, SMALL_GQA_HEADS, "small query heads, KV heads")
+            B = 2 if batched else 1
+        elif odd_heads:
+            B, H, Hkv = (2 if batched else 1), 3, (1 if grouped else 3)
+        else:
+            B = max(B, 2) if batched else B
+            H = Hkv = max(1, min(H, 3 - B))
+        Lq = draw(st.integers(1, SMALL_MAX_LEN), label="Lq")
+        Lk = pick(draw, SMALL_LENGTHS, "Lk")
+        dims = st.integers(1, SMALL_MAX_DIM)
+    elif regime == "medium":
+        Lq, Lk = pick(draw, MEDIUM_LENGTHS, "Lq"), pick(draw, MEDIUM_LENGTHS, "Lk")
+        dims = None
+    else:  # realistic: one sequence keeps it quick (two where the batch matters)
+        B = 2 if batched else 1
+        Lq, Lk = pick(draw, LARGE_LENGTHS, "Lq"), pick(draw, LARGE_LENGTHS, "Lk")
+        H, Hkv = (H, Hkv) if grouped else (1, 1)
+        dims = None
+
+    def head_dim(label):
+        return draw(dims, label=label) if dims is not None else pick(
+            draw, MEDIUM_DIMS if regime == "medium" else LARGE_DIMS, label)
+
+    if probe:  # V = identity makes Ev = Lk: a head dim too
+        Lk = _up(Lk, head_multiple)
+    if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
+        return Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
+    E = _up(head_dim("E"), head_multiple)
+    Ev = E if equal_dims else _up(head_dim("Ev"), head_multiple)
+    if regime == "large" and Lq * Lk * max(E, Ev) * H * B > LARGE_WORK:  # keep a realistic size quick
+        E, Ev = min(E, 64), min(Ev, 64)
+        Lk = Lk if Lq * Lk * max(E, Ev) * H * B <= LARGE_WORK else 64
+    return Shape(B, H, Hkv, Lq, Lk, E, Ev)
+
+
+def compiled_menu(grouped: bool, regimes, batched: bool = False) -> tuple:
+    """A compiling backend's shapes: the largest only where large problems are drawn at all;
+    two or more sequences where a field has a value per sequence."""
+    menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
+    return tuple(s for s in menu if s.B >= 2) if batched else menu
+
+
+def _is_small(s: Shape) -> bool:
+    return max(s.Lq, s.Lk) <= SMALL_MAX_LEN and max(s.E, s.Ev) <= SMALL_MAX_DIM
+
+
+def _zigzag(b: np.ndarray, n: int) -> np.ndarray:
+    """b mod (2n + 1) as 0, 1, -1, 2, -2, ..., n, -n: the zero byte is the value 0, so a shrunk draw
+    reads as zeros."""
+    z = (b % (2 * n + 1)).astype(np.int64)
+    return np.where(z % 2 == 1, (z + 1) // 2, -(z // 2))
+
+
+def element_values(raw: bytes, n: int, dtype: str) -> np.ndarray:
+    """n entries from n (16-bit) or 4n bytes, exact in dtype, in [-4, 4].
+
+    16-bit: k/8 with |k| <= 32 (exact in bfloat16's 8 bits and float16).  float32/float64, per
+    entry (byte 0 chooses): an integer in [-4, 4] (ties) 3/8 of the time, a uniform value on the
+    2^-21 grid of [-4, 4) (exact in float32) 1/2, a signed power of two from 2^-23 to 2 (magnitudes
+    far apart in one row) 1/8.
+    """
+    b = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+    if dtype in LOW_PRECISION:
+        return _zigzag(b, 32) / 8.0
+    b = b.reshape(n, 4)
+    tie = _zigzag(b[:, 1], 4).astype(np.float64)
+    uniform = (b[:, 1] * 65536 + b[:, 2] * 256 + b[:, 3]) * 2.0**-21 - 4.0
+    power = np.where(b[:, 2] % 2 == 1, -1.0, 1.0) * 2.0 ** (1 - (b[:, 1] % 25))
+    return np.where(b[:, 0] < 96, tie, np.where(b[:, 0] < 224, uniform, power))
+
+
+def _dims(s: Shape) -> dict:
+    return {"q": (s.B, s.H, s.Lq, s.E), "k": (s.B, s.Hkv, s.Lk, s.E), "v": (s.B, s.Hkv, s.Lk, s.Ev)}
+
+
+def _values_small(draw, s: Shape, dtype) -> dict:
+    """Each array from one draw of bytes (an entry's value from its own bytes, so Hypothesis still
+    shrinks entry by entry)."""
+    out = {}
+    for name, dims in _dims(s).items():
+        n = int(np.prod(dims))
+        raw = draw(st.binary(min_size=n if dtype in LOW_PRECISION else 4 * n,
+                             max_size=n if dtype in LOW_PRECISION else 4 * n), label=name)
+        out[name] = element_values(raw, n, dtype).reshape(dims)
+    return out
+
+
+def in_format(x: np.ndarray, dtype: str, grid: bool = True) -> np.ndarray:
+    """Normal draws made exact in dtype: a k/8 grid in [-4, 4] for 16-bit formats, float32 values for float32."""
+    if dtype in LOW_PRECISION:
+        return np.clip(np.round(x * 8), -32, 32) / 8 if grid else x
+    return x.astype(np.float32).astype(np.float64) if dtype == "float32" else x
+
+
+def _values_large(draw, s: Shape, dtype) -> dict:
+    rng = np.random.default_rng(draw(SEEDS, label="seed"))
+    dists = {name: pick(draw, QK_DISTS if name != "v" else VALUE_DISTS, f"{name} distribution") for name in "qkv"}
+    dims = _dims(s)
+    if "needle" in (dists["q"], dists["k"]):  # each query row has one key equal to it: one score
+        n, g = min(s.Lq, s.Lk), s.H // s.Hkv  # stands out by ~sqrt(E) spreads, the row saturates
+        q = rng.choice([-1.0, 1.0], dims["q"])  # (B, H, Lq, E)
+        k = rng.choice([-0.25, 0.25], dims["k"])  # (B, Hkv, Lk, E)
+        k[..., rng.permutation(s.Lk)[:n], :] = q[:, ::g, :n, :]  # the needles
+        return {"q": q, "k": k, "v": _large(rng, dists["v"], dims["v"], dtype)}
+    direction = None
+    if "aligned" in (dists["q"], dists["k"]):  # multiples of one +-1 direction: scores reach +-S, rows saturate
+        dists["q"] = dists["k"] = "aligned"
+        direction = rng.choice([-1.0, 1.0], s.E)  # (E,) shared by q and k
+    return {name: _large(rng, dists[name], dims[name], dtype, direction) for name in "qkv"}
+
+
+def _large(rng, dist: str, dims: tuple, dtype: str, direction=None) -> np.ndarray:
+    if dist == "normal":
+        return in_format(rng.standard_normal(dims), dtype)
+    if dist == "ties":
+        return in_format(rng.integers(-2, 3, dims) / 1.0, dtype, grid=False)
+    return in_format(rng.integers(-4, 5, dims[:-1] + (1,)) * direction / 4, dtype, grid=False)  # aligned
+
+
+def _mask(draw, kind, s: Shape, compiled, allow_empty_rows, small):
+    if kind in ("none", "causal"):
+        return None
+    full = compiled or draw(st.booleans(), label="mask per batch and head")
+    dims = (s.B, s.H, s.Lq, s.Lk) if full else (s.Lq, s.Lk)
+    if small:  # draw the *hidden* pairs, so shrinking heads for "everything visible"
+        n = int(np.prod(dims))
+        # about a quarter hidden (a byte a pair); the zero byte, where shrinking goes, is a visible pair
+        raw = np.frombuffer(draw(st.binary(min_size=n, max_size=n), label="hidden pairs"), dtype=np.uint8)
+        mask = ~np.isin(raw % 8, (3, 4)).reshape(dims)
+    else:
+        p = pick(draw, (0.9, 0.5), "visible fraction")
+        mask = np.random.default_rng(draw(SEEDS, label="mask seed")).random(dims) < p
+    if kind == "empty_rows" and s.Lq:
+        rows = draw(st.lists(st.integers(0, s.Lq - 1), min_size=1, max_size=max(1, s.Lq // 2), unique=True),
+                    label="fully masked rows")
+        mask[..., sorted(rows), :] = False
+    if not allow_empty_rows and s.Lk:
+        mask[..., :, 0] = True  # every row sees key 0
+    return mask
+
+
+def score_terms(q, k, scale, group: int = 1) -> float:
+    """The largest scale * |q|.|k| over every (query, key) pair (the budget's S, unmasked)."""
+    kk = np.repeat(np.abs(k), group, axis=-3) if group > 1 else np.abs(k)
+    return float(np.max(np.abs(q) @ np.swapaxes(kk, -1, -2), initial=0.0)) * scale
+
+
+def _exact_after(x: np.ndarray, j: int, dtype: str) -> bool:
+    """Whether every x * 2^j is a normal number of dtype (or zero)."""
+    y = x * 2.0**j
+    nz = np.abs(y[y != 0])
+    return (nz.size == 0 or nz.min() >= _SMALLEST_NORMAL[dtype]) and np.array_equal(
+        np.asarray(round_to(y, dtype), dtype=np.float64), y)
+
+
+def amplitude(draw, dtype, q, k, scale, group) -> int:
+    """log2 of the factor on q and k (each) that puts the largest score term where the draw asks."""
+    S = score_terms(q, k, scale, group)
+    if S == 0:
+        return 0
+    _, target = pick(draw, AMPLITUDES, "score size")
+    goal = SCORE_CAP[dtype] if target is None else min(2.0**target, SCORE_CAP[dtype])
+    j = int(np.floor((np.log2(goal) - np.log2(S)) / 2))  # q and k each scaled by 2^j: S by 4^j
+    while np.ldexp(S, 2 * j) > SCORE_CAP[dtype]:  # S * 4^j, inf rather than OverflowError
+        j -= 1
+    while j and not (_exact_after(q, j, dtype) and _exact_after(k, j, dtype)):
+        j += 1 if j < 0 else -1  # toward 1: never leave the format's exact normal numbers
+    return j
+
+
+def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=SCALES, regimes=REGIMES,
+              probe=False, need=frozenset(), avoid=frozenset()) -> Case:
+    """A Case for the target's dtype within its backend's capabilities (masks, causal, features).
+
+    ``need``/``avoid``: optional features (specs.fields.FEATURES) every draw must / must not use.
+    Values, score sizes and the bias stay in the range of the dtype whose budget judges the results
+    (a float64 call computed in float32 is judged in float32) and are exact in it.
+    """
+    caps, fmt = target.caps, target.budget_dtype
+    need, avoid = frozenset(need), frozenset(avoid)
+    config = V.compiled_config(draw, need, avoid) if target.compiled else None
+    use = V.chosen_features(draw, caps.features, need, avoid, config)
+    batched = bool(V.PER_SEQUENCE & use)
+    multiple = getattr(caps, "head_dim_multiple", 1)
+    s = draw_shape(draw, target.compiled, regimes, target.equal_head_dims, probe, "gqa" in use, "alibi" in use,
+                   multiple, batched, None if config is None else config.shape)
+    if s.H == s.Hkv:
+        use = use - {"gqa"}
+    kinds = tuple(k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)
+                  and (allow_empty_rows or k != "empty_rows"))
+    menu = (tuple(x for x in scales if x in (None, 0.5)) or (0.5,)) if target.compiled else tuple(scales)
+    if config is not None:  # a compile per static choice: from the table
+        kind, scale = kinds[config.kind % len(kinds)], menu[config.scale % len(menu)]
+    else:
+        kind, scale = pick(draw, kinds, "mask kind"), pick(draw, menu, "scale")
+    small = _is_small(s)
+    arrays = _values_small(draw, s, fmt) if small else _values_large(draw, s, fmt)
+    mask = _mask(draw, kind, s, target.compiled, allow_empty_rows, small)
+    group = s.H // s.Hkv
+    used_scale = scale if scale is not None else 1.0 / np.sqrt(s.E)
+    amp = amplitude(draw, fmt, arrays["q"], arrays["k"], used_scale, group)
+    q, k = arrays["q"] * 2.0**amp, arrays["k"] * 2.0**amp
+    env = V.Drawing(shape=s, fmt=fmt, score=score_terms(q, k, used_scale, group), cap=SCORE_CAP[fmt],
+                    compiled=target.compiled, config=config, allow_empty_rows=allow_empty_rows,
+                    hides=allow_empty_rows or kind != "none", need=need)
+    positional = kind in ("causal", "causal_mask") or bool({"window", "alibi"} & use)
+    fields = V.draw_fields(draw, env, use, target.alignments if positional else ())
+    return Case(q, k, arrays["v"], mask, kind in ("causal", "causal_mask"), scale, fields)

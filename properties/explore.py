@@ -1,0 +1,259 @@
+"""Properties: a check of one problem, explored by Hypothesis for each backend and dtype.
+
+A family module (``properties/test_<family>.py``) writes each property as a check of one case::
+
+    @prop(seeds=True)
+    def test_matches_reference(target, case, params):
+        agreement(target, case)
+
+`prop` makes it the pytest test ``test_matches_reference(target, attnspec_run)``: the plugin
+parametrizes ``target`` (a backend at a dtype), and `explore` draws cases (`draws.draw_case`,
+constrained by the property's ``draw``), the property's own parameters (``params``: a
+permutation, a split point), runs the check, and lets Hypothesis shrink a failure.  The same
+check, given the failing case and parameters, is what a reproducer runs (`properties.repro`).
+Seeds, example counts and phases come from public Hypothesis settings built per backend
+(`settings_for`); nothing of Hypothesis' internals is touched.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hypothesis import Phase, given, reject, seed, settings
+from hypothesis import strategies as st
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Unsatisfiable
+
+from attnspec.properties.draws import draw_case
+from attnspec.properties.judge import Failed
+from attnspec.properties.target import Declined
+from attnspec.specs.fields import FEATURE_TEXT, FEATURES
+
+MAX_DECLINED = 25  # problems declined in a row before a test is skipped with the backend's reason
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    family: str
+    check: Callable            # (target, case, params) -> None; raises judge.Failed
+    draw: dict | Callable = field(default_factory=dict)  # draws.draw_case's constraints (or target -> them)
+    params: Callable | None = None  # (draw, case, target) -> dict: what else the check needs, drawn
+    seed_params: dict | Callable = field(default_factory=dict)  # params for the seeds' examples (or case -> them)
+    seeds: bool = False        # the seeds' worked examples run first
+    gradients: bool = False    # calls Backend.backward (skipped without; half the examples)
+    requires: tuple = ()       # features the backend must take natively (else skipped); every draw uses them
+    needs: tuple = ()          # capabilities: "masks", "causal", "layouts" (one besides contiguous)
+    keep: Callable | None = None   # case -> bool: other problems are not this property's
+    grid: Callable | None = None   # target -> [(case, params)]: a fixed list instead of draws
+    doc: str = ""
+
+    def constraints(self, target, avoid=frozenset()) -> dict:
+        kw = dict(self.draw(target) if callable(self.draw) else self.draw)
+        kw["avoid"] = frozenset(kw.get("avoid", ())) | set(avoid)
+        kw["need"] = frozenset(kw.get("need", ())) | (set(self.requires) - kw["avoid"])
+        return kw
+
+
+def prop(**options):
+    """Decorator: a check ``test_<name>(target, case, params)`` becomes the property's pytest test."""
+    def wrap(check):
+        name = check.__name__.removeprefix("test_")
+        family = check.__module__.rsplit(".", 1)[-1].removeprefix("test_")
+        p = Property(name, family, check, doc=(check.__doc__ or "").strip(), **options)
+
+        def test(target, attnspec_run):
+            attnspec_run.property(p, target)
+
+        test.__name__ = test.__qualname__ = check.__name__
+        test.__doc__ = check.__doc__
+        test.__module__ = check.__module__
+        test.property = p
+        if p.gradients:
+            import pytest
+            test = pytest.mark.needs_gradients(test)
+        return test
+    return wrap
+
+
+# ---- a failure ------------------------------------------------------------------------------
+
+class Failure(Exception):
+    """A property failed on a case: everything the suite reports and a reproducer needs."""
+
+    def __init__(self, prop: Property, target, verdict, case, params: dict, earlier: list, flaky: str = ""):
+        super().__init__(verdict.message)
+        self.prop, self.target, self.verdict = prop, target, verdict
+        self.case, self.params, self.earlier, self.flaky = case, params, earlier, flaky
+        self.attribution = ""
+
+
+def attempt(prop: Property, target, case, params: dict) -> None:
+    """One example: the check on case; Failure when it fails (Declined passes through)."""
+    target.begin_example()
+    try:
+        prop.check(target, case, params)
+    except Failed as f:
+        raise Failure(prop, target, f.verdict, case, params, list(target.earlier)) from None
+
+
+def failure_in(exc: BaseException) -> Failure | None:
+    """Our Failure inside what Hypothesis raised (itself, or in a group of flaky or multiple errors)."""
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, Failure):
+            return e
+        todo += list(getattr(e, "exceptions", ()) or ())
+        if e.__cause__ is not None:
+            todo.append(e.__cause__)
+    return None
+
+
+# ---- Hypothesis, per backend -----------------------------------------------------------------
+
+class _Keyed(ExampleDatabase):
+    """The profile's example database with a key per property and target: every test here is the same
+    function to Hypothesis, and a failure saved for one backend must replay on that backend only."""
+
+    def __init__(self, db, prefix: bytes):
+        super().__init__()
+        self.db, self.prefix = db, prefix
+
+    def save(self, key, value):
+        self.db.save(self.prefix + key, value)
+
+    def fetch(self, key):
+        return self.db.fetch(self.prefix + key)
+
+    def delete(self, key, value):
+        self.db.delete(self.prefix + key, value)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the run explores (properties.options builds it from the command line and environment)."""
+
+    examples: int = 6           # drawn examples a property (gradient properties: half, at least 3)
+    seed: int | None = None     # base seed: each test's seed derives from it and the test's id
+    shrink: bool = True         # False: no shrink phase (measurements; a declared deviation never)
+    attribute: bool = True      # after a failure, find the features it needs
+    rule: str = "attnspec"      # the error budget's rule (specs.error_budget.RULES)
+
+
+def examples_for(prop: Property, options: Options) -> int:
+    return max(3, options.examples // 2) if prop.gradients else options.examples
+
+
+def settings_for(prop: Property, target, options: Options, examples: int | None = None, shrink: bool = True):
+    base = settings.default
+    kw = dict(max_examples=examples or examples_for(prop, options))
+    if base.database is not None:
+        kw["database"] = _Keyed(base.database, f"attnspec:{prop.family}.{prop.name}[{target.id}]:".encode())
+    if not (shrink and options.shrink):
+        kw["phases"] = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
+    return settings(base, **kw)
+
+
+def seed_of(base: int, prop: Property, target) -> int:
+    """Each test's own seed: the run's base seed and the test's id (`--hypothesis-seed=N` replays a run)."""
+    return zlib.crc32(f"{base}:{prop.family}.{prop.name}[{target.id}]".encode())
+
+
+def explore(prop: Property, target, options: Options, examples: int | None = None, avoid=frozenset(),
+            seeds: bool = True, shrink: bool = True) -> Failure | None:
+    """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
+    problem was declined, and Declined for a fixed example the backend declines."""
+    import pytest
+
+    if prop.grid is not None:
+        return _fixed(prop, target, prop.grid(target))
+    if seeds and prop.seeds:
+        from attnspec.properties.seeds import seed_examples
+        found = _fixed(prop, target, seed_examples(prop, target), skip_declined=True)
+        if found is not None:
+            return found
+    declined = {"row": 0, "why": ""}
+    constraints = prop.constraints(target, avoid)
+
+    def body(data):
+        case = draw_case(data.draw, target, **constraints)
+        if prop.keep is not None and not prop.keep(case):
+            reject()
+        params = prop.params(data.draw, case, target) if prop.params else {}
+        try:
+            attempt(prop, target, case, params)
+        except Declined as e:
+            declined["row"] += 1
+            declined["why"] = str(e)
+            if declined["row"] >= MAX_DECLINED:  # a masks-only property on a backend without masks...
+                pytest.skip(f"every drawn problem was declined: {e}")
+            reject()
+        declined["row"] = 0
+
+    run = settings_for(prop, target, options, examples, shrink)(given(data=st.data())(body))
+    if options.seed is not None:
+        run = seed(seed_of(options.seed, prop, target))(run)
+    try:
+        run()
+    except Unsatisfiable:
+        pytest.skip(f"every drawn problem was declined: {declined['why'] or 'no problem fits'}")
+    except Exception as e:  # noqa: BLE001 - ours inside Hypothesis' report, or a fault of the harness
+        found = failure_in(e)
+        if found is None:
+            raise
+        if found is not e and "Flaky" in type(e).__name__:
+            found.flaky = "it failed once and passed when Hypothesis replayed it (the backend keeps state?)"
+        return found
+    return None
+
+
+def _fixed(prop: Property, target, examples, skip_declined: bool = False) -> Failure | None:
+    ran, declined = 0, []
+    for case, params in examples:
+        try:
+            attempt(prop, target, case, params)
+            ran += 1
+        except Declined as e:
+            declined.append(f"{case.label or case!r}: {str(e).split(': ', 1)[-1]}")
+        except Failure as f:
+            return f
+    if not ran and declined and not skip_declined:
+        import pytest
+        pytest.skip(f"{target.name} declined every problem: {declined[:3]}")
+    return None
+
+
+# ---- which features a failure needs (delta debugging over the optional features) -----------------
+
+def attribute(failure: Failure, options: Options) -> str:
+    """'fails only with grouped heads: 6 draws without them passed', or '' when no feature explains it.
+
+    Each optional feature the counterexample uses is turned off in turn (the same case otherwise);
+    those whose removal makes it pass are the ones it needs.  Then the property runs again on fresh
+    draws that avoid them: if those pass too, the failure is the features', not the kernel's core.
+    """
+    prop, target, case = failure.prop, failure.target, failure.case
+    if prop.grid is not None:
+        return ""
+    fixed = set(prop.constraints(target)["need"])
+    used = [f for f in FEATURES if f in case.features and f not in fixed]
+    needed = []
+    for feature in used:
+        try:
+            attempt(prop, target, case.without(feature), failure.params)
+        except (Failure, Declined, Exception):  # noqa: BLE001 - still failing, or not comparable
+            continue
+        needed.append(feature)
+    if not needed:
+        return ""
+    words = " and ".join(FEATURE_TEXT[f] for f in needed)
+    n = examples_for(prop, options)
+    try:
+        again = explore(prop, target, options, examples=n, avoid=frozenset(needed), seeds=False, shrink=False)
+    except BaseException as e:  # noqa: BLE001 - a skip (nothing left to draw) or a harness fault
+        return f"fails only with {words} (this counterexample passes without it; no draw without it: {e})"
+    if again is None:
+        return f"fails only with {words}: {n} draws without it passed"
+    return f"needs {words} here, but fails without it too ({again.verdict.message.splitlines()[0]})"

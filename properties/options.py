@@ -1,0 +1,119 @@
+"""The suite's command-line options, and what a run of it explores.
+
+  --backend NAME, --attnspec-backend NAME
+                          built-in, entry point or package.module:attr; repeatable or comma-
+                          separated.  Default: $ATTNSPEC_BACKENDS, else every built-in.
+                          (--backend only where no other plugin or conftest of the run defines it.)
+  --attnspec-json PATH    write the results as JSON (also $ATTNSPEC_JSON).
+  --attnspec-tb block|long  one block per failure (default) or pytest's traceback (-v: long).
+  --attnspec-repro DIR    where reproducers go (default: beside the JSON, else ./.attnspec/repro).
+  --attnspec-rule NAME    the error budget's rule: attnspec (default) or flash (flash-attention's).
+  --attnspec-no-shrink    report failures unshrunk (measurements: whether a bug is caught does not
+                          depend on shrinking, only how small the counterexample is).
+
+Seeds: ``--hypothesis-seed=N`` (Hypothesis' own option, read here, never rewritten) seeds every
+test from N and its id; the ci profile seeds from the commit the same way.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from attnspec.properties import profiles
+from attnspec.properties.explore import Options
+
+PACKAGE = "attnspec.properties"
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+REPRO_DIR = os.path.join(".attnspec", "repro")
+
+
+def addoption(parser) -> None:
+    g = parser.getgroup("attnspec", "attnspec conformance suite")
+    g.addoption("--attnspec-backend", action="append", dest="attnspec_backend", default=None, metavar="NAME",
+                help="backend to check: built-in name, entry point or package.module:attr (repeatable, or "
+                     "comma-separated); default $ATTNSPEC_BACKENDS, else every built-in")
+    g.addoption("--attnspec-json", dest="attnspec_json", default=None, metavar="PATH",
+                help="write per backend x property x dtype results as JSON (also $ATTNSPEC_JSON)")
+    g.addoption("--attnspec-tb", dest="attnspec_tb", default=None, choices=("block", "long"),
+                help="a failure as one block with its reproducer's path (default), or pytest's traceback "
+                     "(long; also with -v)")
+    g.addoption("--attnspec-repro", dest="attnspec_repro", default=None, metavar="DIR",
+                help="folder for reproducer files (default: <json>-repro/ beside the JSON, else ./.attnspec/repro)")
+    g.addoption("--attnspec-rule", dest="attnspec_rule", default="attnspec", choices=("attnspec", "flash"),
+                help="the error budget's rule: attnspec's per-row budget (default) or flash-attention's "
+                     "(2 x the plain error over the tensor)")
+    g.addoption("--attnspec-no-shrink", dest="attnspec_no_shrink", action="store_true",
+                help="report failures as found, unshrunk (and without attributing them to features)")
+
+
+def add_backend_alias(parser) -> None:
+    """--backend, unless a plugin or conftest of this run already defines it (--attnspec-backend always works)."""
+    _, unknown = parser.parse_known_and_unknown_args(["--backend", "probe"])
+    if "--backend" in unknown:
+        parser.getgroup("attnspec").addoption("--backend", action="append", dest="attnspec_backend", default=None,
+                                              metavar="NAME", help="same as --attnspec-backend")
+
+
+def named(config) -> list[str]:
+    """The backends the run names (--backend, then ATTNSPEC_BACKENDS); [] when it names none."""
+    from attnspec.backends import registry
+
+    given = [n.strip() for raw in (config.getoption("attnspec_backend", None) or []) for n in raw.split(",")]
+    return [n for n in given if n] or registry.names_from_env() or []
+
+
+def backend_names(config) -> list[str]:
+    from attnspec.backends import registry
+
+    return named(config) or registry.suite_names()
+
+
+def reaches_suite(config, arg, inside: bool = False) -> bool:
+    """Whether a path or --pyargs name reaches the suite's folder (inside: lies within it)."""
+    arg = str(arg).split("::")[0]
+    if config.option.pyargs and (arg == PACKAGE or arg.startswith(PACKAGE + ".")):
+        return True
+    path = os.path.abspath(os.path.join(str(config.invocation_params.dir), arg))
+    within = path == PACKAGE_DIR or path.startswith(PACKAGE_DIR + os.sep)
+    return within or (not inside and PACKAGE_DIR.startswith(path + os.sep))
+
+
+def runs_suite(config) -> bool:
+    """Whether this run is the suite's: backends named, or a path or --pyargs name reaching properties/."""
+    if named(config):
+        return True
+    return any(reaches_suite(config, arg) for arg in config.args)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a run of the suite explores and where it writes."""
+
+    profile: str
+    options: Options
+    seed_from: str       # where the base seed came from ("" when Hypothesis draws at random)
+    repro_dir: str
+    json_path: str | None
+    tb: str              # block | long
+
+
+def configure(config, installed: int = 0) -> Run:
+    """The run's settings from its options and environment; ValueError for a bad value."""
+    json_path = config.getoption("attnspec_json", None) or os.environ.get("ATTNSPEC_JSON") or None
+    here = str(config.invocation_params.dir)
+    repro = config.getoption("attnspec_repro", None)
+    repro = os.path.abspath(os.path.join(here, repro)) if repro else (
+        os.path.splitext(os.path.abspath(os.path.join(here, json_path)))[0] + "-repro" if json_path
+        else os.path.join(here, REPRO_DIR))
+    profile = profiles.choose(len(named(config)) or installed)
+    seed, seed_from = None, ""
+    given = config.getoption("hypothesis_seed", None)
+    if given is not None:  # Hypothesis' own option: every test's seed derives from it
+        seed, seed_from = int(given), "--hypothesis-seed"
+    elif profile == "ci":
+        seed, seed_from = profiles.ci_seed(str(config.rootpath))
+    shrink = not config.getoption("attnspec_no_shrink", False)
+    options = Options(examples=profiles.EXAMPLES[profile], seed=seed, shrink=shrink, attribute=shrink,
+                      rule=config.getoption("attnspec_rule", "attnspec") or "attnspec")
+    tb = config.getoption("attnspec_tb", None) or ("long" if config.getoption("verbose") > 0 else "block")
+    return Run(profile, options, seed_from, repro, json_path, tb)

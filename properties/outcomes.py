@@ -1,0 +1,61 @@
+"""A property's outcome through pytest's own mechanisms, and the row it leaves in ``user_properties``.
+
+passed, or skipped with the reason (pytest.skip); a failure is ``pytest.fail`` with one block
+(backend, dtype, property, verdict, shrunk problem, which features it needs, the reproducer's
+path) instead of a traceback through Hypothesis and the backend; a failure the backend declares
+as a known deviation is ``pytest.xfail`` with the declaration's reason (counted "deviation");
+anything else raised is a fault of the harness and keeps its traceback ("error").
+"""
+from __future__ import annotations
+
+import pytest
+
+from attnspec.properties import repro, results
+from attnspec.properties.explore import attribute, explore
+
+
+def deviation_of(target, prop_name: str):
+    """The Deviation the backend declares for this property at this dtype, or None."""
+    semantics = target.backend.semantics
+    return semantics.deviation(prop_name, target.dtype) if hasattr(semantics, "deviation") else None
+
+
+def run_property(node, run, prop, target) -> None:
+    """Explore `prop` on `target` inside pytest test `node`; the outcome raised, the row left on the node."""
+    declared = deviation_of(target, prop.name)
+    target.examples = 0
+    target.answers.clear()
+    row = {"examples": 0}
+    node.user_properties.append((results.ROW_KEY, row))
+    try:  # a declared deviation is known: not shrunk, not attributed
+        failure = explore(prop, target, run.options, shrink=declared is None)
+    finally:
+        row["examples"] = target.examples
+    if failure is None:
+        repro.forget(run.repro_dir, target.name, target.dtype, prop.name)
+        if declared is not None:
+            row["message"] = f"declared deviation not seen in this run: {declared.why}"
+        return
+    conclude(node, run, failure, row, declared)
+
+
+def conclude(node, run, failure, row: dict, declared=None) -> None:
+    """Report a failure: its reproducer written, its features attributed, its outcome raised."""
+    if declared is None and run.options.attribute:
+        failure.attribution = attribute(failure, run.options)
+        row["examples"] = failure.target.examples
+    head = results.headline(failure)
+    path = text = None
+    try:
+        path, text = repro.write(run.repro_dir, failure, head, failure.target.session.import_paths)
+    except OSError:  # a read-only folder: the JSON still holds the script
+        text = repro.script(failure, head, failure.target.session.import_paths)
+    row.update(failed=True, message=head, counterexample=text, reproducer=path, attribution=failure.attribution)
+    if declared is not None and declared.matches(head):
+        row["message"] = f"declared deviation: {declared.why} | observed: {head}"
+        pytest.xfail(row["message"])
+    if declared is not None:
+        row["message"] = f"{head}\n  not the declared deviation ({declared.why}; when: {declared.when!r})"
+    if run.tb == "long":
+        raise AssertionError(results.block(failure, path)) from failure
+    pytest.fail(f"{results.block(failure, path)}\n{results.LONG_HINT}", pytrace=False)

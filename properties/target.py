@@ -1,0 +1,220 @@
+"""What a property runs against: a backend at one dtype, each call under a time limit and recorded.
+
+Every backend call goes through `Target.forward` / `Target.backward`: it runs on a helper thread
+and gives up after `call_timeout()` seconds, so a hanging backend fails its test (and is not
+called again this run: later calls fail at once) instead of hanging the run.  A combination
+the backend declines (``Unsupported``) raises `Declined`; a backend that raises, returns the
+wrong shape or dtype, or hangs raises `judge.Failed` with a ``backend_call`` verdict.  Each
+call is recorded (its configuration, not its values) so that a reproducer can replay what the
+backend saw before a failure, should the backend keep state between calls.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attnspec.backends.base import Backend, BackendFailure, Unsupported
+from attnspec.properties.judge import Failed
+from attnspec.specs.error_budget import BUDGETS
+from attnspec.specs.invariants import Verdict
+
+DEFAULT_CALL_TIMEOUT = 60.0  # s: generous enough for a JAX compile of the largest shape
+MAX_REPLAYED = 40  # distinct earlier call configurations a reproducer keeps, most recent
+
+
+def call_timeout() -> float:
+    raw = os.environ.get("ATTNSPEC_CALL_TIMEOUT", "")
+    try:
+        return float(raw) if raw else DEFAULT_CALL_TIMEOUT
+    except ValueError:
+        raise ValueError(f"ATTNSPEC_CALL_TIMEOUT must be a number of seconds; got {raw!r}") from None
+
+
+class Declined(Exception):
+    """The backend declined this problem (Unsupported): a skip, or another draw."""
+
+
+class _Worker:
+    """One long-lived daemon thread running backend calls (starting a thread per call costs ~1 ms)."""
+
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="attnspec-backend-calls", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            fn, args, kwargs, box, done = self.jobs.get()
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+                box["error"] = e
+            done.set()
+
+
+@dataclass(eq=False)
+class Session:
+    """One backend for a run: shared by its targets (one per dtype)."""
+
+    backend: Backend
+    spec: str                      # what `registry.resolve` takes, for the reproducer
+    import_paths: tuple = ()       # sys.path entries a reproducer needs to import the backend
+    hung: str = ""                 # the call that did not return in time (then no further call is made)
+    equal_dims: bool | None = None  # whether it declines Ev != E (asked once)
+    calls: dict = field(default_factory=dict)  # every distinct call configuration, latest last
+    _worker: _Worker | None = None
+
+    def call(self, what: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the worker thread; BackendFailure if it has not returned in time."""
+        # a backend that compiles on first sight of a shape may say how long a call can take
+        limit = max(call_timeout(), float(getattr(self.backend, "call_timeout", 0) or 0))
+        if self.hung:
+            raise BackendFailure(self.backend.name, f"{what} not attempted: an earlier call ({self.hung}) did not "
+                                                    f"return within {limit:g} s")
+        if self._worker is None:
+            self._worker = _Worker()
+        box: dict = {}
+        done = threading.Event()
+        self._worker.jobs.put((fn, args, kwargs, box, done))
+        if not done.wait(limit):
+            self.hung, self._worker = what, None  # abandon the stuck thread
+            raise BackendFailure(self.backend.name, f"{what} did not return within {limit:g} s "
+                                                    "(per-call limit, ATTNSPEC_CALL_TIMEOUT or the backend's call_timeout)")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
+def signature(kind: str, case, dtype: str, return_lse: bool = False, layout: str = "contiguous") -> tuple:
+    """A call's configuration without its values (what a stateful backend may remember), hashable."""
+    def describe(name, value):
+        if isinstance(value, np.ndarray):
+            return (name, "array", value.shape, str(value.dtype),
+                    tuple(value.tolist()) if name == "alibi_slopes" else None)
+        return (name, "value", value)
+    return (kind, dtype, case.q.shape, case.k.shape, case.v.shape, None if case.mask is None else case.mask.shape,
+            case.is_causal, case.scale, tuple(describe(n, v) for n, v in sorted(case.fields.items())),
+            return_lse, layout)
+
+
+def is_compiled(backend: Backend) -> bool:
+    """Backends that compile per shape (JAX, compiled flex) get a bounded shape menu."""
+    flag = getattr(backend, "compiles_per_shape", None)
+    if flag is not None:
+        return bool(flag)
+    return "jax" in type(backend).__module__ or backend.name.startswith("jax")
+
+
+@dataclass(eq=False)
+class Target:
+    """A backend at one dtype; `examples` counts the problems a test ran."""
+
+    session: Session
+    dtype: str
+    rule: str = "attnspec"  # the error budget's rule (specs.error_budget.RULES)
+    examples: int = 0
+    earlier: list = field(default_factory=list, repr=False)  # call configurations before this example
+    answers: list = field(default_factory=list, repr=False)  # semantics answers the current test gave
+
+    @property
+    def backend(self) -> Backend:
+        return self.session.backend
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend.name}-{self.dtype}"
+
+    @property
+    def caps(self):
+        return self.backend.capabilities
+
+    @property
+    def alignments(self) -> tuple:
+        """The causal alignments problems may ask this backend for (when Lq != Lk)."""
+        return self.backend.causal_alignments()
+
+    def supports(self, feature: str) -> bool:
+        return self.backend.supports(feature)
+
+    @property
+    def compiled(self) -> bool:
+        return is_compiled(self.backend)
+
+    @property
+    def budget_dtype(self) -> str:
+        """The dtype whose error budget judges results: a declared narrower effective precision
+        (jax-dpa's float32 softmax for float64 input), or a declared narrower output dtype,
+        replaces a wider input dtype."""
+        out = self.dtype
+        for narrower in (getattr(self.backend.semantics, "effective_precision", None),
+                         self.backend.output_dtype(self.dtype)):
+            if narrower in BUDGETS and BUDGETS[narrower].unit_roundoff > BUDGETS[out].unit_roundoff:
+                out = narrower
+        return out
+
+    @property
+    def equal_head_dims(self) -> bool:
+        """Whether the backend declines Ev != E (jax.nn.dot_product_attention does): asked once a run."""
+        s = self.session
+        if getattr(self.caps, "equal_head_dims", False):
+            return True
+        if s.equal_dims is None:
+            m = getattr(self.caps, "head_dim_multiple", 1)
+            q, k, v = (np.zeros(d) for d in ((1, 1, 2, 2 * m), (1, 1, 3, 2 * m), (1, 1, 3, 3 * m)))
+            from attnspec.properties.case import Case
+            self._record("forward", Case(q, k, v), self.dtype)
+            try:
+                s.call("forward (Ev != E probe)", self.backend.forward, q, k, v, None, False, None, self.dtype)
+                s.equal_dims = False
+            except Unsupported:
+                s.equal_dims = True
+            except Exception:  # noqa: BLE001 - its failures are for the properties to report
+                s.equal_dims = False
+        return s.equal_dims
+
+    def begin_example(self) -> None:
+        """A new example: the configurations seen so far are what a reproducer may need to replay."""
+        self.earlier = list(self.session.calls)[-MAX_REPLAYED:]
+        self.examples += 1
+
+    def _record(self, kind, case, dtype, return_lse=False, layout="contiguous") -> None:
+        sig = signature(kind, case, dtype, return_lse, layout)
+        self.session.calls.pop(sig, None)
+        self.session.calls[sig] = True
+
+    def _guarded(self, what: str, fn, *args, **kwargs):
+        try:
+            return self.session.call(what, fn, *args, **kwargs)
+        except Unsupported as e:
+            raise Declined(f"{self.name}: {e}") from None
+        except BackendFailure as e:  # it raised ("backend_raised"), or returned something wrong or hung
+            name = "backend_raised" if e.what.startswith(f"{what} raised") else "backend_call"
+            raise Failed(Verdict(name, False, None, float("nan"), f"the {what} call failed: {e.what}")) from e
+
+    def forward(self, case, dtype: str | None = None, return_lse: bool = False, layout: str = "contiguous"):
+        """The backend's output (B, H, Lq, Ev) for the case, as float64-held NumPy; with return_lse, (out, lse)."""
+        dtype = dtype or self.dtype
+        self._record("forward", case, dtype, return_lse, layout)
+        extra = {} if layout == "contiguous" else {"layout": layout}
+        return self._guarded("forward", self.backend.forward, case.q, case.k, case.v, dtype=dtype,
+                             return_lse=return_lse, **extra, **case.call_kwargs)
+
+    def backward(self, case, grad_out, dtype: str | None = None):
+        """(dq, dk, dv[, dbias]) of sum(output * grad_out)."""
+        dtype = dtype or self.dtype
+        self._record("backward", case, dtype)
+        return self._guarded("backward", self.backend.backward, case.q, case.k, case.v, grad_out, dtype=dtype,
+                             **case.call_kwargs)
+
+    def _repr_pretty_(self, p, cycle):  # Hypothesis' printer: the short form
+        p.text(repr(self))
+
+    def __repr__(self) -> str:
+        return f"<{self.id}>"
