@@ -21,14 +21,6 @@ import numpy as np  # noqa: E402
 THREADS = _threads.THREADS
 _threads.limit()
 
-# With environment_type "existing" asv installs nothing: measure the checkout these benchmarks
-# sit in, not whatever copy the interpreter has.  In an environment asv builds per commit
-# (virtualenv) the installed package *is* the commit under test: leave sys.path alone.
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if (os.environ.get("ASV_ENV_TYPE") in (None, "existing") and os.path.isfile(os.path.join(REPO_ROOT, "asv.conf.json"))
-        and REPO_ROOT not in sys.path):
-    sys.path.insert(0, REPO_ROOT)
-
 from attnspec.backends import registry  # noqa: E402
 from attnspec.backends.base import BackendUnavailable, Unsupported  # noqa: E402
 
@@ -52,6 +44,14 @@ def skip(why: str):
     """asv's skip: NotImplementedError in setup (the result is n/a; the reason is in the log)."""
     log(f"skip: {why}")
     raise NotImplementedError(why)
+
+
+def device_of(name: str) -> str:
+    """The device a backend declares (a built-in's read without importing its framework)."""
+    try:
+        return registry.resolve(name).capabilities.device
+    except registry.BackendSelectionError:
+        return "cpu"
 
 
 def _installed_builtins() -> list[str]:

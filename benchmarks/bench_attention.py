@@ -62,3 +62,16 @@ class TimeHalfPrecision(TimeAttention):
 
     params = [_common.backend_names(), [_grid.BATCH], [_grid.HEADS], _grid.HALF_T, _grid.E_VALUES, _grid.HALF_OPS,
               _grid.HALF_DTYPES, [_common.CLOCK]]
+
+
+class Device:
+    """Where each backend runs (1: a GPU, 0: the CPU), recorded with the results so the report files a
+    GPU kernel's rows under the GPU's machine from the results alone."""
+
+    params = [_common.backend_names()]
+    param_names = ["backend"]
+
+    def track_on_gpu(self, backend):
+        return 0.0 if _common.device_of(backend) == "cpu" else 1.0
+
+    track_on_gpu.unit = "gpu"

@@ -31,6 +31,7 @@ def run_property(node, run, prop, target) -> None:
         failure = explore(prop, target, run.options, shrink=declared is None)
     finally:
         row["examples"] = target.examples
+        row["hung"] = target.session.hung  # attnspec run ends a suite whose backend hung
     if failure is None:
         repro.forget(run.repro_dir, target.name, target.dtype, prop.name)
         if declared is not None:

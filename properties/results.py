@@ -73,19 +73,21 @@ def row_of(report) -> dict | None:
     message = part.get("message")
     if message is None and not report.passed:
         message = _longrepr_text(report)
-    return dict(test[0], status=status, examples=part.get("examples", 0), seconds=round(report.duration, 4),
+    return dict(test[0], status=status, examples=part.get("examples", 0), seconds=round(report.duration or 0.0, 4),
                 counterexample=part.get("counterexample"), message=message, reproducer=part.get("reproducer"),
-                attribution=part.get("attribution", ""))
+                attribution=part.get("attribution", ""), hung=part.get("hung", ""))
 
 
 def _longrepr_text(report) -> str:
+    """What pytest says of a skip or a failure (a report object, or a --report-log entry of one)."""
     lr = report.longrepr
-    if isinstance(lr, tuple):  # a skip: (path, line, "Skipped: why")
+    if isinstance(lr, (tuple, list)) and len(lr) == 3:  # a skip: (path, line, "Skipped: why")
         return str(lr[2]).removeprefix("Skipped: ")
     if hasattr(report, "wasxfail"):
         return report.wasxfail
-    crash = getattr(lr, "reprcrash", None)
-    return (crash.message if crash is not None else str(lr))[:4000]
+    crash = lr.get("reprcrash") if isinstance(lr, dict) else getattr(lr, "reprcrash", None)
+    message = (crash or {}).get("message") if isinstance(crash, dict) else getattr(crash, "message", None)
+    return (message or str(lr))[:4000]
 
 
 def semantics_of(report) -> list:

@@ -14,7 +14,6 @@ time of the fidelity combination / torch Timer's). pandas is imported by the fun
 from __future__ import annotations
 
 import ast
-import functools
 import itertools
 import json
 import math
@@ -43,6 +42,7 @@ KNOWN = {
     "Threads.track_threads": ("threads", "threads", {}, None),
     "Fidelity.track_fidelity_ratio": ("fidelity_ratio", "ratio", {"op": "forward", "dtype": "float32"}, "dense"),
     "Fidelity.track_timer_seconds": ("timer_time", "s", {"op": "forward", "dtype": "float32"}, "dense"),
+    "Device.track_on_gpu": ("on_gpu", "gpu", {}, None),
 }
 # parameter names when benchmarks.json is missing or describes another version of the benchmark
 # (every layout these benchmarks have had; the one whose length matches the results is used)
@@ -62,6 +62,7 @@ DEFAULT_PARAM_NAMES = {
     "Threads.track_threads": [["library"]],
     "Fidelity.track_fidelity_ratio": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
     "Fidelity.track_timer_seconds": [FIDELITY_PARAMS + ["clock"], FIDELITY_PARAMS],
+    "Device.track_on_gpu": [["backend"]],
 }
 FIDELITY_BATCH, FIDELITY_HEADS = 1, 8  # benchmarks/_grid.py BATCH, HEADS
 _INT_COLUMNS = ("batch", "heads", "T", "E", "kv_heads", "Lq", "Lk")
@@ -126,8 +127,10 @@ def _rows_of_file(path: str, machine: str, declared: dict) -> list:
             row.update(metric=metric, value=float(value), unit=unit, machine=machine, commit=commit,
                        ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi))
             _fill_sizes(row)
-            _file_gpu_rows(row)
             rows.append(row)
+    on_gpu = {r["backend"] for r in rows if r["metric"] == "on_gpu" and r["value"] >= 1}
+    for row in rows:
+        _file_gpu_rows(row, on_gpu)
     return rows
 
 
@@ -139,32 +142,17 @@ GPU_MACHINE_SUFFIX = " gpu"
 _GPU_ROOFS = {("peak_gflops", "torch-cuda"): "torch", ("bandwidth", "cuda-triad"): "triad"}
 
 
-def _file_gpu_rows(row: dict) -> None:
+def _file_gpu_rows(row: dict, on_gpu: set) -> None:
+    """A GPU's roofs and the rows of backends the results say run on a GPU (Device.track_on_gpu)
+    go under the GPU's machine."""
     roof = _GPU_ROOFS.get((row["metric"], row["backend"]))
     if roof is not None:
         row.update(backend=roof, machine=f"{row['machine']}{GPU_MACHINE_SUFFIX}")
-    elif row["metric"] in _ATTENTION_METRICS and builtin_device(row["backend"]) != "cpu":
+    elif row["metric"] in _ATTENTION_METRICS and row["backend"] in on_gpu:
         row["machine"] = f"{row['machine']}{GPU_MACHINE_SUFFIX}"
 
 
 _ATTENTION_METRICS = ("time", "memory")
-
-
-@functools.lru_cache(maxsize=None)
-def builtin_device(name) -> str:
-    """A built-in backend's declared device ("cpu" for any other name), importing no framework."""
-    import importlib
-
-    from attnspec.backends import registry
-
-    spec = registry.BUILTINS.get(name) if isinstance(name, str) else None
-    if spec is None:
-        return "cpu"
-    module, _, attr = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr).capabilities.device
-    except (ImportError, AttributeError):
-        return "cpu"
 
 
 # parameter -> column: machine rows name what they measure in `backend`, their size in `op`
@@ -192,7 +180,7 @@ def load_results(results_dir: str):
     if not os.path.isdir(results_dir):
         raise ValueError(f"results_dir {results_dir!r} is not a folder")
     declared = {}
-    bench_file = os.path.join(results_dir, "attnspec.benchmarks.json")
+    bench_file = os.path.join(results_dir, "benchmarks.json")
     if os.path.isfile(bench_file):
         with open(bench_file) as f:
             declared = {k: v for k, v in json.load(f).items() if isinstance(v, dict)}

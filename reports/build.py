@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from attnspec.reports import inputs as inp
 from attnspec.reports.writer import staging, write_text
 
-CSV_FILES = ("conformance.csv", "semantics.csv", "attnspec.benchmarks.csv", "scaling.csv", "worked_examples.csv",
+CSV_FILES = ("conformance.csv", "semantics.csv", "benchmarks.csv", "scaling.csv", "worked_examples.csv",
              "verdicts.csv")
 
 # The page, top to bottom: (anchor, title).  Section <anchor> is drawn by the template

@@ -10,7 +10,8 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-CONFORMANCE_COLUMNS = ("backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message")
+CONFORMANCE_COLUMNS = ("backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message",
+                       "attribution")
 SEMANTICS_COLUMNS = ("backend", "question", "dtype", "observed", "declared", "agrees")
 # "recorded": a semantics question the backend declares nothing about (never failed, never a pass)
 # "deviation": a failure the backend declares as a known departure (Semantics.deviations)
@@ -19,7 +20,7 @@ STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out", "rec
 # a failure anywhere is shown; a skip is superseded by any real result.
 _STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "deviation": 4, "passed": 5, "recorded": 6,
                 "skipped": 7}
-_OPTIONAL = {"dtype": ""}  # semantics rows of suites before per-dtype answers lack it
+_OPTIONAL = {"dtype": "", "attribution": ""}  # older results lack them (per-dtype answers; attribution)
 NOT_ATTEMPTED = "not attempted: "  # how a failed row that never ran begins (after a backend hung)
 RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it
 SUITE_FILE = "suite.json"
@@ -195,6 +196,6 @@ def copy_asv_results(src: str, dst: str, commit: str | None = None) -> int:
         for f in chosen:
             shutil.copy2(f, os.path.join(dst, machine, os.path.basename(f)))
             copied += 1
-    if copied and os.path.isfile(os.path.join(src, "attnspec.benchmarks.json")):
-        shutil.copy2(os.path.join(src, "attnspec.benchmarks.json"), os.path.join(dst, "attnspec.benchmarks.json"))
+    if copied and os.path.isfile(os.path.join(src, "benchmarks.json")):
+        shutil.copy2(os.path.join(src, "benchmarks.json"), os.path.join(dst, "benchmarks.json"))
     return copied

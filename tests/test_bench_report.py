@@ -128,7 +128,7 @@ def test_report_shows_the_new_sections(tmp_path):
     assert "KV read bandwidth against Lk" in page and "Grouped KV heads" in page
     assert "bfloat16 matmul peak" in page and "useful / dense" in page
     assert page.count("<svg") >= 6  # time, memory, GFLOP/s, dtypes, decode, masked
-    bench = pd.read_csv(tmp_path / "out" / "attnspec.benchmarks.csv")
+    bench = pd.read_csv(tmp_path / "out" / "benchmarks.csv")
     assert {"problem", "kv_heads", "Lq", "Lk", "clock"} <= set(bench.columns) and summary["benchmark_rows"] == len(bench)
 
 

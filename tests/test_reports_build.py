@@ -24,7 +24,7 @@ ASV = os.path.join(SAMPLE, "asv_results")
 SCHEMAS = {
     "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message"],
     "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
-    "attnspec.benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
+    "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
                        "commit", "clock", "problem", "kv_heads", "Lq", "Lk"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
     "worked_examples.csv": ["source", "quantity", "kind", "printed", "computed", "agrees"],
@@ -74,7 +74,7 @@ def test_csv_files_have_the_documented_columns(tmp_path):
     conf = read_csv(out / "conformance.csv")
     assert {r["status"] for r in conf} <= set(inputs.STATUSES)
     assert len(conf) == summary["conformance_rows"] == 80
-    bench = read_csv(out / "attnspec.benchmarks.csv")
+    bench = read_csv(out / "benchmarks.csv")
     assert {"time", "memory"} <= {r["metric"] for r in bench}
     scaling = read_csv(out / "scaling.csv")
     naive_time = [r for r in scaling if r["backend"] == "numpy-naive" and r["metric"] == "time" and r["op"] == "forward"]
@@ -205,7 +205,7 @@ def test_merging_two_machines_and_two_suite_runs(tmp_path):
     out = tmp_path / "out"
     summary = make_report(out, [str(tmp_path / "suite_cpu.json"), ASV, str(gpu_suite), str(gpu)])
     assert summary["machines"] == ["gpu-box", "vm"]
-    bench = read_csv(out / "attnspec.benchmarks.csv")
+    bench = read_csv(out / "benchmarks.csv")
     assert {r["machine"] for r in bench} == {"gpu-box", "vm"}
     scaling = read_csv(out / "scaling.csv")
     assert header(out / "scaling.csv") == SCHEMAS["scaling.csv"] + ["machine"]  # one fit per machine
@@ -222,11 +222,11 @@ def test_report_folders_rebuild_and_merge(tmp_path):
     make_report(cpu)
     make_report(gpu, [str(second_machine(tmp_path))])
     make_report(merged, [str(cpu), str(gpu)])
-    assert {r["machine"] for r in read_csv(merged / "attnspec.benchmarks.csv")} == {"gpu-box", "vm"}
+    assert {r["machine"] for r in read_csv(merged / "benchmarks.csv")} == {"gpu-box", "vm"}
     assert len(read_csv(merged / "conformance.csv")) == 80
-    before = read_csv(cpu / "attnspec.benchmarks.csv")
+    before = read_csv(cpu / "benchmarks.csv")
     make_report(cpu, [str(cpu)])  # a rebuild from its own raw/ copy reads the same results
-    assert read_csv(cpu / "attnspec.benchmarks.csv") == before
+    assert read_csv(cpu / "benchmarks.csv") == before
 
 
 @pytest.mark.parametrize("content, expected", [

@@ -10,7 +10,6 @@ import os
 
 from attnspec.errors import UserError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def add_parser(sub):
@@ -19,7 +18,8 @@ def add_parser(sub):
     p.add_argument("results", nargs="*", metavar="RESULTS",
                    help="suite JSON files, asv results folders or report folders (default: the --out folder's "
                         "own stored results)")
-    p.add_argument("--out", default=os.path.join(ROOT, "reports", "out"), help="report folder (default: reports/out)")
+    p.add_argument("--out", default=os.path.join("reports", "out"),
+                   help="report folder (default: ./reports/out, under the current folder)")
     p.set_defaults(func=run)
     return p
 

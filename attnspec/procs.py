@@ -1,7 +1,9 @@
-"""Child processes for `attnspec run`: watched with a time limit, their output echoed; asv, git.  Standard library only.
+"""Child processes of `attnspec run`: watched with a time limit, their output echoed; asv, git.  Standard library only.
 
-Children run in their own session and are watched with a time limit (then their whole
-process group is killed); Ctrl-C ends them all.  The suite's children are in reports/suites.py.
+Children run in the user's current folder, in their own session, and are watched with a time
+limit (then their whole process group is killed); Ctrl-C ends them all.  They import what the
+user's shell imports: the current folder and PYTHONPATH (asv's benchmark processes through
+ASV_PYTHONPATH, the variable asv passes on).  The suite's children: attnspec/suites.py.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from attnspec.reports.inputs import ReportInputError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # attnspec's source (a checkout when editable)
 
 
 def importable(module: str) -> bool:
@@ -28,10 +30,11 @@ def importable(module: str) -> bool:
 
 
 def child_env(**extra) -> dict:
-    """The user's working folder stays importable (plug-ins like mypkg.attn:sdpa); output unbuffered
-    so that the last line before a crash is not lost in a buffer."""
+    """The user's working folder stays importable (plug-ins like mypkg.attn:sdpa), in the suite's
+    children and in asv's benchmark processes; output unbuffered so that the last line before a
+    crash is not lost in a buffer."""
     path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **extra)
+    return dict(os.environ, PYTHONPATH=path, ASV_PYTHONPATH=path, PYTHONUNBUFFERED="1", **extra)
 
 
 @dataclass
@@ -53,7 +56,7 @@ class Finished:
 
 
 def _spawn(cmd, env=None):
-    return subprocess.Popen(cmd, cwd=ROOT, env=env or child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, cwd=os.getcwd(), env=env or child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -188,14 +191,15 @@ def stream(cmd, env=None, prefix="", quiet_every: float = 30.0) -> int:
 
 
 def git_head() -> str:
+    """attnspec's commit (asv files benchmark results under it)."""
     try:
         res = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", "HEAD"], capture_output=True, text=True)
     except FileNotFoundError:
         res = None
     if res is None or res.returncode != 0:
         why = "git is not installed" if res is None else (res.stderr.strip().splitlines() or ["no commit"])[-1]
-        raise ReportInputError(f"asv files results under a git commit and there is none in {ROOT} ({why}); "
-                               "commit once, or pass --no-bench")
+        raise ReportInputError(f"asv files results under a git commit of attnspec and there is none in {ROOT} ({why}); "
+                               "install attnspec from a clone (pip install -e), or pass --no-bench")
     return res.stdout.strip()
 
 
@@ -213,13 +217,25 @@ def ensure_asv_machine() -> None:
         raise ReportInputError(f"`asv machine --yes` failed ({done.describe()}): {done.output.strip()[-300:]}")
 
 
-def asv_results_dir() -> str:
-    """results_dir from asv.conf.json (asv allows // comments in it)."""
+ASV_DIR = os.path.join(".attnspec", "asv")  # under the current folder: asv's config, results and shard links
+
+
+def asv_config(folder: str | None = None) -> tuple[str, str]:
+    """(config path, results folder): attnspec's asv configuration rewritten under `folder` (default:
+    ./.attnspec/asv) - the benchmarks and the commit are attnspec's, results land there, never in
+    attnspec's own folder."""
     conf = os.path.join(ROOT, "asv.conf.json")
     try:
-        with open(conf, encoding="utf-8") as f:
-            text = "\n".join(line for line in f if not line.lstrip().startswith("//"))
-        results = json.loads(text).get("results_dir", "results")
+        with open(conf, encoding="utf-8") as f:  # asv allows // comments in it
+            data = json.loads("\n".join(line for line in f if not line.lstrip().startswith("//")))
     except (OSError, ValueError) as e:
-        raise ReportInputError(f"{conf}: cannot read the asv configuration ({e})") from None
-    return os.path.join(ROOT, results)
+        raise ReportInputError(f"{conf}: cannot read attnspec's asv configuration ({e})") from None
+    folder = os.path.abspath(folder or ASV_DIR)
+    os.makedirs(folder, exist_ok=True)
+    data.update(repo=ROOT, benchmark_dir=os.path.join(ROOT, data.get("benchmark_dir", "benchmarks")),
+                results_dir=os.path.join(folder, "results"), env_dir=os.path.join(folder, "env"),
+                html_dir=os.path.join(folder, "html"))
+    path = os.path.join(folder, "asv.conf.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    return path, data["results_dir"]

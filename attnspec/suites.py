@@ -1,0 +1,260 @@
+"""One conformance-suite child per backend for `attnspec run`: its progress, its rows, its fate.
+
+A suite run is judged from outside: its JSON file when it finished, `crashed` when the
+interpreter died (signal, os._exit, a segfault in a native kernel), `timed_out` when it ran
+past its limit or a backend call hung (then its whole process group is killed).  While it
+runs, pytest's own ``--report-log`` (pytest-reportlog) writes each test's reports as JSON lines,
+with the rows the suite's plugin puts in ``user_properties``: the progress lines, the rows of
+what finished before a crash, and the moment a call hangs come from there, never from parsing
+pytest's output.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+from attnspec.procs import child_env, say, watch
+from attnspec.properties import results
+from attnspec.reports.inputs import NOT_ATTEMPTED, ReportInputError, read_suite_json
+
+PROGRESS_EVERY = 10.0  # seconds between progress lines when the terminal cannot redraw one
+_ITEM = re.compile(r"::test_(?P<property>\w+)\[(?P<target>.+)-(?P<dtype>float16|bfloat16|float32|float64)\]$")
+
+
+class _Logged(dict):
+    """A report as --report-log wrote it, read like pytest's TestReport (results.row_of takes either)."""
+
+    def __getattr__(self, name):
+        if name in ("passed", "skipped", "failed"):
+            return self.get("outcome") == name
+        if name == "wasxfail":
+            if "wasxfail" in self:
+                return self["wasxfail"]
+            raise AttributeError(name)
+        if name == "user_properties":
+            return [tuple(p) for p in self.get("user_properties", ())]
+        if name == "longrepr":
+            return self.get("longrepr")
+        return self.get(name)
+
+
+class SuiteProgress:
+    """What one suite child has done, read from its report log while it runs.
+
+    Every few seconds a progress line says how far the suite got: redrawn in place with one
+    suite at a time on a terminal, else one line per update carrying the backend's name."""
+
+    def __init__(self, label: str = "", redraw: bool | None = None, stream=None, path: str | None = None):
+        self.stream = stream or sys.stdout
+        self.redraw = self.stream.isatty() if redraw is None else redraw
+        self.label = f"{label}: " if label else ""
+        self.path, self._offset, self._partial = path, 0, b""
+        self.tests: list = []            # collected test ids, in order (pytest runs them so in one process)
+        self.finished: dict = {}         # test id -> (conformance row, semantics rows)
+        self.counts: dict[str, int] = {}
+        self.hung = ""                   # the call that hung, once a row says one did
+        self.hung_in = ""                # ... in this test
+        self.start = self.last = self._read_at = time.monotonic()
+
+    @property
+    def current(self) -> str:
+        """The test running now: the first collected one that has not finished."""
+        test = next((t for t in self.tests if t not in self.finished), "")
+        m = _ITEM.search(test)
+        return f"{m['property']}[{m['dtype']}]" if m else ""
+
+    def read(self) -> None:
+        """Take in what the report log gained since the last read (a half-written last line waits)."""
+        if not self.path:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            try:
+                self._take(json.loads(line))
+            except (ValueError, KeyError, TypeError):  # torn or foreign: progress is best effort
+                continue
+
+    def _take(self, entry: dict) -> None:
+        kind = entry.get("$report_type")
+        if kind == "CollectReport":
+            self.tests += [r["nodeid"] for r in entry.get("result", ()) if _ITEM.search(r.get("nodeid", ""))]
+            return
+        if kind != "TestReport":
+            return
+        report = _Logged(entry)
+        row = results.row_of(report)
+        if row is None:
+            return
+        self.finished[report["nodeid"]] = (row, results.semantics_of(report))
+        self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
+        if row.get("hung") and not self.hung:
+            self.hung, self.hung_in = str(row["hung"]), f"{row['property']}[{row['dtype']}]"
+
+    def __call__(self, line: str = "") -> None:
+        """watch()'s callback: on output and once a second; reads the log, shows progress."""
+        now = time.monotonic()
+        if now - self._read_at >= 0.2:
+            self._read_at = now
+            self.read()
+        if (self.redraw and now - self.last >= 0.2) or now - self.last >= PROGRESS_EVERY:
+            self.last = now
+            self.show(final=False)
+
+    def rows(self) -> dict:
+        """The conformance and semantics rows of the tests that finished."""
+        return {"conformance": [row for row, _ in self.finished.values()],
+                "semantics": [s for _, sem in self.finished.values() for s in sem]}
+
+    def not_attempted(self, backend: str, why: str) -> list[dict]:
+        """A failed row for each collected test that did not finish."""
+        out = []
+        for test in self.tests:
+            m = _ITEM.search(test)
+            if test not in self.finished and m:
+                out.append(dict(backend=backend, property=m["property"], dtype=m["dtype"], status="failed", examples=0,
+                                seconds=0.0, counterexample="", message=NOT_ATTEMPTED + why))
+        return out
+
+    def text(self) -> str:
+        done = ", ".join(f"{n} {k}" for k, n in sorted(self.counts.items()))
+        if self.tests:
+            done = f"{len(self.finished)}/{len(self.tests)} tests" + (f": {done}" if done else "")
+        now = self.current
+        return f"{self.label}{done or 'starting'} ({time.monotonic() - self.start:.0f} s{'; running ' + now if now else ''})"
+
+    def show(self, final: bool = True) -> None:
+        """A progress line; final=True only clears a redrawn line (the caller says how it ended)."""
+        if self.redraw:
+            say("\r\x1b[K" if final else f"  {self.text()}\x1b[K", end="" if final else "\r", stream=self.stream)
+        elif not final:
+            say(f"  {self.text()}", stream=self.stream)
+
+
+def suite_command(backend: str, json_path: str, log_path: str) -> list:
+    return [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "--backend", backend,
+            "--attnspec-json", json_path, "--report-log", log_path, "-q", "--tb=no", "-rN", "--no-header",
+            "--color=no", "-p", "no:cacheprovider"]
+
+
+def _last_words(output: str, n: int = 3) -> list:
+    """The last lines a child printed, leaving out pytest -q's rows of progress marks (.sFE and [ 40%])."""
+    lines = [x.strip() for x in output.strip().splitlines()]
+    return [x for x in lines if x and x.split("[")[0].strip(".sFExXr ")][-n:]
+
+
+def _suite_row(backend, status, message, seconds) -> dict:
+    return {"backend": backend, "property": "(suite)", "dtype": "", "status": status, "examples": 0,
+            "seconds": round(seconds, 2), "counterexample": "", "message": message}
+
+
+def run_suite(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
+              progress: SuiteProgress | None = None, cpus: str = "") -> dict:
+    """The suite's rows for one backend, plus a (suite) row when it did not finish by itself.
+
+    `backend` is what the suite takes (a name or package.module:attr), `shown` the backend's own name.
+    The rows come from the suite's JSON file when it finished, else from its report log: what
+    finished before a crash or the time limit is kept.  When a row says a call hung, the child is
+    ended at once (its stuck thread would burn a core for the rest of the run) and every test it
+    had not finished is recorded as failed, not attempted."""
+    log = json_path + ".log.jsonl"
+    for path in (json_path, log):
+        if os.path.exists(path):
+            os.remove(path)
+    progress = progress or SuiteProgress()
+    progress.path = log
+    pinned = {"ATTNSPEC_CPUS": cpus} if cpus else {}
+    done = watch((command or suite_command)(backend, json_path, log), limit, progress,
+                 env=child_env(**pinned), stop=lambda: progress.hung)
+    progress.read()
+    progress.show()
+    name = shown or backend
+    unreadable = ""
+    data = None
+    if os.path.exists(json_path) and not done.stopped:
+        try:
+            data = read_suite_json(json_path)
+        except ReportInputError as e:
+            unreadable = str(e)
+    now = progress.current
+    where = f" while running {now}" if now else ""
+    tail = " | ".join(_last_words(done.output)) or "none"
+    pytest_error = done.rc in (2, 3, 4, 5) or "INTERNALERROR" in done.output or "during collection" in done.output
+    if done.stopped:
+        why = (f"an earlier {progress.hung} call did not return within the per-call limit (ATTNSPEC_CALL_TIMEOUT); "
+               "the suite was ended there")
+        missing = progress.not_attempted(name, why)
+        row = _suite_row(name, "timed_out", f"a {progress.hung} call did not return within the per-call limit "
+                         f"(ATTNSPEC_CALL_TIMEOUT) in {progress.hung_in}; the suite was ended there and its "
+                         f"{len(missing)} remaining test(s) recorded as failed (not attempted)", done.seconds)
+        data = progress.rows()
+        data["conformance"] += missing
+    elif done.rc in (0, 1) and data is not None:
+        row = None
+    elif done.rc is None:
+        row = _suite_row(name, "timed_out", f"the suite did not finish within {limit:g} s{where}", done.seconds)
+    elif unreadable or (pytest_error and done.rc >= 0):
+        why = unreadable or f"pytest {done.describe()}"
+        row = _suite_row(name, "error", f"the suite could not run: {why}; last output: {tail}", done.seconds)
+    else:  # a signal, or an exit (os._exit, abort) in the middle of the run without results
+        row = _suite_row(name, "crashed", f"the test process died ({done.describe()}) after "
+                         f"{done.seconds:.1f} s{where}; last output: {tail}", done.seconds)
+    if data is None:
+        data = progress.rows()  # what finished before the crash or the time limit
+    if row is None and not data["conformance"]:  # nothing tested is not a pass
+        row = dict(_suite_row(name, "skipped", "the suite selected no test for this backend (no dtype it declares "
+                              "has an error budget, or every test was deselected)", done.seconds), property="(all)")
+    if row is not None:
+        say(f"  {progress.label}{row['status']}: {row['message']}")
+        data["conformance"].append(row)
+    if os.path.exists(log):
+        os.remove(log)
+    return data
+
+
+def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> dict:
+    """Conformance and semantics rows from one child pytest per backend, `jobs` at a time, each
+    child on a share of the CPUs of its own (side by side, their thread pools fought over them)."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attnspec.procs import kill_all
+    from attnspec.properties import cores
+
+    slots: queue.Queue = queue.Queue()
+    for share in cores.shares(jobs):  # one per running child; a child gives its share back when it ends
+        slots.put(share)
+
+    def one(i, name, shown):
+        path = os.path.join(workdir, f"suite-{i}.json")
+        say(f"[suite {i}/{len(chosen)}] {name}: started")
+        progress = SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
+        cpus = slots.get()
+        try:
+            data = run_suite(name, path, limit, shown=shown, progress=progress, cpus=cpus)
+        finally:
+            slots.put(cpus)
+        say(f"[suite {i}/{len(chosen)}] done: {progress.text()}")
+        return data
+
+    # the longest suites start first, so the last to finish is a short one (the rows keep `chosen`'s order)
+    todo = sorted(enumerate(chosen, 1), key=lambda t: cores.suite_weight(t[1][0]), reverse=True)
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = {i: pool.submit(one, i, n, s) for i, (n, s) in todo}
+        parts = [futures[i].result() for i in sorted(futures)]
+    except BaseException:  # Ctrl-C reaches only this thread; the children run in their own sessions
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_all()
+        raise
+    pool.shutdown()
+    return {key: [row for part in parts for row in part[key]] for key in ("conformance", "semantics")}
