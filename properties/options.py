@@ -8,6 +8,7 @@
   --attnspec-tb block|long  one block per failure (default) or pytest's traceback (-v: long).
   --attnspec-repro DIR    where reproducers go (default: beside the JSON, else ./.attnspec/repro).
   --attnspec-rule NAME    the error budget's rule: attnspec (default) or flash (flash-attention's).
+  --attnspec-examples N   drawn problems a property (default: the profile's; gradient properties half).
   --attnspec-no-shrink    report failures unshrunk (measurements: whether a bug is caught does not
                           depend on shrinking, only how small the counterexample is).
 
@@ -42,6 +43,9 @@ def addoption(parser) -> None:
     g.addoption("--attnspec-rule", dest="attnspec_rule", default="attnspec", choices=("attnspec", "flash"),
                 help="the error budget's rule: attnspec's per-row budget (default) or flash-attention's "
                      "(2 x the plain error over the tensor)")
+    g.addoption("--attnspec-examples", dest="attnspec_examples", default=None, type=int, metavar="N",
+                help="drawn problems a property (gradient properties half); default: the profile's "
+                     "(6 over every built-in, 100 for a few named backends)")
     g.addoption("--attnspec-no-shrink", dest="attnspec_no_shrink", action="store_true",
                 help="report failures as found, unshrunk (and without attributing them to features)")
 
@@ -113,7 +117,10 @@ def configure(config, installed: int = 0) -> Run:
     elif profile == "ci":
         seed, seed_from = profiles.ci_seed(str(config.rootpath))
     shrink = not config.getoption("attnspec_no_shrink", False)
-    options = Options(examples=profiles.EXAMPLES[profile], seed=seed, shrink=shrink, attribute=shrink,
+    examples = config.getoption("attnspec_examples", None) or profiles.EXAMPLES[profile]
+    if examples < 1:
+        raise ValueError(f"--attnspec-examples must be at least 1; got {examples}")
+    options = Options(examples=examples, seed=seed, shrink=shrink, attribute=shrink,
                       rule=config.getoption("attnspec_rule", "attnspec") or "attnspec")
     tb = config.getoption("attnspec_tb", None) or ("long" if config.getoption("verbose") > 0 else "block")
     return Run(profile, options, seed_from, repro, json_path, tb)

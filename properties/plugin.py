@@ -69,8 +69,9 @@ def pytest_configure(config):
 
 
 def _load_profile(config) -> None:
-    """Our profile, unless Hypothesis was given one (then its example count is the run's)."""
-    if config.getoption("hypothesis_profile", None):
+    """Our profile, unless Hypothesis was given one (then its example count is the run's, unless
+    --attnspec-examples says)."""
+    if config.getoption("hypothesis_profile", None) and not config.getoption("attnspec_examples", None):
         from hypothesis import settings
         run = config._attnspec
         config._attnspec = options.Run(run.profile, options.Options(**{

@@ -1,38 +1,43 @@
 """Detection power: the smallest defect the conformance suite rejects, per dtype, and kill rates.
 
-    python -m properties.detection_power [--dtype D ...] [--defect K ...] [--runs K] [--out DIR]
-    python -m properties.detection_power --kill-rates [--runs K] [--examples N ...] [--out DIR]
-    python -m properties.detection_power --controls [--runs K] [--out DIR]
+    python tools/detection_power.py --defects tests.defects [--dtype D ...] [--defect K ...] [--runs K] [--out DIR]
+    python tools/detection_power.py --broken tests.broken --kill-rates [--runs K] [--examples N ...] [--out DIR]
+    python tools/detection_power.py --broken tests.broken --defects tests.defects --controls [--runs K]
 
-Detection power: each defect of tests/defects.py (torch-math with one error of relative size d)
-runs through the whole suite (`properties.runner.run_suite`, profile dev) in one dtype, once
-per seed (``--hypothesis-seed``): the same seed draws the same problems for every d, so a
-bisection over the grid (1e-1, 3e-2, 1e-2, ... per dtype) finds, per seed, the smallest d
-rejected ("rejected": at least one property *failed*; harness errors are counted apart).
-The rate at d is the share of seeds whose threshold is at most d (a larger defect on the same
-draws is assumed to fail too).  The same runs under flash-attention's rule
-(``ATTNSPEC_BUDGET_RULE=flash``: 2 x the plain error over the tensor, no floor) give its
-thresholds.  torch-math itself (d = 0) runs first on each seed: what it fails is not the
-defect's doing and is left out of the defects' verdicts (under flash's rule those are its false
-alarms; both are listed).  Each defect stops at its first counted failure.  Writes
-detection_power.csv (per dtype and defect), detection_rates.csv (per d) and .md tables.
+A tool of this repository, not of the installed suite: it takes its defects as arguments.
+``--defects MODULE``: graded defects, a module with ``DEFECTS`` (kinds) and ``spec(kind, d, dtype)``
+(the backend name of that defect of size d, declaring that dtype; d = 0 is the correct kernel,
+tests/defects.py: torch-math with one error of relative size d).  ``--broken MODULE``: planted
+bugs, a module with ``BROKEN`` and ``CORRECT`` (entries with ``spec`` and ``label``: tests/broken/).
 
-Kill rates: every planted bug of tests/broken/ under K seeds with N examples per property; a
-bug is killed in a run when a property fails.  From the rate r at N, the per-example kill
-probability p = 1 - (1 - r)^(1/N) gives the examples a profile needs for 99 % per run.
-Controls: every available CPU built-in, the correct kernels of tests/broken/ and the defects at
-d = 0 in every dtype they declare, K seeds: any failure is a false alarm (or a finding).
+Detection power: each defect runs through the whole suite (`attnspec.properties.runner.run_suite`,
+profile dev) in one dtype, once per seed (``--hypothesis-seed``): the same seed draws the same
+problems for every d, so a bisection over the grid (1e-1, 3e-2, 1e-2, ... per dtype) finds, per
+seed, the smallest d rejected ("rejected": at least one property *failed*; harness errors are
+counted apart).  The rate at d is the share of seeds whose threshold is at most d (a larger
+defect on the same draws is assumed to fail too).  The same runs under flash-attention's rule
+(``--attnspec-rule flash``: 2 x the plain error over the tensor, no floor) give its thresholds.
+The correct kernel (d = 0) runs first on each seed: what it fails is not the defect's doing and
+is left out of the defects' verdicts (under flash's rule those are its false alarms; both are
+listed).  Each defect stops at its first counted failure.  Writes detection_power.csv (per dtype
+and defect), detection_rates.csv (per d) and .md tables.
 
-Measurement runs load this module as a pytest plugin (``-p properties.detection_power``):
-it drops the example database (a replayed failure would make runs dependent) and the shrink
-phase (shrinking makes a counterexample smaller, never decides whether a run fails), and
-``ATTNSPEC_MEASURE_EXAMPLES`` overrides max_examples.  Timing (2 cores, quiet): see --help.
+Kill rates: every planted bug under K seeds with N examples per property; a bug is killed in a
+run when a property fails.  From the rate r at N, the per-example kill probability
+p = 1 - (1 - r)^(1/N) gives the examples a profile needs for 99 % per run.  Controls: every
+available CPU built-in, the correct kernels and the defects at d = 0 in every dtype they declare,
+K seeds: any failure is a false alarm (or a finding).
+
+Measurement runs load this module as a pytest plugin (``-p tools.detection_power``, public hooks
+only): with ATTNSPEC_MEASURE_STOP a backend's first counted failure skips the rest of its suite
+(its verdict is made).  Shrinking is off (``--attnspec-no-shrink``: it makes a counterexample
+smaller, never decides whether a run fails) and the example database with it (the ci profile).
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import functools
+import importlib
 import math
 import os
 import sys
@@ -41,18 +46,17 @@ from pathlib import Path
 
 import pytest
 
-from attnspec.properties.runner import ROOT, run_suite
+from attnspec.properties.runner import run_suite
 
-say = functools.partial(print, flush=True)  # progress lines reach a log file as they happen
+say = lambda *a: print(*a, flush=True)  # noqa: E731 - progress lines reach a log file as they happen
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
-DEFECTS = ("temperature", "gain", "tail", "rescale")
 # per dtype: the grid (largest first, steps of ~3x) and the issue's targets (temperature, gain)
 GRIDS = {"float16": (-1, -5), "bfloat16": (-1, -4), "float32": (-3, -8), "float64": (-4, -13)}
 TARGETS = {"float16": {"temperature": 1e-2, "gain": 3e-3}, "bfloat16": {"temperature": 3e-2, "gain": 3e-2},
            "float32": {"temperature": 1e-5, "gain": 1e-5}, "float64": {"temperature": 1e-6, "gain": 1e-6}}
-RULE_ENV, EXAMPLES_ENV = "ATTNSPEC_BUDGET_RULE", "ATTNSPEC_MEASURE_EXAMPLES"
 STOP_ENV, IGNORE_ENV = "ATTNSPEC_MEASURE_STOP", "ATTNSPEC_MEASURE_IGNORE"  # stop a rejected backend; not counted
+DEFECTS_MODULE = BROKEN_MODULE = None  # the --defects and --broken modules (main sets them)
 
 
 def cpu_builtins() -> list:
@@ -68,18 +72,6 @@ def grid(dtype: str) -> list:
 
 
 # ---- the pytest plugin of measurement runs ---------------------------------------------
-
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config):
-    from hypothesis import Phase, settings
-    extra = dict(database=None, phases=(Phase.explicit, Phase.generate))
-    if os.environ.get(EXAMPLES_ENV):
-        extra["max_examples"] = int(os.environ[EXAMPLES_ENV])
-    if config.getoption("hypothesis_seed", None) is not None:
-        extra["derandomize"] = False  # ci's fixed draws would ignore the seed
-    settings.register_profile("attnspec-measure", parent=settings.default, **extra)
-    settings.load_profile("attnspec-measure")
-
 
 _REJECTED: set = set()  # backends that failed a counted property in this run
 
@@ -115,18 +107,16 @@ def suite_run(names, seed: int, rule: str = "attnspec", profile: str = "dev", ex
     """{backend name: (failed properties, errored properties)} of one suite run (``extra``: more
     pytest arguments, e.g. ``["-k", "default_scale"]``; ``stop``: a backend's first failure of a
     property not in ``ignore`` ends its run - the rest is skipped)."""
-    env = dict(os.environ, **{RULE_ENV: rule})
-    for key in (EXAMPLES_ENV, STOP_ENV, IGNORE_ENV):
+    env = dict(os.environ)
+    for key in (STOP_ENV, IGNORE_ENV, "ATTNSPEC_BACKENDS", "HYPOTHESIS_PROFILE"):
         env.pop(key, None)
-    if examples:
-        env[EXAMPLES_ENV] = str(examples)
     if stop:
         env[STOP_ENV], env[IGNORE_ENV] = "1", ",".join(sorted(ignore))
-    env.pop("ATTNSPEC_BACKENDS", None)
     env["ATTNSPEC_WORKERS"] = "1"  # one process unless --workers asks for pytest-xdist (-n below)
-    result = run_suite(list(names), profile=profile, env=env, timeout=timeout,
-                       extra_args=["-p", "attnspec.properties.detection_power", f"--hypothesis-seed={seed}"]
-                       + (["-n", WORKERS] if WORKERS not in ("", "0") else []) + list(extra), pythonpath=[ROOT])
+    args = ["-p", "tools.detection_power", f"--hypothesis-seed={seed}", f"--attnspec-rule={rule}", "--attnspec-no-shrink"]
+    args += [f"--attnspec-examples={examples}"] if examples else []
+    args += ["-n", WORKERS] if WORKERS not in ("", "0") else []
+    result = run_suite(list(names), profile=profile, env=env, timeout=timeout, extra_args=args + list(extra))
     if not result.conformance:
         raise RuntimeError(f"the suite reported nothing (exit {result.returncode}):\n{result.output[-3000:]}")
     out: dict = {}
@@ -137,8 +127,10 @@ def suite_run(names, seed: int, rule: str = "attnspec", profile: str = "dev", ex
 
 
 def _defect(kind, d, dtype):
-    from tests.defects import make, spec
-    return spec(kind, d, dtype), make(kind, d, dtype).name
+    """(backend spec, the backend's own name) of a defect of size d declaring dtype."""
+    from attnspec.backends.registry import resolve
+    name = DEFECTS_MODULE.spec(kind, d, dtype)
+    return name, resolve(name).name
 
 
 # ---- detection power -------------------------------------------------------------------------
@@ -152,10 +144,10 @@ def thresholds(dtype: str, kinds, seed: int, rule: str, log=say) -> dict:
     sizes = grid(dtype)
     rej = {k: -1 for k in kinds}          # largest index known rejected
     acc = {k: len(sizes) for k in kinds}  # smallest index known accepted
-    spec, name = _defect("gain", 0, dtype)
+    spec, name = _defect(DEFECTS_MODULE.DEFECTS[0], 0, dtype)
     start = time.perf_counter()
     control = sorted(suite_run([spec], seed, rule).get(name, (set(), set()))[0])
-    log(f"  {dtype} seed {seed} {rule}: control (torch-math) failed {', '.join(control) or 'nothing'} "
+    log(f"  {dtype} seed {seed} {rule}: control (d = 0) failed {', '.join(control) or 'nothing'} "
         f"({time.perf_counter() - start:.0f} s)")
     while any(acc[k] - rej[k] > 1 for k in kinds):
         todo = {k: (rej[k] + acc[k]) // 2 for k in kinds if acc[k] - rej[k] > 1}
@@ -224,7 +216,7 @@ def _close(a, b) -> bool:
 
 def kill_rates(seeds, examples=(2, 6), profiles=("dev", "ci"), log=say) -> list:
     """Rows: bug, profile, examples, killed runs, runs, rate, per-example p, examples for 99 %."""
-    from tests.broken import BROKEN
+    BROKEN = BROKEN_MODULE.BROKEN
     rows = []
     for profile in profiles:
         for n in examples:
@@ -264,8 +256,8 @@ def _names(entry) -> set:
 
 def controls(seeds, log=say) -> list:
     """Rows: backend, seed, failed properties - every correct kernel in every dtype it declares."""
-    from tests.broken import CORRECT
-    names = cpu_builtins() + [e.spec for e in CORRECT] + [f"tests.defects:{k}_0" for k in DEFECTS]
+    names = cpu_builtins() + [e.spec for e in BROKEN_MODULE.CORRECT] + [
+        DEFECTS_MODULE.spec(k, 0, None) for k in DEFECTS_MODULE.DEFECTS]
     rows = []
     for seed in seeds:
         got = suite_run(names, seed)
@@ -300,8 +292,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=(
         "Cost: a suite run per bisection step (4 defects each), ~4 steps per dtype, seed and rule; "
         "measured on 2 cores (see the report for the figure)."))
+    ap.add_argument("--defects", metavar="MODULE", help="graded defects: a module with DEFECTS and spec(kind, d, dtype) "
+                    "(this repository's: tests.defects)")
+    ap.add_argument("--broken", metavar="MODULE", help="planted bugs: a module with BROKEN and CORRECT "
+                    "(this repository's: tests.broken)")
     ap.add_argument("--dtype", action="append", choices=DTYPES)
-    ap.add_argument("--defect", action="append", choices=DEFECTS)
+    ap.add_argument("--defect", action="append", help="kinds of --defects to measure (default: all)")
     ap.add_argument("--rule", action="append", choices=("attnspec", "flash"))
     ap.add_argument("--runs", type=int, default=3, help="seeds per measurement (default 3)")
     ap.add_argument("--flash-runs", type=int, default=None, help="seeds for flash-attention's rule (default --runs)")
@@ -313,8 +309,16 @@ def main(argv=None) -> int:
     ap.add_argument("--controls", action="store_true", help="run every correct kernel instead (false alarms)")
     ap.add_argument("--workers", default=None, help="pytest-xdist workers per suite run (-n; default none)")
     args = ap.parse_args(argv)
-    global WORKERS
+    global WORKERS, DEFECTS_MODULE, BROKEN_MODULE
     WORKERS = args.workers if args.workers is not None else WORKERS
+    sys.path.insert(0, os.getcwd())  # the modules are named from here, as python -m would
+    need = {"--defects": not args.kill_rates, "--broken": args.kill_rates or args.controls}
+    missing = [flag for flag, needed in need.items() if needed and not getattr(args, flag[2:])]
+    if missing:
+        ap.error(f"{' and '.join(missing)} required here (this repository's: --defects tests.defects, "
+                 "--broken tests.broken)")
+    DEFECTS_MODULE = importlib.import_module(args.defects) if args.defects else None
+    BROKEN_MODULE = importlib.import_module(args.broken) if args.broken else None
     args.out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(args.first_seed, args.first_seed + args.runs))
     start = time.perf_counter()
@@ -328,7 +332,7 @@ def main(argv=None) -> int:
         bad = [r for r in rows if r["failed"]]
         print(markdown(bad) or f"no false alarm: {len(rows)} backend runs")
     else:
-        rates = detection_power(args.dtype or DTYPES, args.defect or DEFECTS, seeds,
+        rates = detection_power(args.dtype or DTYPES, args.defect or DEFECTS_MODULE.DEFECTS, seeds,
                                 tuple(args.rule or ("attnspec", "flash")), args.flash_runs)
         summary = summarize(rates)
         write_csv(args.out / "detection_rates.csv", rates)
