@@ -120,6 +120,10 @@ BROKEN = (
           "sequences"),
     Entry("variant_bugs:SegmentEndInclusive", SEGMENTS, w.packed, "segment [start, end]: sees the next one's first key",
           "sequences"),
+    Entry("variant_bugs:LengthsOfFirstSequence", REF + PADDED, w.padded_unequal,
+          "kv_lengths[0] for the whole batch (issue 23: a draw cache gave every sequence one length)", "sequences"),
+    Entry("variant_bugs:SegmentsOfFirstSequence", SEGMENTS, w.packed_unequal,
+          "one sequence's segment ids for the whole batch", "sequences"),
     Entry("variant_bugs:AlibiPow2Slopes", ALIBI, w.alibi_6_heads, "ALiBi 2^(-8h/H) for 6 heads, ml-explore/mlx#343",
           "alibi"),
 )

@@ -22,7 +22,8 @@ EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_
                            "alibi", "lse"))  # specs.problem.FEATURES, all natively
 SLIPS = (None, "kv_head_modulo", "kv_head_zero", "bias_scaled", "float_mask_as_bool", "causal_ignores_alignment",
          "lse_unscaled", "dk_first_of_group", "window_left_exclusive", "window_right_one_more",
-         "window_top_left", "softcap_after_mask", "padded_rows_nan", "segment_end_inclusive", "alibi_pow2_slopes")
+         "window_top_left", "softcap_after_mask", "padded_rows_nan", "segment_end_inclusive", "alibi_pow2_slopes",
+         "lengths_of_first_sequence", "segments_of_first_sequence")
 
 
 class VariantKernel(NumpyBackend):
@@ -69,6 +70,11 @@ class VariantKernel(NumpyBackend):
             return 0  # the slip: this part is aligned top-left whatever was asked
         return Lk - Lq
 
+    def _per_sequence(self, x, slip: str):
+        """A field with a value per sequence; the slip reads the first sequence's for the whole batch."""
+        x = np.asarray(x)
+        return np.broadcast_to(x[:1], x.shape) if self.slip == slip and x.ndim else x
+
     def _visible(self, call, shape, Lq, Lk):
         """(..., Hq, Lq, Lk) bool: the mask, causal, window, lengths and segments (not the bias)."""
         i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]  # (Lq, 1), (1, Lk)
@@ -86,12 +92,14 @@ class VariantKernel(NumpyBackend):
         if call.mask is not None:
             vis &= np.asarray(call.mask, dtype=bool)
         if call.kv_lengths is not None:
-            vis &= np.arange(Lk) < np.asarray(call.kv_lengths)[..., None, None, None]
+            kv_len = self._per_sequence(call.kv_lengths, "lengths_of_first_sequence")  # the slip: kv_lengths[0]
+            vis &= np.arange(Lk) < kv_len[..., None, None, None]
         if call.q_lengths is not None:
-            vis &= (np.arange(Lq) < np.asarray(call.q_lengths)[..., None, None])[..., None]
+            q_len = self._per_sequence(call.q_lengths, "lengths_of_first_sequence")
+            vis &= (np.arange(Lq) < q_len[..., None, None])[..., None]
         if call.q_segment_ids is not None:
-            qs = np.asarray(call.q_segment_ids)[..., None, :, None]  # (..., 1, Lq, 1)
-            ks = np.asarray(call.kv_segment_ids)  # (..., Lk)
+            qs = self._per_sequence(call.q_segment_ids, "segments_of_first_sequence")[..., None, :, None]  # (..., 1, Lq, 1)
+            ks = self._per_sequence(call.kv_segment_ids, "segments_of_first_sequence")  # (..., Lk)
             same = qs == ks[..., None, None, :]  # (..., 1, Lq, Lk)
             if self.slip == "segment_end_inclusive":  # [start, end] not [start, end): the next segment's first key
                 none = np.full_like(ks[..., :1], np.iinfo(ks.dtype).min)  # key 0 has no predecessor

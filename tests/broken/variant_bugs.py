@@ -131,6 +131,24 @@ class PaddedRowsNaN(VariantKernel):
     capabilities = claims("seq_lengths", dtypes=("float16", "float32"))
 
 
+class LengthsOfFirstSequence(VariantKernel):
+    """The lengths of the batch's first sequence used for every sequence (``kv_lengths[0]`` read
+    once outside the batch loop): right whenever the batch's sequences are equally long."""
+
+    name = "broken-lengths-of-first-sequence"
+    slip = "lengths_of_first_sequence"
+    capabilities = claims("seq_lengths", dtypes=("bfloat16", "float64"))
+
+
+class SegmentsOfFirstSequence(VariantKernel):
+    """The segment ids of the batch's first sequence used for every sequence (one ``cu_seqlens``
+    for the whole batch): right whenever the sequences are packed alike."""
+
+    name = "broken-segments-of-first-sequence"
+    slip = "segments_of_first_sequence"
+    capabilities = claims("segment_ids", dtypes=("float16", "float32"))
+
+
 class SegmentEndInclusive(VariantKernel):
     """Packed sequences: each query's keys taken as [start, end] instead of [start, end), so it
     also sees the first key of the next segment (a cu_seqlens bound off by one)."""

@@ -162,6 +162,17 @@ def packed(seed=0):
                     kv_segment_ids=np.array([[0, 0, 0, 1, 1, 2, 2]]))
 
 
+def padded_unequal(seed=0):
+    """Two sequences of different lengths (keys 2 and 6, queries 4 and 5) in a batch padded to 6."""
+    return _problem(*_heads(2, 2, 5, 6, B=2, seed=seed), q_lengths=np.array([4, 5]), kv_lengths=np.array([2, 6]))
+
+
+def packed_unequal(seed=0):
+    """Two sequences packed differently: [0, 0, 1, 1] / [0, 0, 0, 1, 1, 1] and [0, 1, 1, 1] / [0, 1, 1, 1, 1, 1]."""
+    return _problem(*_heads(1, 1, 4, 6, B=2, seed=seed), q_segment_ids=np.array([[0, 0, 1, 1], [0, 1, 1, 1]]),
+                    kv_segment_ids=np.array([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]]))
+
+
 # ALiBi's slopes for 6 heads (the 4 of 4 heads, then every other one of 8): specs.problem.alibi_slopes(6),
 # written out because nothing here reads specs (tests/test_teeth.py checks they agree)
 ALIBI_SLOPES_6 = np.array([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
@@ -175,4 +186,4 @@ def alibi_6_heads(seed=0):
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
-       window_bottom_right, softcapped_causal, padded, packed, alibi_6_heads)
+       window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads)
