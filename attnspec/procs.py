@@ -212,7 +212,7 @@ def ensure_asv_machine() -> None:
                 return
     except (OSError, ValueError):
         pass
-    done = watch(["asv", "machine", "--yes"], 120)
+    done = watch(["asv", "machine", "--yes", "--config", asv_config()[0]], 120)  # asv wants a config to start
     if done.rc != 0:
         raise ReportInputError(f"`asv machine --yes` failed ({done.describe()}): {done.output.strip()[-300:]}")
 

@@ -188,7 +188,7 @@ def run_suite(backend: str, json_path: str, limit: float, command=None, shown: s
     now = progress.current
     where = f" while running {now}" if now else ""
     tail = " | ".join(_last_words(done.output)) or "none"
-    pytest_error = done.rc in (2, 3, 4, 5) or "INTERNALERROR" in done.output or "during collection" in done.output
+    pytest_error = done.rc in (4, 5) or "INTERNALERROR" in done.output or "during collection" in done.output
     if done.stopped:
         why = (f"an earlier {progress.hung} call did not return within the per-call limit (ATTNSPEC_CALL_TIMEOUT); "
                "the suite was ended there")

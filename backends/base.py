@@ -197,8 +197,9 @@ class Backend:
         if tuple(out.shape) != tuple(shape):
             raise BackendFailure(self.name, f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)} "
                                             f"(returned a {type(y).__name__})")
-        if dtype is not None and got_dtype != dtype:
-            raise BackendFailure(self.name, f"{what} has dtype {got_dtype}, expected {dtype}")
+        allowed = (dtype,) if isinstance(dtype, str) else dtype
+        if dtype is not None and got_dtype not in allowed:
+            raise BackendFailure(self.name, f"{what} has dtype {got_dtype}, expected {' or '.join(allowed)}")
         return out
 
     def _call(self, what, fn, *args):
@@ -252,7 +253,8 @@ class Backend:
                                             f"{f' of {len(grads)}' if isinstance(grads, (tuple, list)) else ''}, "
                                             f"expected {expected}")
         inputs = (q, k, v) + ((fields["bias"],) if wants_dbias else ())
-        out_dtype = self.output_dtype(dtype)
+        # a gradient comes back in its input's dtype (autograd), or in the output's by the declared policy
+        out_dtype = tuple(dict.fromkeys((dtype, self.output_dtype(dtype))))
         return tuple(self._check(f"d{n}", g, np.shape(x), out_dtype)
                      for n, g, x in zip(("q", "k", "v", "bias"), grads, inputs))
 

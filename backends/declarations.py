@@ -49,19 +49,30 @@ class Deviation:
 
     The suite still runs the property: where it fails as declared the result is `deviation` (shown
     as such in the summary, the JSON and the report, with its reproducer), never `passed`; any
-    other failure is still a failure.  ``dtypes`` () means every dtype.  ``when``: a regular
-    expression the failure's text (its message and problem) must contain to be this deviation -
-    '' takes any failure of the property, which can hide a second bug behind the declared one
-    (torch-flex's Lk = 0 declaration hid its adapter's Lq = 0 error).
+    other failure is still a failure.  ``property``: a property's name, or "*" for every property
+    (with ``feature``).  ``dtypes`` () means every dtype.  ``when``: a regular expression the
+    failure's text (its message and problem) must contain to be this deviation - '' takes any
+    failure of the property, which can hide a second bug behind the declared one (torch-flex's
+    Lk = 0 declaration hid its adapter's Lq = 0 error).  ``feature``: an optional feature
+    (specs.fields.FEATURES) the departure needs - a library whose grouped-heads path is broken: a
+    failure that uses it is the deviation, and the property is checked again on draws without it,
+    where any failure is a failure.
     """
 
     property: str
     why: str
     dtypes: tuple = ()
     when: str = ""
+    feature: str = ""
+
+    def __post_init__(self):
+        if self.property == "*" and not self.feature:
+            raise ValueError("Deviation('*', ...) covers every property: it needs the feature its failures use")
+        if self.feature and self.feature not in FEATURES:
+            raise ValueError(f"Deviation.feature must be one of {', '.join(FEATURES)}; got {self.feature!r}")
 
     def covers(self, prop: str, dtype: str) -> bool:
-        return prop == self.property and (not self.dtypes or dtype in self.dtypes)
+        return self.property in (prop, "*") and (not self.dtypes or dtype in self.dtypes)
 
     def matches(self, failure: str) -> bool:
         """Whether a failure of the property, as text, is this deviation."""
@@ -85,9 +96,11 @@ class Semantics:
     output_dtypes: tuple = ()
     deviations: tuple = ()  # Deviation(property, why, dtypes): known departures, reported as such
 
-    def deviation(self, prop: str, dtype: str):
-        """The declared Deviation covering this property at this dtype, or None."""
-        return next((d for d in self.deviations if d.covers(prop, dtype)), None)
+    def deviation(self, prop: str, dtype: str, feature: bool | None = None):
+        """The declared Deviation covering this property at this dtype, or None (feature: only those
+        tied to a feature, True, or only those that are not, False)."""
+        return next((d for d in self.deviations if d.covers(prop, dtype)
+                     and (feature is None or bool(d.feature) == feature)), None)
 
 
 def _call_fields() -> list:

@@ -37,6 +37,9 @@ BUILTINS = {
     "onnxruntime-attention": "attnspec.backends.onnx_backends:OnnxRuntimeAttention",
     "openvino-sdpa": "attnspec.backends.openvino_backends:OpenVinoSdpa",
     "openvino-sdpa-f32": "attnspec.backends.openvino_backends:OpenVinoSdpaF32",
+    "keras-numpy": "attnspec.backends.keras_backends:KerasNumpy",
+    "keras-jax": "attnspec.backends.keras_backends:KerasJax",
+    "keras-torch": "attnspec.backends.keras_backends:KerasTorch",
 }
 
 

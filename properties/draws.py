@@ -110,8 +110,9 @@ def draw_shape(draw, compiled=False, regimes=REGIMES, equal_dims=False, probe=Fa
         else:
             B = max(B, 2) if batched else B
             H = Hkv = max(1, min(H, 3 - B))
-        Lq = draw(st.integers(1, SMALL_MAX_LEN), label="Lq")
-        Lk = pick(draw, SMALL_LENGTHS, "Lk")
+        # a field with a value per sequence needs room to differ across the batch: three or more
+        Lq = draw(st.integers(3 if batched else 1, SMALL_MAX_LEN), label="Lq")
+        Lk = pick(draw, SMALL_LENGTHS[1:] if batched else SMALL_LENGTHS, "Lk")
         dims = st.integers(1, SMALL_MAX_DIM)
     elif regime == "medium":
         Lq, Lk = pick(draw, MEDIUM_LENGTHS, "Lq"), pick(draw, MEDIUM_LENGTHS, "Lk")
@@ -156,19 +157,23 @@ def _zigzag(b: np.ndarray, n: int) -> np.ndarray:
     return np.where(z % 2 == 1, (z + 1) // 2, -(z // 2))
 
 
-def element_values(raw: bytes, n: int, dtype: str) -> np.ndarray:
+def element_values(raw: bytes, n: int, dtype: str, shift: int = 0) -> np.ndarray:
     """n entries from n (16-bit) or 4n bytes, exact in dtype, in [-4, 4].
 
     16-bit: k/8 with |k| <= 32 (exact in bfloat16's 8 bits and float16).  float32/float64, per
     entry (byte 0 chooses): an integer in [-4, 4] (ties) 3/8 of the time, a uniform value on the
     2^-21 grid of [-4, 4) (exact in float32) 1/2, a signed power of two from 2^-23 to 2 (magnitudes
-    far apart in one row) 1/8.
+    far apart in one row) 1/8.  Entry i reads its bytes shifted by shift + i, so zero bytes (what
+    Hypothesis' generation falls back on in many examples, and where shrinking goes) spell small
+    distinct values - 0, 1, -1, 2, ... eighths or units - not an array of zeros, whose scores would
+    all be 0 and its rows uniform whatever the kernel does.
     """
     b = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+    at = shift + np.arange(n)  # (n,)
     if dtype in LOW_PRECISION:
-        return _zigzag(b, 32) / 8.0
+        return _zigzag(b + at, 32) / 8.0
     b = b.reshape(n, 4)
-    tie = _zigzag(b[:, 1], 4).astype(np.float64)
+    tie = _zigzag(b[:, 1] + at, 4).astype(np.float64)
     uniform = (b[:, 1] * 65536 + b[:, 2] * 256 + b[:, 3]) * 2.0**-21 - 4.0
     power = np.where(b[:, 2] % 2 == 1, -1.0, 1.0) * 2.0 ** (1 - (b[:, 1] % 25))
     return np.where(b[:, 0] < 96, tie, np.where(b[:, 0] < 224, uniform, power))
@@ -182,11 +187,11 @@ def _values_small(draw, s: Shape, dtype) -> dict:
     """Each array from one draw of bytes (an entry's value from its own bytes, so Hypothesis still
     shrinks entry by entry)."""
     out = {}
-    for name, dims in _dims(s).items():
+    for shift, (name, dims) in zip((0, 3, 5), _dims(s).items()):  # q, k and v spell different values
         n = int(np.prod(dims))
         raw = draw(st.binary(min_size=n if dtype in LOW_PRECISION else 4 * n,
                              max_size=n if dtype in LOW_PRECISION else 4 * n), label=name)
-        out[name] = element_values(raw, n, dtype).reshape(dims)
+        out[name] = element_values(raw, n, dtype, shift).reshape(dims)
     return out
 
 

@@ -176,9 +176,13 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
             return found
     declined = {"row": 0, "why": ""}
     constraints = prop.constraints(target, avoid)
+    # one strategy for the problem (drawn as one labelled draw; its inner draws unlabelled: a composite's
+    # draw takes no label): drawn draw by draw at the top level, Hypothesis' later examples came out
+    # near-uniform far more often (q = k = 0 in ~30 %, against ~5 % from one composite)
+    problems = st.composite(lambda draw: draw_case(lambda s, label=None: draw(s), target, **constraints))()
 
     def body(data):
-        case = draw_case(data.draw, target, **constraints)
+        case = data.draw(problems, label="problem")
         if prop.keep is not None and not prop.keep(case):
             reject()
         params = prop.params(data.draw, case, target) if prop.params else {}

@@ -251,6 +251,18 @@ def pytest_report_teststatus(report, config):
     return None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_report_to_serializable(config, report):
+    """A collect report names the tests it collected in --report-log (pytest writes null there), so
+    `attnspec run` knows a suite's tests before they run (attnspec/suites.py)."""
+    outcome = yield
+    data = outcome.get_result()
+    if getattr(config, "_attnspec_suite", False) and isinstance(report, pytest.CollectReport) \
+            and isinstance(data, dict) and report.result:
+        data["result"] = [{"nodeid": n.nodeid} for n in report.result]
+        outcome.force_result(data)
+
+
 def pytest_runtest_logreport(report):
     row = results.row_of(report)
     if row is not None:

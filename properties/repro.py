@@ -45,7 +45,9 @@ def _nested(x) -> str:
 
 
 def literal(x: np.ndarray) -> str:
-    """``np.array([...], dtype=...)`` that rebuilds x exactly."""
+    """``np.array([...], dtype=...)`` that rebuilds x exactly (an empty array by its shape)."""
+    if x.size == 0:
+        return f"np.zeros({tuple(x.shape)!r}, dtype=np.{x.dtype.name})"
     return f"np.array({_nested(x.tolist())}, dtype=np.{x.dtype.name})" if x.ndim else f"np.{x.dtype.name}({_number(x)})"
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from attnspec.properties.case import Case
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import Failed, require, verdict
+from attnspec.properties.outcomes import deviation_of
 from attnspec.properties.target import Declined
 from attnspec.specs import error_budget
 from attnspec.specs.error_budget import BUDGETS, round_to
@@ -90,7 +91,7 @@ def _answer(target, question: str, observed: str, declared, prop_name: str, agre
     if agrees is JUDGE:
         agrees = None if declared is None else observed == declared
     recorded = agrees
-    deviation = getattr(target.backend.semantics, "deviation", lambda p, d: None)(prop_name, target.dtype)
+    deviation = deviation_of(target, prop_name, feature=False)
     if agrees is False and deviation is not None:
         recorded = None  # a departure declared at this dtype (its `deviation` row says so): no contradiction
     target.answers.append(dict(backend=target.name, question=question, dtype=target.dtype, observed=observed,

@@ -142,12 +142,13 @@ def draw_window(draw, env: Drawing) -> dict:
 
 def _lengths(draw, B: int, L: int, lo: int, allow_empty: bool, label: str) -> np.ndarray:
     """A length per sequence, each drawn on its own: mostly the upper half (padding, not one key);
-    0 or 1 sometimes.  One byte a sequence, so the sequences' lengths differ as often as not and
-    shrinking (zero bytes) goes to no padding."""
+    0 or 1 sometimes.  Two bytes a sequence; sequence b's cut is offset by b, so the lengths of a
+    batch differ wherever there is room (a kernel reading the first sequence's for all fails)."""
     keep = min(L, max(lo, (L + 1) // 2, 2))  # at least two rows or keys stay: one would judge nothing
     raw = np.frombuffer(draw(st.binary(min_size=2 * B, max_size=2 * B), label=f"{label} (two bytes a sequence)"),
                         dtype=np.uint8).reshape(B, 2).astype(np.int64)
-    cut = L - raw[:, 0] % (L - keep + 1)  # (B,)
+    # sequence b's cut is offset by b: equal bytes (shrunk, or zero-filled) still give unequal lengths
+    cut = L - (raw[:, 0] + np.arange(B)) % (L - keep + 1)  # (B,)
     tiny = allow_empty and L >= 2
     return np.where(tiny & (raw[:, 1] >= 240), raw[:, 1] % 2, cut)  # 1 in 16: a length of 0 or 1
 
@@ -161,14 +162,16 @@ def draw_lengths(draw, env: Drawing) -> dict:
 def draw_segments(draw, env: Drawing) -> dict:
     """Packed sequences: sorted segment ids per sequence, each its own; the same segments on both sides."""
     B, _, _, Lq, Lk = env.shape[:5]
-    most = max(1, min(3, min(Lq, Lk) // 2))  # simplest: two segments (one shows no boundary)
+    most = min(3, max(2, min(Lq, Lk) // 2)) if min(Lq, Lk) >= 2 else 1  # two segments show a boundary
     choices = tuple(dict.fromkeys((min(2, most), most, 1)))
     n = choices[draw(st.integers(0, len(choices) - 1), label="segments")]
     out = {}
     for side, L in (("q", Lq), ("kv", Lk)):
-        # a byte a position; the zero byte is segment 0, so a shrunk draw is one segment
-        raw = draw(st.binary(min_size=B * L, max_size=B * L), label=f"{side} segment ids")
-        out[f"{side}_segment_ids"] = np.sort((np.frombuffer(raw, dtype=np.uint8) % n).reshape(B, L), axis=-1)
+        # a byte a position, offset by the sequence's index: equal bytes (shrunk, zero-filled) still pack
+        # the sequences of a batch differently
+        raw = np.frombuffer(draw(st.binary(min_size=B * L, max_size=B * L), label=f"{side} segment ids"),
+                            dtype=np.uint8).reshape(B, L).astype(np.int64)
+        out[f"{side}_segment_ids"] = np.sort((raw + np.arange(B)[:, None]) % n, axis=-1)
     return out
 
 
@@ -199,10 +202,11 @@ def draw_fields(draw, env: Drawing, use: frozenset, alignments: tuple) -> dict:
     fields = {}
     if env.shape[1] != env.shape[2]:
         fields["enable_gqa"] = True
+    alignment = alignments[0] if len(alignments) == 1 else None
     if len(alignments) > 1:
-        fields["causal_alignment"] = ("bottom_right", "top_left")[draw(st.integers(0, 1), label="causal alignment")]
-    elif alignments and alignments[0] != "top_left":
-        fields["causal_alignment"] = alignments[0]
+        alignment = ("bottom_right", "top_left")[draw(st.integers(0, 1), label="causal alignment")]
+    if alignment not in (None, "top_left"):  # top-left is the field's off value: not stored
+        fields["causal_alignment"] = alignment
     for feature in dict.fromkeys(f.feature for f in F.FIELDS):
         if feature in use and feature in DRAWS:
             fields.update(DRAWS[feature](draw, env))

@@ -46,7 +46,7 @@ def tri(x):
 
 
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.PackageLoader("reports", "templates"), autoescape=True,
+    return jinja2.Environment(loader=jinja2.PackageLoader("attnspec.reports", "templates"), autoescape=True,
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -23,6 +24,7 @@ from attnspec.reports.asv_results import COLUMNS, fit_scaling, load_results  # n
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "data", "asv_sample")
 ROOT = os.path.dirname(HERE)
+ELSEWHERE = tempfile.gettempdir()  # a folder outside the checkout: only the installed attnspec imports
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +180,8 @@ def test_load_bad_input(tmp_path):
 
 
 def test_import_reports_loads_no_pandas():
-    code = "import sys, reports, reports.asv_results; assert 'pandas' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    code = "import sys, attnspec.reports, attnspec.reports.asv_results; assert 'pandas' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ELSEWHERE)
 
 
 # -- the benchmarks' own helpers ---------------------------------------------------------------
@@ -216,10 +218,10 @@ def test_backend_names_follow_the_plugin_env_var(monkeypatch):
 
 
 def test_default_backends_are_chosen_without_importing_a_framework():
-    code = ("import sys; from benchmarks import _common; names = _common.backend_names(); "
+    code = ("import sys; from attnspec.benchmarks import _common; names = _common.backend_names(); "
             "assert 'torch' not in sys.modules and 'jax' not in sys.modules, names; print(names)")
     env = {k: v for k, v in os.environ.items() if k != "ATTNSPEC_BACKENDS"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ELSEWHERE, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
 
@@ -231,12 +233,12 @@ def plain_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
 def test_thread_pools_are_limited_through_threadpoolctl():
     """OPENBLAS_NUM_THREADS is read only when OpenBLAS loads: the count is set in the library."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    code = ("import numpy, threadpoolctl; from benchmarks import _threads; counts = _threads.limit(); "
+    code = ("import numpy, threadpoolctl; from attnspec.benchmarks import _threads; counts = _threads.limit(); "
             "print(counts); assert counts.get('blas') == 1, counts; "
             "assert all(p['num_threads'] == 1 for p in threadpoolctl.threadpool_info()), threadpoolctl.threadpool_info()")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2")  # NumPy loads with 2 first
     env.pop("ATTNSPEC_THREADS", None)
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ELSEWHERE, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert threadpoolctl.__version__
 
@@ -273,18 +275,26 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which("git") is None or shutil.which("asv") is None, reason="needs git and asv")
-def test_asv_records_two_commits_and_compare_flags_the_regression(tmp_path):
-    """README's workflow on a throwaway repo: a plug-in backend gets 2 ms slower at the 2nd commit."""
+def test_asv_records_two_commits_and_compare_flags_the_regression(tmp_path, monkeypatch):
+    """README's workflow on a throwaway repo: a plug-in backend gets 2 ms slower at the 2nd commit.
+
+    The benchmarks measure the installed attnspec (they put no checkout on sys.path), so the
+    plug-in module at the repository's top imports in asv's benchmark processes only through
+    ASV_PYTHONPATH, which procs.child_env sets to the current folder as `attnspec run` does."""
+    from attnspec import procs
+
     repo = tmp_path / "repo"
     repo.mkdir()
-    for part in ("asv.conf.json", "benchmarks", "backends", "specs"):
-        src = os.path.join(ROOT, part)
-        copy = shutil.copytree if os.path.isdir(src) else shutil.copy
-        copy(src, repo / part, **({"ignore": shutil.ignore_patterns("__pycache__")} if os.path.isdir(src) else {}))
+    shutil.copy(os.path.join(ROOT, "asv.conf.json"), repo / "asv.conf.json")
+    shutil.copytree(os.path.join(ROOT, "benchmarks"), repo / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "slowplugin.py").write_text(SLOW_PLUGIN)
-    env = dict(os.environ, HOME=str(tmp_path), ATTNSPEC_BACKENDS="numpy-naive,slowplugin:attention",
-               ATTNSPEC_BENCH_T="4,8", ATTNSPEC_BENCH_E="16", ATTNSPEC_BENCH_OPS="forward",
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    for var in [v for v in os.environ if v.startswith(("ATTNSPEC_", "ASV_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(repo)
+    env = procs.child_env(HOME=str(tmp_path), ATTNSPEC_BACKENDS="numpy-naive,slowplugin:attention",
+                          ATTNSPEC_BENCH_T="4,8", ATTNSPEC_BENCH_E="16", ATTNSPEC_BENCH_OPS="forward",
+                          GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    assert env["ASV_PYTHONPATH"].split(os.pathsep)[0] == str(repo)
 
     def sh(*cmd):
         done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=100)
@@ -312,3 +322,5 @@ def test_asv_records_two_commits_and_compare_flags_the_regression(tmp_path):
     assert len(flagged) == 2, out  # T=4 and T=8; numpy-naive may move with the machine's load
     df = load_results(str(repo / ".asv" / "results"))
     assert set(df["commit"]) == {before, after} and set(df["machine"]) == {"box"}
+    plugin_time = df[(df["backend"] == "slowplugin:attention") & (df["metric"] == "time")]
+    assert len(plugin_time) == 4  # T = 4 and 8 at both commits: the plug-in imported in asv's processes

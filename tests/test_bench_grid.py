@@ -1,21 +1,27 @@
 """The benchmark grids (benchmarks/_grid.py), workloads, skips and thread pinning.
 
 The grid module reads its environment variables when imported, as asv's processes do, so
-each grid is checked in a fresh interpreter.
+each grid is checked in a fresh interpreter - started outside the checkout: the installed
+attnspec (attnspec.benchmarks) is what is measured.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ELSEWHERE = tempfile.gettempdir()  # a folder outside the checkout: only the installed attnspec imports
 
-GRID_DUMP = ("import json; from benchmarks import _grid as g; from benchmarks import bench_attention, bench_decode, "
+GRID_DUMP = ("import json; from attnspec.benchmarks import _grid as g; "
+             "from attnspec.benchmarks import bench_attention, bench_decode, "
              "bench_masks, bench_memory; "
              "left = lambda kind, **k: g.left_out(kind, **k) is not None; "
              "print(json.dumps(dict(T=g.T_VALUES, E=g.E_VALUES, ops=g.OPS, dtypes=g.DTYPES, half=g.HALF_DTYPES, "
@@ -32,7 +38,8 @@ GRID_DUMP = ("import json; from benchmarks import _grid as g; from benchmarks im
 def grid(**env) -> dict:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSPEC_BENCH")}
     full_env.update(ATTNSPEC_BACKENDS="numpy-naive", **env)
-    done = subprocess.run([sys.executable, "-c", GRID_DUMP], cwd=ROOT, env=full_env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", GRID_DUMP], cwd=ELSEWHERE, env=full_env, capture_output=True,
+                          text=True)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -56,7 +63,7 @@ def test_the_budget_can_be_set_or_switched_off():
     assert grid()["budget"] == 60.0 and grid(ATTNSPEC_BENCH_GRID="full")["budget"] is None
     assert grid(ATTNSPEC_BENCH_BUDGET="90")["budget"] == 90.0 and grid(ATTNSPEC_BENCH_BUDGET="0")["budget"] is None
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSPEC_BENCH")}
-    done = subprocess.run([sys.executable, "-c", GRID_DUMP], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", GRID_DUMP], cwd=ELSEWHERE, capture_output=True, text=True,
                           env={**env, "ATTNSPEC_BENCH_BUDGET": "-5"})
     assert done.returncode != 0 and "ATTNSPEC_BENCH_BUDGET='-5': expected seconds per backend" in done.stderr
 
@@ -85,7 +92,7 @@ def test_an_axis_given_explicitly_is_measured_in_full():
 ])
 def test_bad_grid_settings_are_named(env, message):
     full_env = dict(os.environ, **env)
-    done = subprocess.run([sys.executable, "-c", "import benchmarks._grid"], cwd=ROOT, env=full_env,
+    done = subprocess.run([sys.executable, "-c", "import attnspec.benchmarks._grid"], cwd=ELSEWHERE, env=full_env,
                           capture_output=True, text=True)
     assert done.returncode != 0 and message in done.stderr, done.stderr
 
@@ -188,14 +195,15 @@ def test_the_budget_is_kept_in_asvs_fork_server_which_passes_no_asv_variable(mon
                     reason="needs jax and Linux CPU affinity")
 def test_the_xla_pin_binds_one_thread():
     """What the benchmarks do before JAX's client exists: one thread does a jitted matmul's work."""
-    code = ("import jax, jax.numpy as jnp; from benchmarks import _threads; _threads.pin_xla(); "
+    code = ("import jax, jax.numpy as jnp; from attnspec.benchmarks import _threads; _threads.pin_xla(); "
             "a = jnp.ones((1024, 1024)); f = jax.jit(lambda x: x @ x); f(a).block_until_ready(); "
             "print(_threads.busy_threads(lambda: f(a).block_until_ready(), 0.5))")
     env = dict(os.environ, ATTNSPEC_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ELSEWHERE, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) == 1
-    unpinned = subprocess.run([sys.executable, "-c", code.replace("_threads.pin_xla(); ", "")], cwd=ROOT, env=env,
+    unpinned = subprocess.run([sys.executable, "-c", code.replace("_threads.pin_xla(); ", "")], cwd=ELSEWHERE, env=env,
                               capture_output=True, text=True, timeout=120)
     if len(os.sched_getaffinity(0)) > 1:  # the measurement can tell: without the pin XLA uses every core
         assert int(unpinned.stdout.split()[-1]) > 1, unpinned.stderr
@@ -203,12 +211,13 @@ def test_the_xla_pin_binds_one_thread():
 
 def test_frameworks_are_preloaded_only_in_asvs_fork_server():
     """Importing the benchmarks package loads no framework, except as asv's `run_server`."""
-    code = ("import sys; sys.argv = ['benchmark.py'] + sys.argv[1:]; import benchmarks; "
+    code = ("import sys; sys.argv = ['benchmark.py'] + sys.argv[1:]; import attnspec.benchmarks; "
             "print(sorted(m for m in ('torch', 'jax') if m in sys.modules))")
     env = dict(os.environ, ATTNSPEC_BACKENDS="numpy-naive,torch-math,jax-naive")
-    plain = subprocess.run([sys.executable, "-c", code, "discover"], cwd=ROOT, env=env, capture_output=True, text=True)
+    plain = subprocess.run([sys.executable, "-c", code, "discover"], cwd=ELSEWHERE, env=env, capture_output=True,
+                           text=True)
     assert plain.returncode == 0 and plain.stdout.strip() == "[]", plain.stderr
-    server = subprocess.run([sys.executable, "-c", code, "run_server"], cwd=ROOT, env=env, capture_output=True,
+    server = subprocess.run([sys.executable, "-c", code, "run_server"], cwd=ELSEWHERE, env=env, capture_output=True,
                             text=True)
     installed = [m for m in ("jax", "torch") if importlib.util.find_spec(m) is not None]
     assert server.returncode == 0 and json.loads(server.stdout.strip().replace("'", '"')) == installed, server.stderr
@@ -216,6 +225,68 @@ def test_frameworks_are_preloaded_only_in_asvs_fork_server():
 
     assert _threads.frameworks_of(["numpy-naive", "torch-math", "jax-naive", "torch-sdpa-cpu"]) == ["torch", "jax"]
     assert _threads.frameworks_of(["my.pkg:attn"]) == installed[::-1]  # never the plug-in's own module
+
+
+def test_the_benchmarks_measure_the_installed_attnspec_and_leave_sys_path_alone():
+    """No checkout is put on sys.path (in an "existing" asv environment either): what asv measures
+    is the attnspec the interpreter has installed."""
+    code = ("import sys; before = list(sys.path); import attnspec.benchmarks._common as c, attnspec; "
+            "print(sys.path == before, attnspec.__file__)")
+    env = dict(os.environ, ASV_ENV_TYPE="existing", ATTNSPEC_BACKENDS="numpy-naive")
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ELSEWHERE, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    unchanged, where = done.stdout.split()
+    assert unchanged == "True"
+    import attnspec
+
+    assert where == attnspec.__file__  # the installed package (here: this checkout, installed editable)
+
+
+def test_a_runtime_no_backend_loads_is_a_skip_in_setup(monkeypatch):
+    """Threads.setup raises NotImplementedError (asv's skip) for a runtime threadpoolctl does not see;
+    raised in track_threads it would be an asv failure."""
+    from attnspec.benchmarks import _threads, bench_machine
+
+    monkeypatch.setattr(_threads, "limit", lambda: {"blas": 1})
+    bench = bench_machine.Threads()
+    bench.setup("blas")
+    assert bench.track_threads("blas") == 1
+    with pytest.raises(NotImplementedError, match=r"no openmp runtime loaded \(threadpoolctl sees \['blas'\]\)"):
+        bench.setup("openmp")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("asv") is None or shutil.which("git") is None, reason="needs asv and git")
+def test_asv_skips_the_openmp_count_of_numpy_alone(tmp_path, monkeypatch):
+    """ATTNSPEC_BACKENDS=numpy-naive loads no OpenMP runtime: asv records its thread count as
+    skipped (n/a, NaN in the results file), not failed (null); the run exits 0."""
+    from attnspec import procs
+
+    for var in [v for v in os.environ if v.startswith(("ATTNSPEC_", "ASV_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # asv's machine file: tmp_path/.asv-machine.json
+    config, results_dir = procs.asv_config()
+    env = procs.child_env(ATTNSPEC_BACKENDS="numpy-naive")
+
+    def asv(*args):
+        done = subprocess.run(["asv", *args, "--config", config], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    asv("machine", "--yes", "--machine", "box")
+    out = asv("run", "--machine", "box", "--environment", f"existing:{sys.executable}", "--set-commit-hash",
+              procs.git_head(), "--bench", r"^bench_machine\.Threads\.")
+    assert "failed" not in out.lower(), out
+    (path,) = [p for p in os.listdir(os.path.join(results_dir, "box")) if p != "machine.json"]
+    with open(os.path.join(results_dir, "box", path)) as f:
+        result, params = json.load(f)["results"]["bench_machine.Threads.track_threads"][:2]
+    counts = dict(zip((json.loads(p.replace("'", '"')) for p in params[0]), result))
+    assert counts["blas"] == 1  # NumPy's BLAS, pinned to one thread
+    assert isinstance(counts["openmp"], float) and math.isnan(counts["openmp"]), counts  # skipped; None = failed
+    assert results_dir.startswith(str(tmp_path))  # under the current folder, not attnspec's
 
 
 # -- a plug-in's own asv suite (the asv run itself: tests/test_asv_workflow.py) ----------------------
@@ -228,7 +299,7 @@ def test_plugin_suite_writes_a_config_asv_reads(tmp_path):
     assert conf["benchmark_dir"] == "asv_bench" and conf["environment_type"] == "virtualenv"
     assert conf["matrix"] == {"req": {"pip+attnspec==0.1.0": [""]}} and conf["launch_method"] == "forkserver"
     module = (tmp_path / "asv_bench" / "bench_attnspec.py").read_text()
-    assert "'mykernel:attention'" in module and "from benchmarks.bench_decode import TimeDecode" in module
+    assert "'mykernel:attention'" in module and "from attnspec.benchmarks.bench_decode import TimeDecode" in module
     assert len(written) == 3
     compile(module, "bench_attnspec.py", "exec")
 

@@ -159,7 +159,8 @@ def test_every_benchmark_class_loads_by_its_class_and_method(tmp_path):
 
 
 def test_gpu_rows_are_read_against_the_gpus_own_roofs(tmp_path):
-    """A GPU built-in's rows and the GPU's roofs go under "<host> gpu"; the CPU's stay apart."""
+    """A GPU built-in's rows and the GPU's roofs go under "<host> gpu"; the CPU's stay apart.
+    Which backend ran on a GPU the results say themselves (Device.track_on_gpu, 1 = GPU)."""
     import json
 
     box = tmp_path / "box"
@@ -169,6 +170,7 @@ def test_gpu_rows_are_read_against_the_gpus_own_roofs(tmp_path):
             ["'bfloat16'"], ["'wall'"]]
     peak = [["'torch'", "'torch-cuda'"], ["'bfloat16'"], ["'unset'"], ["1"]]
     results = {"bench_attention.TimeHalfPrecision.time_attention": [[1.0, 1e-4], half],
+               "bench_attention.Device.track_on_gpu": [[0.0, 1.0], [["'numpy-naive'", "'torch-sdpa-cuda-flash'"]]],
                "bench_machine.PeakMatmul.track_peak_gflops": [[1000.0, 700000.0], peak],
                "bench_machine.Bandwidth.track_bandwidth": [[20.0, 4000.0], [["'triad'", "'cuda-triad'"], ["512"], ["1"]]]}
     (box / "c0ffee-env.json").write_text(json.dumps({"version": 2, "commit_hash": "c0ffee", "params": {},
@@ -184,3 +186,73 @@ def test_gpu_rows_are_read_against_the_gpus_own_roofs(tmp_path):
     flops = 4 * 8 * 2048 * 2048 * 64  # two products of (2048 x 64) by (64 x 2048), 8 heads
     assert table.loc["torch-sdpa-cuda-flash", "% of dtype peak"] == f"{100 * flops / 1e-4 / 1e9 / 700000.0:.0f} %"
     assert table.loc["numpy-naive", "% of dtype peak"] == f"{100 * flops / 1.0 / 1e9 / 1000.0:.0f} %"
+
+
+# -- the device of a backend: from the results alone ------------------------------------------------
+
+def _device_results(folder, machine="box"):
+    """An asv results folder (as `attnspec run` leaves it): a CPU built-in, a GPU plug-in no
+    installed adapter knows, and a GPU built-in whose results record no device."""
+    import json
+
+    box = folder / machine
+    box.mkdir(parents=True)
+    (box / "machine.json").write_text(json.dumps({"machine": machine}))
+    backends = ["'numpy-naive'", "'nosuch.gpu_kernel:attention'", "'torch-sdpa-cuda-flash'"]
+    sweep = [backends, ["1"], ["8"], ["256", "1024"], ["64"], ["'forward'"], ["'float32'"], ["'wall'"]]
+    memory = [backends[:2], ["1"], ["8"], ["1024"], ["64"], ["'forward'"], ["'float32'"]]
+    results = {
+        "bench_attention.TimeAttention.time_attention": [[1e-3, 2e-2, 1e-5, 2e-5, 1e-5, 2e-5], sweep],
+        "bench_memory.MemoryAttention.track_extra_bytes": [[3.3e7, 1e6], memory],
+        # the plug-in on the GPU; torch-sdpa-cuda-flash has no Device row here (older results)
+        "bench_attention.Device.track_on_gpu": [[0.0, 1.0], [backends[:2]]],
+        "bench_machine.PeakMatmul.track_peak_gflops": [[100.0, 50000.0], [["'numpy'", "'torch-cuda'"], ["'float32'"],
+                                                                          ["'unset'"], ["1"]]],
+    }
+    (box / "c0ffee-env.json").write_text(json.dumps({"version": 2, "commit_hash": "c0ffee", "params": {},
+                                                    "result_columns": ["result", "params"], "results": results}))
+    return folder
+
+
+def test_device_rows_file_a_gpu_backends_timings_under_the_gpu_machine(tmp_path):
+    df = load_results(str(_device_results(tmp_path)))
+    kernel = "nosuch.gpu_kernel:attention"
+    for metric in ("time", "gflops", "memory", "memory_multiple"):  # measured and derived rows alike
+        rows = df[(df["backend"] == kernel) & (df["metric"] == metric)]
+        assert len(rows) and set(rows["machine"]) == {"box gpu"}, metric
+        cpu = df[(df["backend"] == "numpy-naive") & (df["metric"] == metric)]
+        assert len(cpu) and set(cpu["machine"]) == {"box"}, metric
+    # no Device row for it: the results do not say, so it stays with the host (no adapter is asked)
+    assert set(df[df["backend"] == "torch-sdpa-cuda-flash"]["machine"]) == {"box"}
+    assert _one(df, metric="peak_gflops", machine="box gpu")["backend"] == "torch"  # the GPU's roof beside it
+    assert bench_tables.peaks_by_dtype(df) == {("box", "float32"): 100.0, ("box gpu", "float32"): 50000.0}
+
+
+def test_device_rows_are_read_without_importing_an_adapter(tmp_path):
+    """reports/ reads result files only: loading them imports no backend adapter and no framework."""
+    import subprocess
+    import sys
+
+    _device_results(tmp_path / "results")
+    code = ("import sys; from attnspec.reports.asv_results import load_results; df = load_results(sys.argv[1]); "
+            "print(sorted(set(df[(df['backend'] == 'nosuch.gpu_kernel:attention') & (df['metric'] == 'time')]['machine']))); "
+            "print(sorted(m for m in sys.modules if m.startswith(('attnspec.backends', 'attnspec.benchmarks', "
+            "'torch', 'jax', 'nosuch'))))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "results")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    machines, imported = done.stdout.strip().splitlines()
+    assert machines == "['box gpu']" and imported == "[]", done.stdout
+
+
+def test_the_report_puts_the_gpu_backend_under_the_gpu_machine(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("jinja2")
+    from attnspec.reports import build, inputs
+
+    summary = build.build(inputs.Inputs(asv_dirs=[str(_device_results(tmp_path / "results"))]), str(tmp_path / "out"))
+    bench = pd.read_csv(tmp_path / "out" / "benchmarks.csv")
+    time = bench[bench["metric"] == "time"]
+    assert set(time[time["backend"] == "nosuch.gpu_kernel:attention"]["machine"]) == {"box gpu"}
+    assert set(time[time["backend"] == "numpy-naive"]["machine"]) == {"box"}
+    assert set(summary["machines"]) == {"box", "box gpu"}

@@ -1,19 +1,26 @@
-"""`attnspec run` and `attnspec report`: exit-2 paths, and crashing or hanging backends recorded."""
+"""`attnspec run` and `attnspec report`: exit-2 paths, crashing or hanging backends recorded, the
+suite children followed through pytest's --report-log, and a plug-in of the user's own folder
+checked and benchmarked from there (outputs under that folder, never in attnspec's own)."""
 from __future__ import annotations
 
 import csv
+import io
+import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 
 import pytest
 
-from attnspec import cli
+from attnspec import cli, procs, suites
 from attnspec.commands import run_cmd
-from attnspec.reports import runner, suites
+from attnspec.properties import results
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "data", "report_sample")
-HAS_REPORT_DEPS = all(runner.importable(m) for m in ("pandas", "matplotlib", "jinja2"))
+HAS_REPORT_DEPS = all(procs.importable(m) for m in ("pandas", "matplotlib", "jinja2"))
+needs_report = pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas, matplotlib and Jinja2 are needed to write a report")
 
 
 def run_cli(capsys, *argv):
@@ -28,6 +35,11 @@ def assert_one_line_error(rc, err, *phrases):
     assert len(lines) == 1 and "Traceback" not in err, err
     for phrase in phrases:
         assert phrase in lines[0]
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 def test_run_with_an_unknown_backend_exits_2(capsys, tmp_path):
@@ -79,7 +91,7 @@ def test_report_of_a_folder_that_holds_no_results_exits_2(capsys, tmp_path):
     assert_one_line_error(rc, err, "neither an asv results folder")
 
 
-@pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas, matplotlib and Jinja2 are needed to write a report")
+@needs_report
 def test_report_rebuilds_from_the_sample(capsys, tmp_path):
     out = tmp_path / "o"
     rc, text, _ = run_cli(capsys, "report", "--out", str(out), os.path.join(SAMPLE, "suite_cpu.json"),
@@ -89,31 +101,54 @@ def test_report_rebuilds_from_the_sample(capsys, tmp_path):
     assert rc == 0 and (out / "raw" / "suite.json").exists()
 
 
+@needs_report
+def test_report_writes_under_the_folder_it_is_started_from(capsys, monkeypatch, tmp_path):
+    """The default --out is ./reports/out of the current folder, not attnspec's own."""
+    monkeypatch.chdir(tmp_path)
+    rc, text, _ = run_cli(capsys, "report", os.path.join(SAMPLE, "suite_cpu.json"))
+    assert rc == 0, text
+    assert (tmp_path / "reports" / "out" / "index.html").is_file()
+    assert os.path.join("reports", "out", "index.html") in text
+    assert run_cmd.DEFAULT_OUT == os.path.join("reports", "out")  # relative: resolved where attnspec starts
+
+
 def test_a_child_that_dies_or_hangs_is_recorded_and_the_rest_goes_on(tmp_path):
     crash = suites.run_suite("a", str(tmp_path / "a.json"), 30,
-                             command=lambda b, p: [sys.executable, "-c", "import os; print('t.py::a PASSED'); "
-                                                   "print('t.py::b', end=''); os._exit(3)"])
+                             command=lambda b, p, log: [sys.executable, "-c", "import os; print('t.py::a PASSED'); "
+                                                        "print('t.py::b', end=''); os._exit(3)"])
     (row,) = crash["conformance"]
     assert row["status"] == "crashed" and "exit status 3" in row["message"] and "t.py::b" in row["message"]
     hang = suites.run_suite("b", str(tmp_path / "b.json"), 1.5,
-                            command=lambda b, p: [sys.executable, "-c", "import time; time.sleep(60)"])
+                            command=lambda b, p, log: [sys.executable, "-c", "import time; time.sleep(60)"])
     (row,) = hang["conformance"]
     assert row["status"] == "timed_out" and "1.5 s" in row["message"] and row["seconds"] < 30
 
 
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+def test_the_suite_command_follows_the_child_through_its_report_log():
+    cmd = suites.suite_command("mypkg.attn:sdpa", "/x/s.json", "/x/s.json.log.jsonl")
+    assert cmd[:5] == [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties"]
+    for flag, value in (("--backend", "mypkg.attn:sdpa"), ("--attnspec-json", "/x/s.json"),
+                        ("--report-log", "/x/s.json.log.jsonl")):
+        assert cmd[cmd.index(flag) + 1] == value, flag
 
 
-@pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas, matplotlib and Jinja2 are needed to write a report")
+def _fake_backends(tmp_path):
+    """tests/data/report_sample/fake_backends.py in a folder of its own (the suite writes its
+    Hypothesis database in the folder it runs in: not in this checkout)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(os.path.join(SAMPLE, "fake_backends.py"), work / "fake_backends.py")
+    return work
+
+
+@needs_report
 def test_run_records_a_crashing_and_a_hanging_backend(capsys, monkeypatch, tmp_path):
     """Through the real suite: fake plug-ins that os._exit() or sleep; the report still gets written.
 
-    The hanging one is ended as soon as the plugin reports its hung call (2 s per-call limit here),
+    The hanging one is ended as soon as its report log shows the hung call (2 s per-call limit here),
     long before the suite's own limit: its stuck thread does not run on, and every test it had not
     finished is recorded as failed, not attempted."""
-    monkeypatch.chdir(SAMPLE)  # plug-ins in the user's working folder are importable by the children
+    monkeypatch.chdir(_fake_backends(tmp_path))  # plug-ins in the user's working folder are importable by the children
     monkeypatch.setenv("ATTNSPEC_CALL_TIMEOUT", "2")
     out = tmp_path / "out"
     rc, text, _ = run_cli(capsys, "run", "--backend", "fake_backends:Crashing", "--backend", "fake_backends:Hanging",
@@ -122,65 +157,167 @@ def test_run_records_a_crashing_and_a_hanging_backend(capsys, monkeypatch, tmp_p
     conf = read_csv(out / "conformance.csv")
     rows = {r["backend"]: r for r in conf if r["property"] == "(suite)"}
     assert rows["fake-crashing"]["status"] == "crashed", rows
+    assert "while running " in rows["fake-crashing"]["message"], rows  # the test it died in, from the report log
     hung = rows["fake-hanging"]
     assert hung["status"] == "timed_out" and "per-call limit" in hung["message"], hung
     assert float(hung["seconds"]) < 120, hung  # ended at the hang, not at the 300 s limit
     skipped_attempts = [r for r in conf if r["backend"] == "fake-hanging" and r["message"].startswith("not attempted")]
-    assert skipped_attempts and all(r["status"] == "failed" for r in skipped_attempts)
+    assert skipped_attempts and all(r["status"] == "failed" for r in skipped_attempts), conf
     verdicts = {r["backend"]: r["verdict"] for r in read_csv(out / "verdicts.csv")}
     assert verdicts == {"fake-crashing": "crashed", "fake-hanging": "timed out"}
     assert "[suite 2/2] fake_backends:Hanging" in text
 
 
-_FAKE_SUITE = """
-import json, os, sys, time
-def say(**line):
-    with open(os.environ["ATTNSPEC_PROGRESS"], "a") as f:
-        f.write(json.dumps(line) + "\\n")
-key = lambda p: dict(test="t.py::" + p, backend="fake", property=p, dtype="float32")
-say(event="collected", tests=[key("a"), key("b"), key("c")])
-say(event="started", **key("a"))
-say(event="finished", **key("a"), status="passed", examples=3, seconds=0.1, counterexample=None, message=None,
-    semantics=[dict(backend="fake", question="q", observed="nan", declared=None, agrees=None)], hung=None)
-say(event="started", **key("b"))
-open(sys.argv[1], "w").write(str(os.getpid()))
+# -- the suite's progress, read from pytest's --report-log ----------------------------------------
+#
+# A stand-in for the suite: a real pytest run whose tests carry their rows in user_properties the
+# way the suite's plugin does (properties/results.py), so the report log is the one pytest and
+# pytest-reportlog write, not a hand-written imitation of it.
+
+_FAKE_CONFTEST = f"""
+TEST_KEY = {results.TEST_KEY!r}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.user_properties.append(
+            (TEST_KEY, dict(backend="fake", property=item.originalname.removeprefix("test_"), dtype="float32")))
+"""
+
+_FAKE_SUITE = f"""
+import os, time
+
+import pytest
+
+ROW, SEMANTICS = {results.ROW_KEY!r}, {results.SEMANTICS_KEY!r}
+one = pytest.mark.parametrize("dtype", ["float32"], ids=["fake-float32"])
+ENDING = os.environ["FAKE_ENDING"]  # hung: b's call hung and the process would run on; crash: dies in b; done
+
+
+@one
+def test_a(request, dtype):
+    with open(os.environ["FAKE_PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    request.node.user_properties.append((ROW, dict(examples=3, hung="")))
+    request.node.user_properties.append(
+        (SEMANTICS, dict(backend="fake", question="q", dtype="float32", observed="nan", declared="nan", agrees=True)))
+
+
+@one
+def test_b(request, dtype):
+    if ENDING == "crash":
+        os._exit(3)
+    request.node.user_properties.append(
+        (ROW, dict(examples=1, failed=True, message="forward did not return", hung="forward")))
+    pytest.fail("forward did not return")
+
+
+@one
+def test_c(request, dtype):
+    if ENDING == "hung":  # the stuck call's thread: the child would run on for a minute
+        time.sleep(60)
+    request.node.user_properties.append((ROW, dict(examples=2, hung="")))
 """
 
 
+def _fake_suite(tmp_path):
+    suite = tmp_path / "fake_suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(_FAKE_CONFTEST)
+    (suite / "test_fake.py").write_text(_FAKE_SUITE)
+    return suite
+
+
+def _fake_command(suite):
+    return lambda backend, json_path, log: [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
+                                            "--report-log", log]
+
+
 @pytest.mark.parametrize("ending", ["hung", "crash"])
-def test_the_runner_reads_the_plugins_progress_channel(tmp_path, ending):
-    """Rows of the tests that finished come from the channel when the child does not finish by itself."""
+def test_the_runner_reads_the_childs_report_log(tmp_path, monkeypatch, ending):
+    """Rows of the tests that finished come from the report log when the child does not finish by itself."""
+    suite = _fake_suite(tmp_path)
     pid_file = tmp_path / "pid"
-    if ending == "hung":  # 'b' finishes, reporting a hung call; the child would then run on for a minute
-        tail = ("say(event='finished', **key('b'), status='failed', examples=1, seconds=2.0, counterexample='', "
-                "message='forward did not return', semantics=[], hung='forward')\ntime.sleep(60)")
-    else:  # dies in the middle of 'b'
-        tail = "os._exit(3)"
-    script = tmp_path / "child.py"
-    script.write_text(_FAKE_SUITE + tail + "\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FAKE_ENDING", ending)
+    monkeypatch.setenv("FAKE_PID_FILE", str(pid_file))
     start = time.monotonic()
-    data = suites.run_suite("fake", str(tmp_path / "s.json"), 90, shown="fake",
-                            command=lambda b, p: [sys.executable, str(script), str(pid_file)])
+    data = suites.run_suite("fake", str(tmp_path / "s.json"), 90, shown="fake", command=_fake_command(suite))
     rows = {r["property"]: r for r in data["conformance"]}
     assert rows["a"]["status"] == "passed" and rows["a"]["examples"] == 3
-    assert data["semantics"] == [dict(backend="fake", question="q", observed="nan", declared=None, agrees=None)]
+    assert data["semantics"] == [dict(backend="fake", question="q", dtype="float32", observed="nan", declared="nan",
+                                      agrees=True)]
+    assert not os.path.exists(tmp_path / "s.json.log.jsonl")  # the log is the runner's own: removed
     if ending == "hung":
         assert time.monotonic() - start < 30  # ended at the hang, not after the child's minute
         with pytest.raises(ProcessLookupError):  # and gone: no stuck thread left running
             os.kill(int(pid_file.read_text()), 0)
-        assert rows["b"]["status"] == "failed" and rows["c"]["status"] == "failed"
+        assert rows["b"]["status"] == "failed" and rows["b"]["message"] == "forward did not return"
+        assert rows["c"]["status"] == "failed", rows
         assert rows["c"]["message"].startswith("not attempted: an earlier forward call did not return")
         assert rows["(suite)"]["status"] == "timed_out" and "in b[float32]" in rows["(suite)"]["message"]
         assert "1 remaining test(s)" in rows["(suite)"]["message"]
     else:
         assert set(rows) == {"a", "(suite)"}
-        assert rows["(suite)"]["status"] == "crashed" and "while running b[float32]" in rows["(suite)"]["message"]
+        assert rows["(suite)"]["status"] == "crashed", rows
+        assert "while running b[float32]" in rows["(suite)"]["message"], rows["(suite)"]
 
 
-@pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas, matplotlib and Jinja2 are needed to write a report")
+def _report_log(tmp_path) -> list[bytes]:
+    """The lines of a finished run's report log: a passes, b fails reporting a hung call, c passes."""
+    suite = _fake_suite(tmp_path)
+    log = tmp_path / "full.jsonl"
+    env = dict(os.environ, FAKE_ENDING="done", FAKE_PID_FILE=str(tmp_path / "pid"))
+    done = subprocess.run(_fake_command(suite)("fake", "", str(log)), cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr  # b failed
+    return log.read_bytes().splitlines(keepends=True)
+
+
+def test_progress_reads_the_report_log_while_the_child_runs(tmp_path):
+    """Counts, the test running now and the hung call, from the log as it stands while c runs
+    (a torn last line waits for the rest); then the rest."""
+    lines = _report_log(tmp_path)
+    entries = [json.loads(line) for line in lines]
+    c_started = next(i for i, e in enumerate(entries) if e.get("$report_type") == "TestReport"
+                     and e["nodeid"].endswith("test_c[fake-float32]") and e["when"] == "setup")
+    path = tmp_path / "live.jsonl"
+    torn = lines[c_started + 1][: len(lines[c_started + 1]) // 2]
+    path.write_bytes(b"".join(lines[: c_started + 1]) + torn)
+    shown = io.StringIO()
+    progress = suites.SuiteProgress(label="fake", redraw=False, stream=shown, path=str(path))
+    progress.read()
+    assert progress.counts == {"passed": 1, "failed": 1}
+    assert progress.hung == "forward" and progress.hung_in == "b[float32]"
+    assert progress.current == "c[float32]"  # collected, not finished: running now
+    text = progress.text()
+    assert text.startswith("fake: 2/3 tests: 1 failed, 1 passed") and "running c[float32]" in text, text
+    rows = progress.rows()
+    assert [(r["property"], r["status"], r["examples"]) for r in rows["conformance"]] == [("a", "passed", 3),
+                                                                                         ("b", "failed", 1)]
+    assert rows["conformance"][1]["message"] == "forward did not return"
+    assert [r["question"] for r in rows["semantics"]] == ["q"]
+    (missing,) = progress.not_attempted("fake", "why")
+    assert (missing["property"], missing["status"], missing["message"]) == ("c", "failed", "not attempted: why")
+    progress.show(final=False)
+    assert shown.getvalue().startswith("  fake: 2/3 tests")
+    with open(path, "ab") as f:  # the rest of the torn line, and the end of the run
+        f.write(lines[c_started + 1][len(torn):] + b"".join(lines[c_started + 2:]))
+    progress.read()
+    assert progress.counts == {"passed": 2, "failed": 1} and progress.current == ""
+    assert progress.not_attempted("fake", "why") == [] and "3/3 tests" in progress.text()
+
+
+def test_progress_of_a_log_not_written_yet_is_a_start(tmp_path):
+    progress = suites.SuiteProgress(redraw=False, stream=io.StringIO(), path=str(tmp_path / "nothing.jsonl"))
+    progress.read()
+    assert progress.counts == {} and progress.current == "" and progress.text().startswith("starting")
+
+
+@needs_report
 def test_a_named_backend_with_nothing_tested_fails_the_run(capsys, monkeypatch, tmp_path):
     """Through the real suite: a backend whose declared dtypes have no error budget runs no test."""
-    monkeypatch.chdir(SAMPLE)
+    monkeypatch.chdir(_fake_backends(tmp_path))
     out = tmp_path / "out"
     rc, text, err = run_cli(capsys, "run", "--backend", "fake_backends:Int8Only", "--no-bench", "--out", str(out))
     assert rc == 1, text + err
@@ -189,7 +326,7 @@ def test_a_named_backend_with_nothing_tested_fails_the_run(capsys, monkeypatch, 
     assert verdict["backend"] == "fake-int8-only" and verdict["verdict"].startswith("not tested")
 
 
-@pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas, matplotlib and Jinja2 are needed to write a report")
+@needs_report
 @pytest.mark.parametrize("asked", [True, False])
 def test_an_unavailable_backend_fails_the_run_only_when_asked_for(capsys, monkeypatch, tmp_path, asked):
     """Named with --backend and not tested: exit 1.  Left out of the default selection (not installed): exit 0."""
@@ -198,7 +335,7 @@ def test_an_unavailable_backend_fails_the_run_only_when_asked_for(capsys, monkey
                                                          ("torch-sdpa-cuda-flash", False, "no CUDA device", "torch-sdpa-cuda-flash")])
     passed = dict(backend="numpy-naive", property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
                   seconds=0.1, counterexample=None, message=None)
-    monkeypatch.setattr(run_cmd, "run_suites", lambda chosen, *a: {"conformance": [passed], "semantics": []})
+    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a: {"conformance": [passed], "semantics": []})
     names = ["--backend", "numpy-naive", "--backend", "torch-sdpa-cuda-flash"] if asked else []
     rc, text, err = run_cli(capsys, "run", *names, "--no-bench", "--out", str(tmp_path / "out"))
     verdicts = {r["backend"]: r["verdict"] for r in read_csv(tmp_path / "out" / "verdicts.csv")}
@@ -209,26 +346,22 @@ def test_an_unavailable_backend_fails_the_run_only_when_asked_for(capsys, monkey
         assert rc == 0 and "not tested" not in err, err
 
 
-def test_the_commands_load_no_framework_until_a_report_is_built():
-    import subprocess
-
-    code = ("import sys, attnspec.cli, attnspec.commands.run_cmd, attnspec.commands.report_cmd, reports.build, "
-            "reports.runner, reports.suites; heavy = {'pandas', 'matplotlib', 'torch', 'jax'} & set(sys.modules); "
-            "assert not heavy, heavy")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=runner.ROOT)
+def test_the_commands_load_no_framework_until_a_report_is_built(tmp_path):
+    code = ("import sys, attnspec.cli, attnspec.commands.run_cmd, attnspec.commands.report_cmd, attnspec.reports.build, "
+            "attnspec.procs, attnspec.suites, attnspec.benchrun; "
+            "heavy = {'pandas', 'matplotlib', 'torch', 'jax'} & set(sys.modules); assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
 
 
 def test_the_commands_do_not_import_the_cli(tmp_path):
     """No import cycle: the subcommands share attnspec.errors; `python -m attnspec.cli` exits 2 on a user error."""
-    import subprocess
-
     code = ("import sys, attnspec.commands.run_cmd, attnspec.commands.report_cmd, attnspec.commands.backends_cmd; "
             "assert 'attnspec.cli' not in sys.modules, 'a command imports attnspec.cli'")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=runner.ROOT)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     done = subprocess.run([sys.executable, "-m", "attnspec.cli", "report", "--out", str(tmp_path / "none")],
-                          capture_output=True, text=True, cwd=runner.ROOT)
+                          capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "no stored results" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -242,12 +375,6 @@ def test_a_missing_report_dependency_exits_2_naming_it(capsys, monkeypatch, tmp_
     rc, _, err = run_cli(capsys, command, "--out", str(tmp_path / "o"), *extra)
     assert_one_line_error(rc, err, "jinja2 is not installed", ".[report]")
     assert not (tmp_path / "o").exists()
-
-
-def test_each_mode_runs_the_benchmark_grid_of_its_name():
-    """The grids themselves are benchmarks/_grid.py's (tests/test_bench_grid.py checks them)."""
-    assert {mode: env["ATTNSPEC_BENCH_GRID"] for mode, env in run_cmd.MODES.items()} == {
-        "quick": "quick", "default": "default", "full": "full"}
 
 
 @pytest.mark.parametrize("command", ["run", "report"])
@@ -265,3 +392,122 @@ def test_out_never_replaces_what_is_not_a_report(capsys, tmp_path, command):
     assert (mine / "thesis.tex").read_text() == "years of work" and sorted(os.listdir(mine)) == ["thesis.tex"]
     assert a_file.read_text() == "keep me"
     assert sorted(os.listdir(tmp_path)) == ["notes.txt", "thesis"]  # no staging or .old folder left behind
+
+
+# -- a plug-in in the user's own folder (not installed), from that folder ---------------------------
+
+PLUGIN = '''"""A plug-in of the user's own: a correct plain function with PyTorch's signature over NumPy arrays."""
+import numpy as np
+
+
+def sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    scale = 1.0 / np.sqrt(query.shape[-1]) if scale is None else scale
+    s = (query @ np.swapaxes(key, -1, -2)) * query.dtype.type(scale)  # (..., Lq, Lk)
+    vis = np.ones(s.shape[-2:], dtype=bool) if attn_mask is None else attn_mask  # (..., Lq, Lk)
+    if is_causal:
+        vis = vis & np.tri(*s.shape[-2:], dtype=bool)  # (..., Lq, Lk)
+    s = np.where(vis, s, -np.inf)  # (..., Lq, Lk)
+    e = np.exp(s - np.nan_to_num(s.max(-1, keepdims=True, initial=-np.inf), neginf=0))  # (..., Lq, Lk)
+    total = e.sum(-1, keepdims=True)  # (..., Lq, 1)
+    return (e / np.where(total == 0, 1, total)) @ value  # (..., Lq, Ev)
+'''
+PLUGIN_NAME = "mypkg.attn:sdpa"
+
+
+def _user_folder(tmp_path):
+    """A folder outside this checkout holding mypkg/attn.py (not installed: importable from there only)."""
+    user = tmp_path / "project"
+    (user / "mypkg").mkdir(parents=True)
+    (user / "mypkg" / "__init__.py").write_text("")
+    (user / "mypkg" / "attn.py").write_text(PLUGIN)
+    assert not os.path.realpath(user).startswith(os.path.realpath(procs.ROOT) + os.sep)
+    return user
+
+
+def _not_in_attnspecs_own_report():
+    """attnspec's own folder got no report of this run (another may be there: it must not be ours)."""
+    verdicts = os.path.join(procs.ROOT, "reports", "out", "verdicts.csv")
+    return not os.path.exists(verdicts) or PLUGIN_NAME not in {r["backend"] for r in read_csv(verdicts)}
+
+
+def _clean_env(**extra) -> dict:
+    """The user's shell: no ATTNSPEC_/ASV_ settings of this test run, no path into this checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "ASV_")) and k != "PYTHONPATH"}
+    env.update(extra)
+    return env
+
+
+@needs_report
+@pytest.mark.timeout(600)
+def test_run_checks_a_plugin_of_the_current_folder_and_reports_there(tmp_path):
+    """`attnspec run --no-bench --backend mypkg.attn:sdpa`, as a user types it in their own folder:
+    the plug-in imports in the suite's children, and the report lands in ./reports/out there."""
+    user = _user_folder(tmp_path)
+    script = os.path.join(os.path.dirname(sys.executable), "attnspec")
+    command = [script] if os.path.isfile(script) else [sys.executable, "-m", "attnspec"]
+    done = subprocess.run([*command, "run", "--no-bench", "--backend", PLUGIN_NAME], cwd=user, capture_output=True,
+                          text=True, timeout=540, env=_clean_env(ATTNSPEC_PROFILE="dev", HOME=str(tmp_path)))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = user / "reports" / "out"
+    assert f"report written to {out / 'index.html'}" in done.stdout, done.stdout[-2000:]
+    assert (out / "index.html").is_file()
+    verdicts = {r["backend"]: r["verdict"] for r in read_csv(out / "verdicts.csv")}
+    assert verdicts == {PLUGIN_NAME: "conforms"}
+    conf = [r for r in read_csv(out / "conformance.csv") if r["backend"] == PLUGIN_NAME]
+    assert len(conf) > 10 and {r["dtype"] for r in conf} == {"float32", "float64"}
+    assert {r["status"] for r in conf} <= {"passed", "skipped", "recorded"} and any(r["status"] == "passed" for r in conf)
+    assert _not_in_attnspecs_own_report()
+    assert not (user / ".attnspec" / "asv").exists()  # --no-bench: no asv folder
+
+
+@needs_report
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("asv") is None or shutil.which("git") is None, reason="needs asv and git")
+def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkeypatch, tmp_path):
+    """`attnspec run --quick --backend mypkg.attn:sdpa` from the user's folder: asv's benchmark
+    processes import the plug-in through ASV_PYTHONPATH, its results and the report land there.
+
+    Kept to seconds: the suite is stubbed (the test above runs it), the machine's roofs are left
+    out, and the grid is cut to one size (ATTNSPEC_BENCH_*); asv's machine file is a fresh one, as
+    on a first run."""
+    user = _user_folder(tmp_path)
+    for var in [v for v in os.environ if v.startswith(("ATTNSPEC_", "ASV_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(user)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # cli.main puts the current folder on it
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    for var, value in (("T", "16"), ("E", "16"), ("OPS", "forward"), ("LK", "64"), ("MASKS", "causal"),
+                       ("HALF", "float16")):
+        monkeypatch.setenv(f"ATTNSPEC_BENCH_{var}", value)
+    passed = dict(backend=PLUGIN_NAME, property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
+                  seconds=0.1, counterexample=None, message=None)
+    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a: {"conformance": [passed], "semantics": []})
+    asv_runs = []
+    real_stream = procs.stream
+
+    def stream(cmd, env=None, prefix="", **kw):
+        asv_runs.append((cmd, env))
+        if cmd[-1] == "^bench_machine":  # the machine's roofs: a minute of matmuls, not this test's subject
+            return 0
+        return real_stream(cmd, env=env, prefix=prefix, **kw)
+
+    monkeypatch.setattr(procs, "stream", stream)
+    rc, text, err = run_cli(capsys, "run", "--quick", "--backend", PLUGIN_NAME)
+    assert rc == 0, text[-4000:] + err[-2000:]
+    shard_cmd, shard_env = asv_runs[-1]
+    assert shard_env["ASV_PYTHONPATH"].split(os.pathsep)[0] == str(user)
+    assert shard_env["ATTNSPEC_BACKENDS"] == PLUGIN_NAME and "--quick" in shard_cmd
+    assert shard_cmd[shard_cmd.index("--config") + 1] == str(user / ".attnspec" / "asv" / "asv.conf.json")
+    results = user / ".attnspec" / "asv" / "results"
+    assert any(p.name != "machine.json" for p in results.glob("*/*.json")), list(results.rglob("*"))
+    import pandas as pd
+
+    bench = pd.read_csv(user / "reports" / "out" / "benchmarks.csv")
+    mine = bench[bench["backend"] == PLUGIN_NAME]
+    time_rows = mine[(mine["metric"] == "time") & (mine["problem"] == "dense")]
+    assert list(time_rows["T"]) == [16] and (time_rows["value"] > 0).all(), mine
+    assert {"time", "gflops", "memory"} <= set(mine["metric"]), set(mine["metric"])
+    assert set(mine[mine["metric"] == "time"]["problem"]) == {"dense", "decode", "causal"}
+    assert _not_in_attnspecs_own_report()

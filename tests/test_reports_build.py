@@ -22,7 +22,8 @@ SUITE = os.path.join(SAMPLE, "suite_cpu.json")
 ASV = os.path.join(SAMPLE, "asv_results")
 
 SCHEMAS = {
-    "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message"],
+    "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message",
+                        "attribution"],
     "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
     "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
                        "commit", "clock", "problem", "kv_heads", "Lq", "Lk"],
@@ -111,11 +112,48 @@ def test_the_templates_ship_in_a_non_editable_install():
     from pathlib import PurePosixPath  # matches as setuptools' globs do: '*' stays within one folder
 
     with open(os.path.join(os.path.dirname(os.path.dirname(build.__file__)), "pyproject.toml"), "rb") as f:
-        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["reports"]
+        setuptools = tomllib.load(f)["tool"]["setuptools"]
+    assert setuptools["package-dir"]["attnspec.reports"] == "reports"  # the folder installs as attnspec.reports
+    globs = setuptools["package-data"]["attnspec.reports"]
     root = os.path.join(os.path.dirname(build.__file__), "templates")
     files = [os.path.relpath(os.path.join(d, n), os.path.dirname(root)).replace(os.sep, "/")
              for d, _, names in os.walk(root) for n in names if "__pycache__" not in d]
     assert files and [f for f in files if not any(PurePosixPath(f).match(g) for g in globs)] == []
+
+
+def test_the_page_is_written_from_a_folder_outside_the_checkout(tmp_path):
+    """The templates are found in the installed attnspec.reports, whatever the current folder
+    (no top-level `reports` package there to lean on)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from attnspec.reports import build, inputs; "
+            "build.build(inputs.collect([sys.argv[1]]), 'out'); "
+            "print(sorted(m for m in sys.modules if m == 'reports' or m.startswith('reports.')))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code, SUITE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "[]"  # nothing loaded under a second, top-level name
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert 'id="conformance"' in page and "q = np.full((1, 1, 2, 4), 11.0)" in page
+
+
+def test_failure_attribution_reaches_the_csv_and_older_results_read_without_it(tmp_path):
+    """The suite's rows gained "attribution" (the features a failure needs); results written before
+    it lack the field and read as empty, not as a corrupt file."""
+    data = json.loads(open(SUITE).read())
+    failed = next(i for i, r in enumerate(data["conformance"]) if r["status"] == "failed")
+    data["conformance"][failed]["attribution"] = "needs: causal, gqa"
+    assert all("attribution" not in r for i, r in enumerate(data["conformance"]) if i != failed)
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    make_report(out, [str(suite)])
+    rows = read_csv(out / "conformance.csv")
+    assert [r["attribution"] for r in rows if r["attribution"]] == ["needs: causal, gqa"]
+    assert {r["attribution"] for r in rows} == {"", "needs: causal, gqa"}
+    assert inputs.read_suite_json(SUITE)["conformance"][0]["attribution"] == ""  # the sample predates it
 
 
 def test_strings_from_backends_are_escaped(tmp_path):
@@ -254,7 +292,7 @@ def test_a_corrupt_asv_results_file_is_an_input_error(tmp_path):
 
 
 def test_detection_power_reaches_the_page_and_its_csv(tmp_path):
-    """A detection_power.csv folder (python -m properties.detection_power --out DIR) is a report
+    """A detection_power.csv folder (python tools/detection_power.py --defects tests.defects --out DIR) is a report
     input: the page gets its table, the folder its CSV and raw/ copy; a wrong CSV is named."""
     from attnspec.reports import build, inputs
 

@@ -1,12 +1,39 @@
-"""layout_independence has teeth: a kernel that reads strided inputs as contiguous is rejected."""
+"""layout_independence has teeth: a kernel that reads strided inputs as contiguous is rejected (with a
+reproducer that shows it again), NumPy views pass, a backend that declares no other layout is skipped."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 from attnspec.properties.runner import run_suite
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STRIDED = "tests.plugins.strided:AssumesContiguous"
+CONTIGUOUS_ONLY = "tests.plugins.fake_plugin:PluginBackend"
 
-def test_a_kernel_that_ignores_strides_is_rejected_and_numpy_views_pass():
-    result = run_suite(["tests.plugins.strided:AssumesContiguous", "numpy-naive"], extra_args=["-k", "layout"],
-                       timeout=600)
-    status = {(r["backend"], r["dtype"]): r["status"] for r in result.conformance}
-    assert {status[("assumes-contiguous", d)] for d in ("float32", "float64")} == {"failed"}, result.output[-2000:]
-    assert {s for (b, _), s in status.items() if b == "numpy-naive"} == {"passed"}, result.output[-2000:]
+
+def test_a_kernel_that_ignores_strides_is_rejected_and_numpy_views_pass(tmp_path):
+    result = run_suite([STRIDED, "numpy-naive", CONTIGUOUS_ONLY], json_path=str(tmp_path / "out.json"),
+                       extra_args=["-k", "layout_independence", "-n", "0"], profile="dev", cwd=ROOT, timeout=600)
+    rows = {(r["backend"], r["dtype"]): r for r in result.conformance}
+    assert {d for b, d in rows if b == "assumes-contiguous"} == {"float32", "float64"}, result.output[-2000:]
+    for dtype in ("float32", "float64"):
+        row = rows[("assumes-contiguous", dtype)]
+        assert row["status"] == "failed", result.output[-2000:]
+        assert "contiguous inputs vs the same values in the" in row["message"] and "layout" in row["message"]
+        assert row["reproducer"] and row["reproducer"].startswith(str(tmp_path / "out-repro"))
+    assert {r["status"] for (b, _), r in rows.items() if b == "numpy-naive"} == {"passed"}, result.output[-2000:]
+    assert len([b for b, _ in rows if b == "numpy-naive"]) == 3  # float16, float32, float64
+    skipped = [r for (b, _), r in rows.items() if b == "plugin-backend"]
+    assert skipped and {r["status"] for r in skipped} == {"skipped"}
+    assert all("declares no layout but contiguous" in r["message"] for r in skipped)
+    assert result.returncode == 1
+    # the reproducer shows the same failure again, alone, from another folder, without PYTHONPATH
+    row = rows[("assumes-contiguous", "float64")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, row["reproducer"]], cwd=str(tmp_path), env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    verdict = row["message"].splitlines()[1]  # the verdict's first line, as the suite printed it
+    assert verdict in run.stdout.splitlines(), (verdict, run.stdout)

@@ -1,251 +1,212 @@
-"""Reproducers reproduce: every property's snippet runs in a fresh process, with 2-D and 4-D masks,
-sets up its own import path, and replays the backend calls a stateful bug needs.
+"""Reproducers reproduce: in every property family a planted bug fails, and the reproducer its failure
+writes runs alone in a fresh process (``python file``, from another folder, without PYTHONPATH),
+prints the very verdict of the suite's failure block and exits 1.  A backend that keeps state
+between calls: the reproducer replays the earlier calls (skipping those the backend declines)
+and says so; a stateless failure is reproduced by the problem alone.
 
-The broken backends live in a plug-in package written to a temporary folder outside the
-checkout, and the snippets run with neither that folder nor PYTHONPATH given: the snippet's
-own ``sys.path.insert`` (from `Target.import_paths`) must find it.
+The planted bugs are tests/broken's kernels (each with one slip; tests/broken/__init__.py says
+which family catches which) and tests/plugins' (planted.py, strided.py, deviating.py), run once,
+each restricted to its family with ``-k``, seeded, and unshrunk (--attnspec-no-shrink: the first
+failing problem, often large enough to travel in an .npz); reproducers of shrunk failures are
+checked by the stateful run below and in tests/test_suite_plugin.py.
 """
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import re
 import subprocess
 import sys
-import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
 import attnspec.properties as properties
-from attnspec.properties import judge
-from attnspec.properties.judge import ConformanceFailure
-from attnspec.properties.plugin import make_targets
-from attnspec.properties.strategies import MASK_KINDS
+from attnspec.properties.repro import find_property
+from attnspec.properties.runner import run_suite
 
-NAN_BACKEND = '''
-"""Every output, LSE and gradient NaN: each property must catch it."""
-import numpy as np
-from attnspec.backends.numpy_backends import NumpyNaive
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-class NanEverywhere(NumpyNaive):
-    name = "nan-everywhere"
-
-    def native_attention(self, q, k, v, call):
-        y = super().native_attention(q, k, v, call)
-        return (y[0] * np.nan, y[1] * np.nan) if call.return_lse else y * np.nan
-
-    def native_attention_backward(self, q, k, v, grad_out, call):
-        return tuple(g * np.nan for g in super().native_attention_backward(q, k, v, grad_out, call))
-'''
-
-STATEFUL_BACKEND = '''
-"""A runtime whose scratch buffer goes stale when the shape changes: a call that follows a call
-of another shape gets its last query row shifted by one.  Correct for the first call of a process."""
-from attnspec.backends.base import Backend, Capabilities, Semantics
-from attnspec.backends.numpy_backends import NumpyNaive
-
-_CORRECT = NumpyNaive()
-
-
-class AfterReshape(Backend):
-    name = "after-reshape"
-    capabilities = Capabilities(dtypes=("float64",))
-    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left")
-
-    def __init__(self, name="after-reshape", equal_head_dims=False):
-        self.name, self.before = name, None
-        if equal_head_dims:  # no Ev != E probe: the first problem is the first call
-            self.capabilities = Capabilities(dtypes=("float64",), equal_head_dims=True)
-
-    def native_forward(self, q, k, v, mask, is_causal, scale):
-        out = _CORRECT.native_forward(q, k, v, mask, is_causal, scale)  # (..., Lq, Ev)
-        shape = (q.shape, k.shape, v.shape)
-        if self.before is not None and shape != self.before:
-            out = out.copy()
-            out[..., -1, :] += 1.0  # (..., Ev) the stale buffer
-        self.before = shape
-        return out
-
-
-after_probe = AfterReshape()                                       # its bug shows after the Ev != E probe
-after_example = AfterReshape("after-example", equal_head_dims=True)  # ... after an earlier example
-'''
-
-_SNIPPET_RUNNER = '''
-import json, runpy, sys, traceback
-import numpy as np
-found = {}
-for path in sys.argv[1:]:
-    try:
-        ns = runpy.run_path(path, run_name="__main__")
-    except BaseException:
-        found[path] = ["raised", traceback.format_exc()[-1500:]]
-        continue
-    outputs = [k for k in ("out", "out2", "lse", "dq", "dk", "dv", "w")
-               if isinstance(ns.get(k), np.ndarray) and np.isnan(ns[k]).any()]
-    found[path] = ["ran", outputs]
-print("RESULT" + json.dumps(found))
-'''
+# family -> (the planted backend, the name it reports, the dtype it is run in)
+PLANTED = {
+    "weights": ("tests.broken.seed_mistakes:SumNormalised", "broken-sum-normalised", "bfloat16"),
+    "masking": ("tests.broken.mask_bugs:CausalIgnoredWithoutMask", "broken-causal-ignored-without-mask", "float64"),
+    "output": ("tests.broken.seed_mistakes:ScaleByD", "broken-scale-by-d", "float64"),
+    "structure": ("tests.plugins.planted:ValuesOfTheNextSlice", "planted-values-of-the-next-slice", "float64"),
+    "gradients": ("tests.broken.gradient_bugs:DqMissingScale", "broken-dq-missing-scale", "float64"),
+    "edges": ("tests.broken.kernel_bugs:TailBlockZeroPad", "broken-tail-block-zero-pad", "float64"),
+    "layouts": ("tests.plugins.strided:AssumesContiguous", "assumes-contiguous", "float64"),
+    "grouped_heads": ("tests.broken.variant_bugs:KvHeadModulo", "broken-kv-head-modulo", "float64"),
+    "bias": ("tests.broken.variant_bugs:FloatMaskAsBool", "broken-float-mask-as-bool", "float64"),
+    "alignment": ("tests.broken.variant_bugs:CausalBottomRightAsTopLeft", "broken-bottom-right-as-top-left", "float16"),
+    "lse": ("tests.broken.variant_bugs:LseUnscaled", "broken-lse-unscaled", "float64"),
+    "windows": ("tests.broken.variant_bugs:WindowLeftExclusive", "broken-window-left-exclusive", "float64"),
+    "sequences": ("tests.plugins.deviating:LeaksPaddingNaN", "leaks-padding-nan", "float64"),
+    "softcap": ("tests.broken.variant_bugs:SoftcapAfterMask", "broken-softcap-after-mask", "float64"),
+    "alibi": ("tests.broken.variant_bugs:AlibiPow2Slopes", "broken-alibi-pow2-slopes", "float64"),
+    "semantics": ("tests.broken.kernel_bugs:NaNForFullyMaskedDeclaredZeros", "broken-nan-fully-masked-declared-zeros",
+                  "float64"),
+}
 
 
 def _clean_env() -> dict:
-    """No PYTHONPATH: a snippet must set up its own import path (attnspec itself is installed)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ATTNSPEC_BACKENDS", "ATTNSPEC_JSON")}
-    return env
+    """No PYTHONPATH: a reproducer sets up its own import path (attnspec itself is installed)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("ATTNSPEC_")}
 
 
-@pytest.fixture
-def plugin_folder(tmp_path, monkeypatch):
-    """A plug-in package `reprobugs` in a temporary folder outside the checkout, importable here."""
-    folder = tmp_path / "userland"
-    (folder / "reprobugs").mkdir(parents=True)
-    (folder / "reprobugs" / "__init__.py").write_text("")
-    (folder / "reprobugs" / "nan_everywhere.py").write_text(NAN_BACKEND)
-    (folder / "reprobugs" / "stateful.py").write_text(STATEFUL_BACKEND)
-    monkeypatch.syspath_prepend(str(folder))
-    yield folder
-    for name in [m for m in sys.modules if m == "reprobugs" or m.startswith("reprobugs.")]:
-        del sys.modules[name]
-
-
-def _masks_of(ndim: int):
-    """judge.cases with every drawn mask made 2-D (Lq, Lk) or 4-D (B, H, Lq, Lk); draws without a
-    mask kind (a property asking for causal only) are left alone."""
-    real = judge.cases
-
-    def reshape(case):
-        if case.mask is None or case.mask.ndim == ndim:
-            return case
-        if ndim == 2:
-            return case.then("mask = mask[0, 0].copy()  # one (Lq, Lk) mask for every batch and head")
-        d = case.dims
-        return case.then(f"mask = np.broadcast_to(mask, ({d['B']}, {d['H']}, {d['Lq']}, {d['Lk']})).copy()")
-
-    def cases(dtype, caps, **kw):
-        asked = kw.pop("kinds", MASK_KINDS)
-        kinds = [k for k in asked if "mask" in k or k == "empty_rows"]
-        if not kinds:  # the property's own kinds, not the default (which would draw unshaped masks)
-            return real(dtype, caps, kinds=asked, **kw)
-        return real(dtype, caps, kinds=kinds, **kw).map(reshape)
-    return cases
-
-
-def every_property():
-    """(family, name, function) of every property test, collected from the families' modules."""
+def family_of(prop: str) -> str:
     for family in properties.families():
-        if family == "semantics":  # asks questions, raises no ConformanceFailure (tests/test_suite_semantics.py)
+        try:
+            find_property(family, prop)
+            return family
+        except AttributeError:
             continue
-        module = importlib.import_module(f"properties.test_{family}")
-        for name, fn in vars(module).items():
-            if name.startswith("test_") and getattr(fn, "__module__", "") == module.__name__:
-                yield family, name, fn
+    raise KeyError(prop)
 
 
-def _failure(fn, target) -> ConformanceFailure | str:
-    """Run one property on target until it fails (no shrinking: the first failing example)."""
-    target.examples, target.unsupported, target.in_hypothesis = 0, "", True
-    target.current_property = fn.__name__.removeprefix("test_")
-    try:
-        if hasattr(fn, "hypothesis"):
-            inner = fn.hypothesis.inner_test
-
-            @settings(max_examples=20, phases=[Phase.generate], database=None, deadline=None,
-                      suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-            @given(data=st.data())
-            def run(data):
-                inner(target=target, data=data)
-            run()
-        else:
-            fn(target=target)
-    except ConformanceFailure as e:
-        return e
-    except BaseException as e:  # noqa: BLE001 - a skip or a harness error: reported by name
-        return f"{type(e).__name__}: {str(e)[:300]}"
-    return "passed"
+def failure_blocks(output: str) -> dict:
+    """test id -> the text of its block in pytest's FAILURES section."""
+    section = output.split("= FAILURES =", 1)[1].split("\n", 1)[1]
+    section = re.split(r"\n=+ attnspec: per backend", section)[0]
+    parts = re.split(r"(?:^|\n)_{3,} (test_\S+) _{3,}\n", section)
+    # under pytest-xdist each block starts with the worker's line ("[gw0] linux -- Python ...")
+    return {name: re.sub(r"^\[gw\d+\] .*\n", "", text) for name, text in zip(parts[1::2], parts[2::2])}
 
 
-def test_every_propertys_reproducer_runs_in_a_fresh_process_with_2d_and_4d_masks(plugin_folder, tmp_path,
-                                                                                    monkeypatch):
-    target = next(t for t in make_targets("reprobugs.nan_everywhere:NanEverywhere") if t.dtype == "float64")
-    assert target.import_paths == (str(plugin_folder),)  # the folder holding the top package, from its file
-    files, problems, mask_dims = {}, {}, {}
-    props = list(every_property())
-    assert len(props) >= 30  # every family's properties, collected (a rename must not empty this test)
-    for family, name, fn in props:
-        for ndim in (2, 4):
-            monkeypatch.setattr(judge, "cases", _masks_of(ndim))
-            found = _failure(fn, target)
-            monkeypatch.undo()
-            monkeypatch.syspath_prepend(str(plugin_folder))
-            if not isinstance(found, ConformanceFailure):
-                problems[(name, ndim)] = f"did not fail with a reproducer: {found}"
-                continue
-            if found.case.mask is not None:
-                mask_dims[(name, ndim)] = found.case.mask.ndim
-            path = tmp_path / "snippets" / f"{name}-{ndim}d.py"
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(found.snippet)
-            files[str(path)] = (name, ndim)
-    # the masks were what was asked for, wherever the property draws one
-    assert {key: d for key, d in mask_dims.items() if d != key[1]} == {}
-    assert len(mask_dims) >= 40, sorted(mask_dims)
-    proc = subprocess.run([sys.executable, "-c", _SNIPPET_RUNNER, *files], cwd=str(tmp_path), env=_clean_env(),
-                          capture_output=True, text=True, timeout=600)
-    assert "RESULT" in proc.stdout, proc.stderr[-3000:]
-    for path, (how, detail) in json.loads(proc.stdout.split("RESULT", 1)[1]).items():
-        if how == "raised":
-            problems[files[path]] = f"the snippet raised:\n{detail}"
-        elif not detail:
-            problems[files[path]] = "the snippet ran but its outputs show no NaN (it does not reproduce)"
-    assert not problems, "\n\n".join(f"{name} ({ndim}-D mask): {why}" for (name, ndim), why in sorted(problems.items()))
+def verdict_of_block(block: str) -> list:
+    """The failure block's verdict lines (message, where, how much/allowed) and its problem line."""
+    lines = block.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("  problem: "))
+    return lines[1:end + 1]
 
 
-def _pytest(args, cwd, env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=str(cwd),
-                          env=env, capture_output=True, text=True, timeout=600)
+def run_reproducer(path: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, path], cwd=str(cwd), env=_clean_env(), capture_output=True, text=True,
+                          timeout=300)
 
 
-def _reproducer_paths(output: str, cwd) -> dict:
-    """backend -> the reproducer file each failure block names."""
-    found = {}
-    for backend, rel in re.findall(r"failed on backend '([^']+)'.*?\n  reproducer: python (\S+)", output, re.S):
-        found[backend] = os.path.join(str(cwd), rel)
-    return found
+def run_all(paths, cwd) -> dict:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(paths, pool.map(lambda p: run_reproducer(p, cwd), paths)))
 
 
-def _without_earlier_calls(snippet: str) -> str:
-    """The snippet with every replayed earlier call left out: set-up, then the failing call alone."""
-    lines = snippet.splitlines()
-    setup = next(i for i, line in enumerate(lines) if line.startswith("backend = resolve("))
-    failing = lines.index("# the failing call")
-    return "\n".join(lines[:setup + 1] + lines[failing:])
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory):
+    """One run of the suite: each planted backend on its own family, in the dtype chosen above."""
+    work = tmp_path_factory.mktemp("planted")
+    only = " or ".join(f"(test_{family}.py and {name}-{dtype})" for family, (_, name, dtype) in PLANTED.items())
+    result = run_suite([spec for spec, _, _ in PLANTED.values()], json_path=str(work / "out.json"),
+                       extra_args=["-k", only, "--hypothesis-seed=0", "--attnspec-examples=12", "--attnspec-no-shrink"],
+                       profile="dev", cwd=str(work), pythonpath=[ROOT], timeout=900)
+    return work, result
 
 
-def test_a_stateful_bug_is_caught_and_its_reproducer_replays_the_calls_before_it(plugin_folder, tmp_path):
-    """The bug shows only after a call of another shape (ORT's compiled-model case): the
-    reproducer, run in a fresh process, replays the earlier call and shows the error; without
-    that call the same failing call is correct - the replay is what reproduces it."""
-    work = tmp_path / "work"
-    work.mkdir()
-    env = dict(_clean_env(), PYTHONPATH=str(plugin_folder))  # pytest finds the plug-in; the snippet must not need it
-    proc = _pytest(["--pyargs", "properties", "-k", "test_matches_reference",
-                    "--backend", "reprobugs.stateful:after_probe", "--backend", "reprobugs.stateful:after_example"],
-                   work, env)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
-    paths = _reproducer_paths(proc.stdout, work)
-    assert set(paths) == {"after-reshape", "after-example"}, proc.stdout[-3000:]
-    for backend, path in paths.items():
-        snippet = open(path, encoding="utf-8").read()
-        assert "# call 1: made before the failing one" in snippet, snippet
-        errors = []
-        for text in (snippet, _without_earlier_calls(snippet)):
-            run = subprocess.run([sys.executable, "-c", text], cwd=str(tmp_path), env=_clean_env(),
-                                 capture_output=True, text=True, timeout=120)
-            assert run.returncode == 0, run.stderr[-2000:]
-            errors.append(float(run.stdout.strip().splitlines()[-1]))  # max |out - expected| on judged rows
-        assert errors[0] >= 0.5 and errors[1] < 1e-9, (backend, errors, textwrap.shorten(snippet, 400))
+def test_the_planted_bugs_cover_every_family():
+    assert sorted(PLANTED) == properties.families()
+
+
+def test_every_family_fails_on_its_planted_bug_with_a_reproducer(planted_run):
+    work, result = planted_run
+    failed = [r for r in result.conformance if r["status"] == "failed"]
+    by_family = {}
+    for r in failed:
+        by_family.setdefault(family_of(r["property"]), set()).add(r["backend"])
+        assert r["reproducer"] and os.path.isfile(r["reproducer"]), r
+        assert os.path.dirname(r["reproducer"]) == str(work / "out-repro")  # beside the JSON
+    assert {f: b for f, b in by_family.items()} == {f: {name} for f, (_, name, _) in PLANTED.items()}, \
+        result.output[-4000:]
+    assert not [r for r in result.conformance if r["status"] == "error"], result.output[-4000:]
+    assert result.returncode == 1
+
+
+def test_every_reproducer_runs_alone_in_a_fresh_process_and_prints_the_suites_verdict(planted_run, tmp_path):
+    work, result = planted_run
+    blocks = failure_blocks(result.output)
+    failed = [r for r in result.conformance if r["status"] == "failed"]
+    assert len(blocks) == len(failed) >= len(PLANTED), sorted(blocks)
+    paths = {}
+    for test_id, block in blocks.items():
+        rel = re.search(r"\n  reproducer: python (\S+)", block).group(1)
+        paths[os.path.join(str(work), rel)] = (test_id, block)
+    assert set(paths) == {r["reproducer"] for r in failed}
+    runs = run_all(sorted(paths), tmp_path)  # from another folder, without PYTHONPATH
+    problems = {}
+    for path, run in runs.items():
+        test_id, block = paths[path]
+        prop, backend, dtype = re.match(r"(\S+) failed on backend '([^']+)' at (\S+)", block).groups()
+        head = f"{prop} FAILED on backend {backend!r} at {dtype} (the problem alone, in a fresh process)"
+        lines = run.stdout.splitlines()
+        expected = verdict_of_block(block)
+        if run.returncode != 1:
+            problems[test_id] = f"exit status {run.returncode}:\n{run.stdout[-1500:]}{run.stderr[-1500:]}"
+        elif lines[:1] != [head] or lines[1:1 + len(expected)] != expected:
+            problems[test_id] = "a verdict other than the suite's:\n" + "\n".join(
+                ["suite:", block.splitlines()[0], *expected, "reproducer:", *lines])
+    assert not problems, "\n\n".join(f"{k}: {why}" for k, why in sorted(problems.items()))
+    # the JSON's row says the same as the terminal's block
+    for r in failed:
+        test_id, block = paths[r["reproducer"]]
+        assert r["message"] == "\n".join(block.splitlines()[:len(r["message"].splitlines())]), (r["message"], block)
+
+
+def test_a_large_problem_travels_in_an_npz_beside_its_reproducer(planted_run):
+    work, result = planted_run
+    (edges,) = [r for r in result.conformance if r["property"] == "edge_shapes_match_reference"]
+    npz = edges["reproducer"][:-3] + ".npz"
+    assert os.path.isfile(npz) and os.path.basename(npz) in open(edges["reproducer"], encoding="utf-8").read()
+
+
+# ---- state kept between calls ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stateful_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("stateful")
+    result = run_suite(["tests.plugins.planted:AfterReshape", "tests.plugins.planted:ValuesOfTheNextSlice"],
+                       json_path=str(work / "out.json"), extra_args=["-n", "0", "-k", "test_matches_reference or "
+                                                                     "test_batch_head_independence"],
+                       profile="dev", cwd=str(work), pythonpath=[ROOT], timeout=600)
+    return work, result
+
+
+def test_a_stateful_bug_is_reproduced_by_replaying_the_earlier_calls_the_declined_ones_skipped(stateful_run, tmp_path):
+    """The bug shows only after a call of other shapes: the problem alone passes in a fresh process, so
+    the reproducer replays the calls the suite had made before it - the Ev != E probe among them,
+    which the backend declines (Unsupported) and the replay skips - and the failing call still fails."""
+    work, result = stateful_run
+    blocks = failure_blocks(result.output)
+    row = next(r for r in result.conformance if r["backend"] == "planted-after-reshape"
+               and r["property"] == "matches_reference")
+    assert row["status"] == "failed", result.output[-3000:]
+    block = blocks["test_matches_reference[planted-after-reshape-float64]"]
+    text = open(row["reproducer"], encoding="utf-8").read()
+    earlier = re.search(r"^EARLIER = (.*)$", text, re.M).group(1)
+    assert "(1, 1, 3, 3)" in earlier  # the suite's Ev != E probe (E = 2, Ev = 3): a call the backend declines
+    run = run_reproducer(row["reproducer"], tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    first = run.stdout.splitlines()[0]
+    found = re.search(r"after replaying (\d+) earlier call\(s\) of the suite's run \((\d+) the backend declined or "
+                      r"failed, skipped\): the backend keeps state\)$", first)
+    assert first.startswith("matches_reference FAILED on backend 'planted-after-reshape' at float64 (") and found, first
+    assert int(found.group(1)) >= 1 and int(found.group(2)) >= 1, first
+    assert run.stdout.splitlines()[1:1 + len(verdict_of_block(block))] == verdict_of_block(block)
+    # without the earlier calls the same problem passes: the replay is what reproduces it
+    alone = tmp_path / "alone.py"
+    alone.write_text(re.sub(r"^EARLIER = .*$", "EARLIER = []", text, flags=re.M))
+    run = run_reproducer(str(alone), tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines() == [
+        "matches_reference PASSED on backend 'planted-after-reshape' at float64 (the problem alone, in a fresh "
+        "process)", "  the property holds here now"]
+
+
+def test_a_stateless_failure_is_reproduced_by_the_problem_alone(stateful_run, tmp_path):
+    work, result = stateful_run
+    row = next(r for r in result.conformance if r["backend"] == "planted-values-of-the-next-slice"
+               and r["property"] == "batch_head_independence")
+    assert row["status"] == "failed", result.output[-3000:]
+    assert re.search(r"^EARLIER = \[.+\]$", open(row["reproducer"], encoding="utf-8").read(), re.M)  # there were some
+    run = run_reproducer(row["reproducer"], tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stdout.splitlines()[0] == ("batch_head_independence FAILED on backend 'planted-values-of-the-next-slice' "
+                                          "at float64 (the problem alone, in a fresh process)")
+    assert "replaying" not in run.stdout
+    assert run.stdout.splitlines()[1:len(row["message"].splitlines())] == row["message"].splitlines()[1:]

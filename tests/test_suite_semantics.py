@@ -2,18 +2,28 @@
 
 Each question of properties/test_semantics.py is asked of small plain functions (the way a
 user plugs a library in, with `backends.declare`): a declared answer that holds passes, one
-that does not fails, an undeclared one is recorded (never failed), per dtype.
+that does not fails with the suite's own message, an undeclared one is recorded (never failed),
+per dtype.  Questions are grid properties: `explore` runs the property's own check on its probe.
 """
 from __future__ import annotations
+
+import inspect
+import os
 
 import numpy as np
 import pytest
 
 from attnspec.backends import declare
 from attnspec.backends.plain import FunctionBackend
+from attnspec.backends.registry import resolve
 from attnspec.properties import test_semantics as S
-from attnspec.properties.targets import Target
+from attnspec.properties.explore import Options, explore
+from attnspec.properties.plugin import skip_reason
+from attnspec.properties.runner import run_suite
+from attnspec.properties.target import Session, Target
+from tests.plugins import planted
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = ("float64", "float32", "float16")
 
 
@@ -30,7 +40,7 @@ def _attention(q, k, v, attn_mask=None, is_causal=False, scale=None, empty="zero
     if is_causal:
         vis = vis & np.tri(Lq, Lk, Lk - Lq if align == "bottom_right" else 0, dtype=bool)  # (..., Lq, Lk)
     s = np.where(vis, (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale), q.dtype.type(fill))  # (..., Lq, Lk)
-    m = s.max(axis=-1, keepdims=True)  # (..., Lq, 1)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
     e = np.exp(s - np.where(np.isfinite(m), m, 0))  # (..., Lq, Lk)
     total = e.sum(axis=-1, keepdims=True)  # (..., Lq, 1)
     out = (e / np.where(total == 0, 1, total)) @ v  # (..., Lq, Ev)
@@ -76,11 +86,11 @@ def float16_inside(query, key, value, attn_mask=None, is_causal=False, scale=Non
     return plain(*(x.astype(np.float16) for x in (query, key, value)), attn_mask, is_causal, scale).astype(query.dtype)
 
 
-def padded_zeros(query, key, value, attn_mask=None, is_causal=False, scale=None, q_lengths=None):
+def padded_zeros(query, key, value, attn_mask=None, is_causal=False, scale=None, q_lengths=None, kv_lengths=None):
     return _attention(query, key, value, attn_mask, is_causal, scale, q_lengths=q_lengths)
 
 
-def padded_computed(query, key, value, attn_mask=None, is_causal=False, scale=None, q_lengths=None):
+def padded_computed(query, key, value, attn_mask=None, is_causal=False, scale=None, q_lengths=None, kv_lengths=None):
     return _attention(query, key, value, attn_mask, is_causal, scale)  # padded rows computed like any other
 
 
@@ -88,31 +98,51 @@ def aligned_by_parameter(query, key, value, attn_mask=None, is_causal=False, sca
     return _attention(query, key, value, attn_mask, is_causal, scale, align=causal_alignment)
 
 
+def raises_everywhere_empty(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    if 0 in query.shape or 0 in key.shape:
+        raise ValueError("empty input")
+    return plain(query, key, value, attn_mask, is_causal, scale)
+
+
+def drops_causal_undeclared(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """planted.drops_causal_for_one_row without its declarations."""
+    return planted.drops_causal_for_one_row(query, key, value, attn_mask, is_causal, scale)
+
+
 def _declared(fn, **declarations):
     """A copy of fn with declarations (declare attaches them to the function object)."""
     def copy(query, key, value, attn_mask=None, is_causal=False, scale=None, **kw):
         return fn(query, key, value, attn_mask, is_causal, scale, **kw)
-    copy.__signature__ = __import__("inspect").signature(fn)
+    copy.__signature__ = inspect.signature(fn)
     copy.__name__ = fn.__name__
     return declare(copy, dtypes=DTYPES, **declarations)
 
 
-def ask(question, fn, dtype: str, **params):
-    """(verdict, row): passed | failed | recorded | skipped, and the row the question recorded."""
-    target = Target(FunctionBackend(fn if hasattr(fn, "__attnspec__") else declare(fn, dtypes=DTYPES),
-                                    fn.__name__), dtype)
-    target.in_hypothesis, target.current_property = False, question.__name__
-    rows = []
+def target_of(fn, dtype: str) -> Target:
+    backend = FunctionBackend(fn if hasattr(fn, "__attnspec__") else declare(fn, dtypes=DTYPES), fn.__name__)
+    return Target(Session(backend, fn.__name__), dtype)
 
-    def record(q, observed, declared, agrees):
-        rows.append(dict(question=q, observed=observed, declared=declared, agrees=agrees))
+
+def ask(question, fn, dtype: str, full=False):
+    """(verdict, row): passed | failed | recorded | skipped, and the answer the question recorded
+    (question, observed, declared, agrees) - or the skip's reason.  full: (verdict, row, failure)."""
+    target = target_of(fn, dtype)
+    prop = question.property
+    reason = skip_reason(prop, target)  # what the plugin skips before the check runs
+    if reason:
+        return "skipped", reason
     try:
-        question(target=target, record_semantics=record, **params)
-    except AssertionError:
-        return "failed", rows[0]
+        failure = explore(prop, target, Options())
     except pytest.skip.Exception as e:
         return "skipped", str(e)
-    return ("recorded" if rows[0]["agrees"] is None else "passed"), rows[0]
+    (answer,) = target.answers
+    row = {k: answer[k] for k in ("question", "observed", "declared", "agrees")}
+    assert answer["backend"] == fn.__name__ and answer["dtype"] == dtype
+    verdict = "failed" if failure is not None else "recorded" if row["agrees"] is None else "passed"
+    if failure is not None:  # the suite's own verdict, naming the declaration and what was seen
+        assert failure.verdict.message.startswith(f"{fn.__name__} declares "), failure.verdict.message
+        assert repr(row["observed"]) in failure.verdict.message
+    return (verdict, row, failure) if full else (verdict, row)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -124,8 +154,9 @@ def test_undeclared_fully_masked_rows_are_recorded_never_failed(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_declared_fully_masked_rows_are_judged(dtype):
     assert ask(S.test_fully_masked_rows, _declared(plain, fully_masked="zeros"), dtype)[0] == "passed"
-    verdict, row = ask(S.test_fully_masked_rows, _declared(plain, fully_masked="nan"), dtype)
-    assert (verdict, row["observed"], row["declared"]) == ("failed", "zeros", "nan")
+    verdict, row, failure = ask(S.test_fully_masked_rows, _declared(plain, fully_masked="nan"), dtype, full=True)
+    assert (verdict, row["observed"], row["declared"], row["agrees"]) == ("failed", "zeros", "nan", False)
+    assert failure.verdict.message == f"plain declares fully_masked = 'nan' but at {dtype} does 'zeros'"
 
 
 def test_an_answer_that_changes_with_the_dtype_is_seen_in_each():
@@ -169,28 +200,168 @@ def test_effective_precision_is_recorded_and_judged_when_declared():
         "passed", dict(question="effective_precision", observed="float16", declared="float16", agrees=True))
 
 
+# ---- causal alignment --------------------------------------------------------------------------------
+
 def test_causal_alignment_asked_only_where_it_is_not_a_parameter():
     assert ask(S.test_causal_alignment, bottom_right, "float32") == ("recorded", dict(
         question="causal_alignment", observed="bottom_right", declared=None, agrees=None))
+    assert ask(S.test_causal_alignment, plain, "float32")[1]["observed"] == "top_left"
     assert ask(S.test_causal_alignment, _declared(bottom_right, causal_alignment="bottom_right"), "float32")[0] == "passed"
-    assert ask(S.test_causal_alignment, _declared(plain, causal_alignment="bottom_right"), "float32")[0] == "failed"
+    verdict, row = ask(S.test_causal_alignment, _declared(plain, causal_alignment="bottom_right"), "float32")
+    assert (verdict, row["observed"]) == ("failed", "top_left")
     verdict, why = ask(S.test_causal_alignment, aligned_by_parameter, "float32")
     assert verdict == "skipped" and "takes the causal alignment as a parameter" in why
 
 
+def test_causal_alignment_is_judged_within_the_backends_precision():
+    """float64 input computed in float32 meets neither alignment within float64's budget; within
+    float32's it is top-left - the answer, not "other"."""
+    assert ask(S.test_causal_alignment, planted.float32_inside_top_left, "float64") == ("passed", dict(
+        question="causal_alignment", observed="top_left", declared="top_left", agrees=True))
+    assert ask(S.test_causal_alignment, float32_inside, "float64")[1]["observed"] == "top_left"  # undeclared too
+    assert ask(S.test_causal_alignment, planted.float32_inside_top_left, "float32")[0] == "passed"
+
+
+@pytest.mark.parametrize("dtype", ("float64", "float32"))
+def test_a_causal_mask_dropped_for_a_one_row_query_is_an_answer_that_changes_with_the_shape(dtype):
+    """transformers' SDPA path drops is_causal for a one-row query: bottom-right at a decode step
+    (Lq = 1 < Lk = 4), top-left at Lq = 3 < Lk = 4 and Lq = 5 > Lk = 3."""
+    changes = ("changes with the shape: Lq=1 Lk=4: bottom_right; Lq=3 Lk=4: top_left; Lq=5 Lk=3: top_left")
+    verdict, row, failure = ask(S.test_causal_alignment, planted.drops_causal_for_one_row, dtype, full=True)
+    assert (verdict, row) == ("failed", dict(question="causal_alignment", observed=changes, declared="top_left",
+                                             agrees=False))
+    assert failure.verdict.message == (f"drops_causal_for_one_row declares causal_alignment = 'top_left' but at "
+                                       f"{dtype} does {changes!r}")
+    assert ask(S.test_causal_alignment, drops_causal_undeclared, dtype) == ("recorded", dict(
+        question="causal_alignment", observed=changes, declared=None, agrees=None))
+
+
+def test_a_contradicted_declaration_fails_with_the_suites_message_and_shows_in_the_semantics_profile(tmp_path):
+    result = run_suite(["tests.plugins.planted:drops_causal_for_one_row"], json_path=str(tmp_path / "out.json"),
+                       extra_args=["-k", "test_semantics.py and (causal_alignment or empty_sizes)"], profile="dev",
+                       cwd=str(tmp_path), pythonpath=[ROOT], timeout=600)
+    status = {(r["property"], r["dtype"]): r["status"] for r in result.conformance}
+    assert status == {("causal_alignment", "float64"): "failed", ("causal_alignment", "float32"): "failed",
+                      ("empty_sizes", "float64"): "passed", ("empty_sizes", "float32"): "passed"}, result.output[-3000:]
+    failures = result.output.split("= FAILURES =")[1].split("= attnspec: per backend")[0]
+    assert "declares causal_alignment = 'top_left' but at float64 does 'changes with the shape: Lq=1 Lk=4: " \
+           "bottom_right; Lq=3 Lk=4: top_left; Lq=5 Lk=3: top_left'" in failures
+    assert "assert " not in failures and "Traceback" not in failures and "\nE " not in failures
+    assert failures.count("reproducer: python ") == 2
+    # the contradicted answer is in the profile too, as every answer is
+    answers = {(r["question"], r["dtype"]): r for r in result.semantics}
+    assert answers[("causal_alignment", "float64")]["agrees"] is False, result.semantics
+    assert answers[("causal_alignment", "float64")]["observed"].startswith("changes with the shape: ")
+    assert "CONTRADICTS" in result.output.split("semantics profile")[1]
+
+
+# ---- padded rows, recorded-only questions -------------------------------------------------------------
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_padded_rows(dtype):
-    assert ask(S.test_padded_rows, padded_zeros, dtype)[:2] == ("recorded", dict(
+    assert ask(S.test_padded_rows, padded_zeros, dtype) == ("recorded", dict(
         question="padded_rows", observed="zeros", declared=None, agrees=None))
     assert ask(S.test_padded_rows, _declared(padded_zeros, padded_rows="zeros"), dtype)[0] == "passed"
     verdict, row = ask(S.test_padded_rows, _declared(padded_computed, padded_rows="zeros"), dtype)
     assert (verdict, row["observed"]) == ("failed", "computed")
     verdict, why = ask(S.test_padded_rows, plain, dtype)
-    assert verdict == "skipped" and "seq_lengths" in why
+    assert verdict == "skipped" and "per-sequence lengths" in why
 
 
-def test_recorded_only_questions_never_fail():
-    for question, params in ((S.test_nan_in_unmasked_query, {}),
-                             (S.test_non_finite_in_masked_pair, dict(bad=np.nan, where="value"))):
-        for fn in (plain, _declared(plain, fully_masked="zeros")):
-            assert ask(question, fn, "float32", **params)[0] == "recorded"
+@pytest.mark.parametrize("question", [S.test_masked_nan_key, S.test_masked_nan_value, S.test_masked_inf_key,
+                                      S.test_masked_inf_value, S.test_nan_in_unmasked_query])
+def test_recorded_only_questions_never_fail(question):
+    for fn in (plain, _declared(plain, fully_masked="zeros"), _declared(plain, fully_masked="nan")):
+        verdict, row = ask(question, fn, "float32")
+        assert verdict == "recorded" and row["declared"] is None, (fn, row)
+    assert ask(S.test_masked_nan_value, plain, "float32")[1]["observed"] == "leaks"  # 0 * NaN = NaN
+    assert ask(S.test_masked_nan_key, plain, "float32")[1]["observed"] == "no_leak"  # its score is replaced
+    assert ask(S.test_nan_in_unmasked_query, plain, "float32")[1]["observed"] == "row_only"
+
+
+# ---- empty sizes -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ("float64", "float32"))
+def test_empty_sizes_an_output_of_zeros_for_no_keys_is_zeros(dtype):
+    assert ask(S.test_empty_sizes, plain, dtype) == ("recorded", dict(
+        question="empty_sizes", observed="zeros", declared=None, agrees=None))
+    assert ask(S.test_empty_sizes, _declared(plain, fully_masked="zeros"), dtype)[0] == "passed"
+    verdict, row = ask(S.test_empty_sizes, _declared(plain, fully_masked="nan"), dtype)
+    assert (verdict, row["observed"], row["agrees"]) == ("failed", "zeros", False)
+
+
+@pytest.mark.parametrize("fn", [planted.raises_at_no_keys, raises_everywhere_empty], ids=["Lk=0", "every empty size"])
+def test_empty_sizes_a_raise_is_the_answer_error(fn):
+    """A backend that raises where a row has no key to see answers "error": recorded when it declares
+    nothing, a failure when it declares zeros, agreement when it declares "error"."""
+    assert ask(S.test_empty_sizes, fn, "float64") == ("recorded", dict(
+        question="empty_sizes", observed="error", declared=None, agrees=None))
+    verdict, row, failure = ask(S.test_empty_sizes, _declared(fn, fully_masked="zeros"), "float64", full=True)
+    assert (verdict, row["observed"], row["declared"], row["agrees"]) == ("failed", "error", "zeros", False)
+    assert failure.verdict.message == (f"{fn.__name__} declares fully_masked = 'zeros' but at float64 empty sizes "
+                                       "does 'error'")
+    assert ask(S.test_empty_sizes, _declared(fn, fully_masked="error"), "float64")[0] == "passed"
+
+
+def test_empty_sizes_a_declared_raise_at_no_keys_fails_in_the_suite(tmp_path):
+    result = run_suite(["tests.plugins.planted:raises_at_no_keys_declared_zeros", "tests.plugins.planted:raises_at_no_keys"],
+                       json_path=str(tmp_path / "out.json"), extra_args=["-k", "empty_sizes", "-n", "0"],
+                       profile="dev", cwd=str(tmp_path), pythonpath=[ROOT], timeout=600)
+    status = {(r["backend"].split(":")[1], r["dtype"]): r["status"] for r in result.conformance}
+    assert status == {("raises_at_no_keys_declared_zeros", "float64"): "failed",
+                      ("raises_at_no_keys_declared_zeros", "float32"): "failed",
+                      ("raises_at_no_keys", "float64"): "recorded", ("raises_at_no_keys", "float32"): "recorded"}, \
+        result.output[-3000:]
+    assert result.returncode == 1
+
+
+# ---- what a plain function is handed ------------------------------------------------------------------
+
+def test_a_bias_with_is_causal_reaches_a_plain_function_as_one_float_mask_with_the_triangle_folded_in():
+    backend = resolve("tests.plugins.planted:records_calls")
+    assert not backend.capabilities.mask_with_causal and "bias" in backend.capabilities.features
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, L, 4)) for L in (3, 4, 4))  # (B, H, L, E)
+    bias = rng.standard_normal((3, 4))  # (Lq, Lk)
+    hidden = ~np.tri(3, 4, dtype=bool)  # (Lq, Lk) top-left causal hides j > i
+    planted.CALLS.clear()
+    out = backend.forward(q, k, v, None, True, None, "float64", bias=bias)  # (B, H, Lq, Ev)
+    ((is_causal, dtype, mask),) = planted.CALLS
+    assert is_causal is False and dtype == np.float64  # one float mask, never with is_causal=True
+    assert np.all(np.isneginf(mask[..., hidden])) and np.array_equal(mask[..., ~hidden], np.broadcast_to(
+        bias, mask.shape)[..., ~hidden])
+    expected = _attention(q, k, v, None, True, None)  # (B, H, Lq, Ev) no bias: compare with the bias added
+    s = (q @ np.swapaxes(k, -1, -2)) / 2 + bias  # (B, H, Lq, Lk)
+    w = np.exp(np.where(hidden, -np.inf, s) - s.max(-1, keepdims=True))  # (B, H, Lq, Lk)
+    assert np.allclose(out, (w / w.sum(-1, keepdims=True)) @ v) and not np.allclose(out, expected)
+    # a boolean mask too: its hidden pairs are -inf in the same float mask
+    mask_in = np.ones((3, 4), dtype=bool)  # (Lq, Lk)
+    mask_in[2, 0] = False
+    planted.CALLS.clear()
+    backend.forward(q, k, v, mask_in, True, None, "float64", bias=bias)
+    ((is_causal, dtype, mask),) = planted.CALLS
+    assert is_causal is False and dtype == np.float64
+    assert np.array_equal(np.isneginf(mask[..., :, :]).reshape(-1, 3, 4)[0], hidden | ~mask_in)
+    # a boolean mask without a bias: one boolean mask, the triangle folded in
+    planted.CALLS.clear()
+    backend.forward(q, k, v, mask_in, True, None, "float64")
+    ((is_causal, dtype, mask),) = planted.CALLS
+    assert is_causal is False and dtype == np.bool_ and np.array_equal(np.asarray(mask).reshape(-1, 3, 4)[0],
+                                                                        ~hidden & mask_in)
+    # is_causal alone reaches it as is_causal
+    planted.CALLS.clear()
+    backend.forward(q, k, v, None, True, None, "float64")
+    assert planted.CALLS == [(True, None, None)]
+
+
+def test_the_suites_bias_properties_never_hand_a_plain_function_a_mask_with_is_causal():
+    target = Target(Session(resolve("tests.plugins.planted:records_calls"), "tests.plugins.planted:records_calls"),
+                    "float64")
+    from attnspec.properties import test_bias, test_masking
+
+    planted.CALLS.clear()
+    for test in (test_bias.test_additive_bias_matches_reference, test_bias.test_neg_inf_bias_equals_boolean_mask,
+                 test_masking.test_zero_future_mass):
+        assert explore(test.property, target, Options(examples=25, seed=3)) is None, test.__name__
+    assert planted.CALLS and not [c for c in planted.CALLS if c[0] and c[1] is not None]
+    assert any(c[1] == np.float64 for c in planted.CALLS) and any(c[0] for c in planted.CALLS)
