@@ -253,12 +253,13 @@ def pytest_report_teststatus(report, config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_report_to_serializable(config, report):
-    """A collect report names the tests it collected in --report-log (pytest writes null there), so
-    `attnspec run` knows a suite's tests before they run (attnspec/suites.py)."""
+    """In a --report-log, a collect report names the tests it collected (pytest writes null there), so
+    `attnspec run` knows a suite's tests before they run (attnspec/suites.py).  Not on an xdist
+    worker: its reports go to the controller, which has its own."""
     outcome = yield
     data = outcome.get_result()
-    if getattr(config, "_attnspec_suite", False) and isinstance(report, pytest.CollectReport) \
-            and isinstance(data, dict) and report.result:
+    if config.getoption("report_log", None) and not hasattr(config, "workerinput") \
+            and isinstance(report, pytest.CollectReport) and isinstance(data, dict) and report.result:
         data["result"] = [{"nodeid": n.nodeid} for n in report.result]
         outcome.force_result(data)
 
