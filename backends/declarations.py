@@ -53,10 +53,11 @@ class Deviation:
     (with ``feature``).  ``dtypes`` () means every dtype.  ``when``: a regular expression the
     failure's text (its message and problem) must contain to be this deviation - '' takes any
     failure of the property, which can hide a second bug behind the declared one (torch-flex's
-    Lk = 0 declaration hid its adapter's Lq = 0 error).  ``feature``: an optional feature
-    (specs.fields.FEATURES) the departure needs - a library whose grouped-heads path is broken: a
-    failure that uses it is the deviation, and the property is checked again on draws without it,
-    where any failure is a failure.
+    Lk = 0 declaration hid its adapter's Lq = 0 error).  A departure confined to some problems says
+    which: ``feature``, an optional feature (specs.fields.FEATURES) the departure needs (a library
+    whose grouped-heads path is broken), or ``problems``, a regular expression over the problem as
+    the suite prints it (``Case(... Lq=1 ...)``).  A failure on such a problem is the deviation, and
+    the property is checked again on draws without such problems, where any failure is a failure.
     """
 
     property: str
@@ -64,15 +65,23 @@ class Deviation:
     dtypes: tuple = ()
     when: str = ""
     feature: str = ""
+    problems: str = ""
 
     def __post_init__(self):
-        if self.property == "*" and not self.feature:
-            raise ValueError("Deviation('*', ...) covers every property: it needs the feature its failures use")
+        if self.property == "*" and not (self.feature or self.problems):
+            raise ValueError("Deviation('*', ...) covers every property: it needs the feature or the problems "
+                             "its failures are confined to")
         if self.feature and self.feature not in FEATURES:
             raise ValueError(f"Deviation.feature must be one of {', '.join(FEATURES)}; got {self.feature!r}")
 
     def covers(self, prop: str, dtype: str) -> bool:
         return self.property in (prop, "*") and (not self.dtypes or dtype in self.dtypes)
+
+    def confines(self, case) -> bool:
+        """Whether a problem is one this departure is confined to (its feature, or its problems)."""
+        if self.feature:
+            return self.feature in case.features
+        return re.search(self.problems, repr(case)) is not None
 
     def matches(self, failure: str) -> bool:
         """Whether a failure of the property, as text, is this deviation."""
@@ -100,7 +109,7 @@ class Semantics:
         """The declared Deviation covering this property at this dtype, or None (feature: only those
         tied to a feature, True, or only those that are not, False)."""
         return next((d for d in self.deviations if d.covers(prop, dtype)
-                     and (feature is None or bool(d.feature) == feature)), None)
+                     and (feature is None or bool(d.feature or d.problems) == feature)), None)
 
 
 def _call_fields() -> list:

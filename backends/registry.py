@@ -40,6 +40,11 @@ BUILTINS = {
     "keras-numpy": "attnspec.backends.keras_backends:KerasNumpy",
     "keras-jax": "attnspec.backends.keras_backends:KerasJax",
     "keras-torch": "attnspec.backends.keras_backends:KerasTorch",
+    "flax-linen": "attnspec.backends.flax_backends:FlaxLinen",
+    "flax-nnx": "attnspec.backends.flax_backends:FlaxNnx",
+    "transformers-sdpa": "attnspec.backends.transformers_backends:TransformersSdpa",
+    "transformers-eager": "attnspec.backends.transformers_backends:TransformersEager",
+    "mlx-sdpa": "attnspec.backends.mlx_backends:MlxFastSdpa",
 }
 
 

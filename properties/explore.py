@@ -16,6 +16,7 @@ Seeds, example counts and phases come from public Hypothesis settings built per 
 """
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -162,9 +163,10 @@ def seed_of(base: int, prop: Property, target) -> int:
 
 
 def explore(prop: Property, target, options: Options, examples: int | None = None, avoid=frozenset(),
-            seeds: bool = True, shrink: bool = True) -> Failure | None:
+            seeds: bool = True, shrink: bool = True, exclude: str = "") -> Failure | None:
     """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
-    problem was declined, and Declined for a fixed example the backend declines."""
+    problem was declined.  ``avoid``: features no draw uses; ``exclude``: a regular expression over a
+    problem as printed - such draws are left out (a declared deviation's problems)."""
     import pytest
 
     if prop.grid is not None:
@@ -183,7 +185,7 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
 
     def body(data):
         case = data.draw(problems, label="problem")
-        if prop.keep is not None and not prop.keep(case):
+        if prop.keep is not None and not prop.keep(case) or exclude and re.search(exclude, repr(case)):
             reject()
         params = prop.params(data.draw, case, target) if prop.params else {}
         try:

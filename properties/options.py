@@ -124,3 +124,13 @@ def configure(config, installed: int = 0) -> Run:
                       rule=config.getoption("attnspec_rule", "attnspec") or "attnspec")
     tb = config.getoption("attnspec_tb", None) or ("long" if config.getoption("verbose") > 0 else "block")
     return Run(profile, options, seed_from, repro, json_path, tb)
+
+
+def for_installed(config, run: Run, backends: int) -> Run:
+    """The run of tests `install` put into a user's module: the profile their number of backends gets
+    (deep for a few), unless a profile or --attnspec-examples is asked for."""
+    import dataclasses
+
+    profile = profiles.choose(backends)
+    examples = config.getoption("attnspec_examples", None) or profiles.EXAMPLES[profile]
+    return dataclasses.replace(run, profile=profile, options=dataclasses.replace(run.options, examples=examples))

@@ -6,9 +6,9 @@ path) instead of a traceback through Hypothesis and the backend; a failure the b
 as a known deviation is ``pytest.xfail`` with the declaration's reason (counted "deviation");
 anything else raised is a fault of the harness and keeps its traceback ("error").
 
-A deviation tied to a feature (a library whose grouped-heads path is broken) covers the failures
-that use that feature; the property is then checked again on fresh draws without it, and a
-failure there is a failure like any other.
+A deviation confined to a feature (a library whose grouped-heads path is broken) or to some
+problems covers the failures on them; the property is then checked again on fresh draws without
+them, and a failure there is a failure like any other.
 """
 from __future__ import annotations
 
@@ -40,17 +40,21 @@ def run_property(node, run, prop, target) -> None:
     node.user_properties.append((results.ROW_KEY, row))
     try:  # a declared deviation is known: not shrunk, not attributed
         failure = explore(prop, target, run.options, shrink=declared is None)
-        if failure is not None and by_feature is not None and by_feature.feature in failure.case.features \
+        if failure is not None and by_feature is not None and by_feature.confines(failure.case) \
                 and by_feature.matches(results.headline(failure)):
-            text = FEATURE_TEXT[by_feature.feature]
+            what = FEATURE_TEXT.get(by_feature.feature) or f"problems like {by_feature.problems!r}"
             if by_feature.feature in prop.constraints(target)["need"]:  # the property is about that feature
                 conclude(node, run, failure, row, by_feature)
-            again = explore(prop, target, run.options, avoid=frozenset({by_feature.feature}), seeds=False)
+            again = explore(prop, target, run.options, avoid=frozenset({by_feature.feature} - {""}),
+                            exclude=by_feature.problems, seeds=False)
             if again is None:  # the declared departure, and nothing else wrong without it
                 n = examples_for(prop, run.options)
                 conclude(node, run, failure, row, by_feature,
-                         seen=f"{results.headline(failure)}\n  without {text}: {n} draws passed")
-            failure = again  # a failure without the feature: not the declared one
+                         seen=f"{results.headline(failure)}\n  without {what}: {n} draws passed")
+            failure = again  # a failure elsewhere: not the declared one
+        if failure is not None and declared is not None and not declared.matches(results.headline(failure)) \
+                and run.options.shrink:  # not the declared deviation: shrink it like any failure
+            failure = explore(prop, target, run.options) or failure
     finally:
         row["examples"] = target.examples
         row["hung"] = target.session.hung  # attnspec run ends a suite whose backend hung

@@ -12,6 +12,7 @@ called ``target``).  Public APIs of pytest and Hypothesis only.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -215,9 +216,17 @@ def attnspec_run(request):
             reason = skip_reason(prop, target)
             if reason:
                 pytest.skip(reason)
-            run_property(request.node, request.config._attnspec, prop, target)
-            for row in target.answers:
-                request.node.user_properties.append((results.SEMANTICS_KEY, row))
+            run, active = request.config._attnspec, contextlib.nullcontext()
+            installed = getattr(request.module, INSTALLED, None)
+            if installed and not request.config._attnspec_suite:  # in a user's own suite (install)
+                run = options.for_installed(request.config, run, len(installed))
+                active = profiles.active(run.profile)  # the suite's settings around its tests only
+            try:
+                with active:
+                    run_property(request.node, run, prop, target)
+            finally:  # a contradicted or declared answer is a row too
+                for row in target.answers:
+                    request.node.user_properties.append((results.SEMANTICS_KEY, row))
     return Runner()
 
 

@@ -158,7 +158,8 @@ def test_spread_leaves_a_run_alone_when_the_user_chose_its_layout(choice):
 
 def test_spread_reads_the_users_choice_in_addopts_and_pytest_addopts_too():
     assert _spread(_config(["properties", *TWO], ["properties"], addopts=["-n", "1"])) == UNTOUCHED
-    assert _spread(_config(["properties", *TWO], ["properties"]), extra={"PYTEST_ADDOPTS": "--dist=loadfile"}) == UNTOUCHED
+    assert _spread(_config(["properties", *TWO], ["properties"]),
+                   extra={"PYTEST_ADDOPTS": "--dist=loadfile"}) == UNTOUCHED
 
 
 def test_spread_keeps_out_of_runs_that_are_not_the_suite_alone():

@@ -206,7 +206,8 @@ def test_a_stateless_failure_is_reproduced_by_the_problem_alone(stateful_run, tm
     assert re.search(r"^EARLIER = \[.+\]$", open(row["reproducer"], encoding="utf-8").read(), re.M)  # there were some
     run = run_reproducer(row["reproducer"], tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr
-    assert run.stdout.splitlines()[0] == ("batch_head_independence FAILED on backend 'planted-values-of-the-next-slice' "
-                                          "at float64 (the problem alone, in a fresh process)")
+    assert run.stdout.splitlines()[0] == ("batch_head_independence FAILED on backend "
+                                          "'planted-values-of-the-next-slice' at float64 (the problem alone, in a "
+                                          "fresh process)")
     assert "replaying" not in run.stdout
     assert run.stdout.splitlines()[1:len(row["message"].splitlines())] == row["message"].splitlines()[1:]

@@ -304,9 +304,10 @@ def test_empty_sizes_a_raise_is_the_answer_error(fn):
 
 
 def test_empty_sizes_a_declared_raise_at_no_keys_fails_in_the_suite(tmp_path):
-    result = run_suite(["tests.plugins.planted:raises_at_no_keys_declared_zeros", "tests.plugins.planted:raises_at_no_keys"],
-                       json_path=str(tmp_path / "out.json"), extra_args=["-k", "empty_sizes", "-n", "0"],
-                       profile="dev", cwd=str(tmp_path), pythonpath=[ROOT], timeout=600)
+    result = run_suite(["tests.plugins.planted:raises_at_no_keys_declared_zeros",
+                        "tests.plugins.planted:raises_at_no_keys"], json_path=str(tmp_path / "out.json"),
+                       extra_args=["-k", "empty_sizes", "-n", "0"], profile="dev", cwd=str(tmp_path),
+                       pythonpath=[ROOT], timeout=600)
     status = {(r["backend"].split(":")[1], r["dtype"]): r["status"] for r in result.conformance}
     assert status == {("raises_at_no_keys_declared_zeros", "float64"): "failed",
                       ("raises_at_no_keys_declared_zeros", "float32"): "failed",

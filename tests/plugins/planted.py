@@ -13,14 +13,16 @@
   does: ``is_causal = query.shape[2] > 1 and ...``), declared top-left.
 - `raises_at_no_keys` / `raises_at_no_keys_declared_zeros`: raise when Lk = 0.
 - `records_calls`: records each call's keywords (what a plain function is handed).
+- `LeaksPaddingNaNDeclaredSameName`: tests.plugins.deviating.LeaksPaddingNaN, its leak declared.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from attnspec.backends import declare
-from attnspec.backends.base import Backend, Capabilities, Semantics, Unsupported
+from attnspec.backends.base import Backend, Capabilities, Deviation, Semantics, Unsupported
 from attnspec.backends.numpy_backends import NumpyNaive
+from tests.plugins.deviating import LeaksPaddingNaN
 
 _NAIVE = NumpyNaive()
 
@@ -139,9 +141,6 @@ def records_calls(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 
 
 # ---- declared deviations --------------------------------------------------------------------------
-
-from attnspec.backends.base import Deviation  # noqa: E402
-from tests.plugins.deviating import LeaksPaddingNaN  # noqa: E402
 
 
 class LeaksPaddingNaNDeclaredSameName(LeaksPaddingNaN):
