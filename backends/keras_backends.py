@@ -101,9 +101,9 @@ class KerasTorch(_Keras):
     semantics = Semantics(output_dtypes=_POLICY, notes=_NOTES + (
         "a bias and a mask together: Keras' torch backend raises ('Only one of `bias` and `mask`'): declined",), deviations=(
         Deviation("*", "Keras' torch backend folds the causal triangle into a boolean mask but hands a bias to "
-                  "torch's SDPA together with is_causal=True, which raises ('Explicit attn_mask should not be set "
-                  "when is_causal=True'): a causal problem with a bias fails (docs/findings.md: "
-                  "keras-torch-bias-causal)", feature="bias",
+                  "torch's SDPA together with is_causal=True; with one KV head (not repeated) torch raises "
+                  "('Explicit attn_mask should not be set when is_causal=True') (docs/findings.md: "
+                  "keras-torch-bias-causal)", problems=r"Hkv=1 [^)]*is_causal=True[^)]*bias=",
                   when="Explicit attn_mask should not be set when is_causal=True"),))
 
     def to_native(self, x, dtype):

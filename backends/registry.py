@@ -60,9 +60,17 @@ SUITE_OPT_IN = {
 }
 
 
+# The libraries people run (issue 24's "zoo", the `zoo` extra): `attnspec run` checks and times them
+# with the rest; a plain `pytest properties` checks them when named (their eager JAX ops compile per
+# shape: keras-jax's suite alone is ~60 s with JAX's cache warm, ~200 s cold).
+ZOO = ("keras-numpy", "keras-jax", "keras-torch", "flax-linen", "flax-nnx", "transformers-sdpa", "transformers-eager",
+       "mlx-sdpa")
+
+
 def suite_names() -> list[str]:
-    """The built-ins the conformance suite checks by default (every built-in but SUITE_OPT_IN)."""
-    return [n for n in builtin_names() if n not in SUITE_OPT_IN]
+    """The built-ins `pytest properties` checks when no backend is named: every built-in but
+    SUITE_OPT_IN and the ZOO (named, or through `attnspec run`, they are checked)."""
+    return [n for n in builtin_names() if n not in SUITE_OPT_IN and n not in ZOO]
 
 
 def builtin_names() -> list[str]:

@@ -26,7 +26,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 # The framework each built-in adapter module loads in `load()`; anything else counts as NumPy
 # (or is a plug-in, whose own module is imported when it is resolved).
 FRAMEWORKS = {"torch_backends": ("torch",), "torch_cuda_backends": ("torch",), "flex_backends": ("torch",),
-              "jax_backends": ("jax",), "onnx_backends": ("onnx", "onnxruntime"), "openvino_backends": ("openvino",)}
+              "jax_backends": ("jax",), "onnx_backends": ("onnx", "onnxruntime"), "openvino_backends": ("openvino",),
+              "keras_backends": ("keras", "torch", "jax"), "flax_backends": ("jax", "flax"),
+              "transformers_backends": ("torch", "transformers"), "mlx_backends": ("mlx.core",)}
 # What the fork server imports besides: FlexAttention's compiler stack, which a flex backend's load()
 # or first call imports (~1 s eager, ~1.9 s torch.compile'd, in every forked combination otherwise)
 PRELOAD_EXTRA = {"flex_backends": ("torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention")}
@@ -137,6 +139,7 @@ def preload(names) -> list[str]:
     import importlib
 
     extra = [m for name in names for m in PRELOAD_EXTRA.get(_adapter(name), ())]
+    os.environ.setdefault("KERAS_BACKEND", "numpy")  # keras' default backend, TensorFlow, is not installed
     loaded = []
     for module in dict.fromkeys(frameworks_of(names) + extra):
         try:
