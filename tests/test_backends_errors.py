@@ -180,7 +180,11 @@ def test_a_refusal_inside_jax_dot_product_attention_is_unsupported_with_its_reas
     """JAX says "not this" with NotImplementedError (cuDNN: head dims, odd lengths in training):
     a skip naming JAX's reason, never a failure of the kernel."""
     pytest.importorskip("jax")
+    from attnspec.backends import jax_programs
+
     backend = resolve("jax-dpa")
+    backend.load()  # (turns on the program cache where ATTNSPEC_JAX_CACHE says; off here: a kept program
+    monkeypatch.setattr(jax_programs, "DIRECTORY", None)  # would run without tracing _attend)
 
     def refuses(*args, **kwargs):
         raise NotImplementedError("The head dim must be <= 256 and a multiple of 8, but got 1.")
