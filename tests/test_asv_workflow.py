@@ -49,10 +49,12 @@ needs_tools = pytest.mark.skipif(
     reason="needs git, asv and virtualenv (the bench extra)")
 
 
-def _env(home, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "ASV_"))}
-    env.update(HOME=str(home), VIRTUALENV_SYSTEM_SITE_PACKAGES="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t", PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+def _env(home, system_site_packages: bool = True, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "ASV_", "VIRTUALENV_"))}
+    env.update(HOME=str(home), GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t", PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    if system_site_packages:
+        env["VIRTUALENV_SYSTEM_SITE_PACKAGES"] = "1"
     return env
 
 
@@ -155,9 +157,11 @@ def test_a_plugin_runs_attnspecs_benchmarks_in_its_own_asv(tmp_path):
                                          'dependencies = ["numpy"]\n\n[tool.setuptools]\npackages = ["mykernel"]\n')
     from attnspec.benchmarks import plugin_suite
 
-    plugin_suite.write(str(repo), backend="mykernel:attention")  # asv.conf.json and asv_bench/
-    env = _env(tmp_path, ATTNSPEC_BENCH_T=SIZES, ATTNSPEC_BENCH_DTYPES="float32", ATTNSPEC_BENCH_OPS="forward",
-               ATTNSPEC_BENCH_SAMPLES="10")
+    plugin_suite.write(str(repo), backend="mykernel:attention")  # asv.conf.json and benchmarks/
+    # no site packages of the interpreter running asv: attnspec must come through the route plugin_suite
+    # wrote (its install command), as in a user's virtual environment
+    env = _env(tmp_path, system_site_packages=False, ATTNSPEC_BENCH_T=SIZES, ATTNSPEC_BENCH_DTYPES="float32",
+               ATTNSPEC_BENCH_OPS="forward", ATTNSPEC_BENCH_SAMPLES="10")
     sh = _shell(repo, env)
     sh("git", "init", "-q")
     sh("git", "add", "-A")

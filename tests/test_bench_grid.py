@@ -294,11 +294,15 @@ def test_asv_skips_the_openmp_count_of_numpy_alone(tmp_path, monkeypatch):
 def test_plugin_suite_writes_a_config_asv_reads(tmp_path):
     from attnspec.benchmarks import plugin_suite
 
-    written = plugin_suite.write(str(tmp_path), "mykernel:attention", requirements=["attnspec==0.1.0"])
+    written = plugin_suite.write(str(tmp_path), "mykernel:attention", requirements=["torch==2.13.0"])
     conf = json.loads((tmp_path / "asv.conf.json").read_text())
-    assert conf["benchmark_dir"] == "asv_bench" and conf["environment_type"] == "virtualenv"
-    assert conf["matrix"] == {"req": {"pip+attnspec==0.1.0": [""]}} and conf["launch_method"] == "forkserver"
-    module = (tmp_path / "asv_bench" / "bench_attnspec.py").read_text()
+    assert conf["benchmark_dir"] == "benchmarks" and conf["environment_type"] == "virtualenv"  # asv's default folder
+    assert conf["matrix"] == {"req": {"pip+torch==2.13.0": [""]}} and conf["launch_method"] == "forkserver"
+    # attnspec reaches asv's environment by its install command, after the plug-in's own wheel
+    source, words = plugin_suite.route()
+    assert conf["install_command"][1] == f"in-dir={{env_dir}} python -m pip install {source}"
+    assert source.endswith("[bench]") and ("folder" in words or "package index" in words)
+    module = (tmp_path / "benchmarks" / "bench_attnspec.py").read_text()
     assert "'mykernel:attention'" in module and "from attnspec.benchmarks.bench_decode import TimeDecode" in module
     assert len(written) == 3
     compile(module, "bench_attnspec.py", "exec")

@@ -1,8 +1,9 @@
-"""attnspec backends: every backend, whether it runs here (or why not), and what it declares.
+"""attnspec backends: whether a backend runs here (or why not), and what it declares.
 
-Built-ins and installed entry points are always listed; `--backend NAME` adds plug-ins
-given as ``package.module:attr``.  A broken entry point is listed as unavailable with its
-error; a broken `--backend` name is a user error (exit 2).
+With no option: every built-in and installed entry point.  ``--backend NAME`` (repeatable):
+those backends alone - nothing else is resolved, so no other framework is imported; ``--all``
+adds every built-in and entry point to them.  A broken entry point is listed as unavailable with
+its error; a broken `--backend` name is a user error (exit 2).
 """
 from __future__ import annotations
 
@@ -12,29 +13,37 @@ from attnspec.errors import UserError
 
 _COLUMNS = ("name", "available", "device", "dtypes", "gradients", "masks", "causal",
             "fully_masked", "causal_alignment")
-# The features table: (column, feature name of specs.problem.FEATURES or a row key)
-_FEATURE_COLUMNS = (("gqa", "gqa"), ("bias", "bias"), ("dbias", "bias_gradient"),
-                    ("bottom_right", "causal_bottom_right"), ("window", "window"), ("seq_lengths", "seq_lengths"),
-                    ("segment_ids", "segment_ids"), ("softcap", "softcap"), ("alibi", "alibi"), ("lse", "lse"),
-                    ("padded_rows", "padded_rows"))
+def _feature_columns() -> tuple:
+    """(column, key): every feature of the problem's table (specs.fields.FEATURES), dBias after the bias,
+    and what a padded row gives."""
+    from attnspec.specs.fields import FEATURES
+
+    cols = []
+    for f in FEATURES:
+        cols.append((f.replace("causal_", ""), f))
+        if f == "bias":
+            cols.append(("dbias", "bias_gradient"))
+    return tuple(cols) + (("padded_rows", "padded_rows"),)
 
 
 def add_parser(sub):
     p = sub.add_parser("backends", help="list backends: availability, device, dtypes, gradients, declared semantics",
                        description=__doc__.splitlines()[0])
     p.add_argument("--backend", action="append", default=[], metavar="NAME",
-                   help="also list NAME (built-in, entry point or package.module:attr); repeatable")
+                   help="describe NAME alone (built-in, entry point or package.module:attr); repeatable")
+    p.add_argument("--all", action="store_true", help="every built-in and entry point too (the default without --backend)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=run)
     return p
 
 
-def _rows(extra_names) -> list[dict]:
+def _rows(extra_names, everything: bool = True) -> list[dict]:
     from attnspec.backends import registry
 
-    rows = [_with_support(registry.resolve(n).describe()) for n in registry.builtin_names()]
-    listed = set(registry.builtin_names())
-    for name in registry.entry_points():
+    names = registry.builtin_names() if everything else []
+    rows = [_with_support(registry.resolve(n).describe()) for n in names]
+    listed = set(names)
+    for name in (registry.entry_points() if everything else ()):
         if name in listed:
             continue
         listed.add(name)
@@ -68,7 +77,7 @@ def _describe(backend, name: str) -> dict:
 
 def _with_support(row: dict) -> dict:
     """Adds "supports": every feature of specs.problem.FEATURES -> declared natively or not."""
-    from attnspec.specs.problem import FEATURES
+    from attnspec.specs.fields import FEATURES
 
     return {**row, "supports": {f: f in (row.get("features") or ()) for f in FEATURES}}
 
@@ -89,8 +98,8 @@ def _aligned(header, cells) -> list:
 
 def format_features(rows) -> str:
     """One line per backend, one column per optional feature: what it takes natively."""
-    header = ("name",) + tuple(c for c, _ in _FEATURE_COLUMNS)
-    cells = [[r["name"]] + [_feature_cell(r, key) for _, key in _FEATURE_COLUMNS] for r in rows]
+    header = ("name",) + tuple(c for c, _ in _feature_columns())
+    cells = [[r["name"]] + [_feature_cell(r, key) for _, key in _feature_columns()] for r in rows]
     return "\n".join(["features declared (taken natively; '.' = Unsupported, never emulated):"]
                      + _aligned(header, cells))
 
@@ -125,6 +134,6 @@ def format_table(rows) -> str:
 
 
 def run(args) -> int:
-    rows = _rows(args.backend)
+    rows = _rows(args.backend, everything=args.all or not args.backend)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 0
