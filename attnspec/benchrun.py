@@ -60,7 +60,8 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, in
     jobs = max(1, min(int(os.environ.get("ATTNSPEC_BENCH_JOBS") or os.cpu_count() or 1), len(names)))
     shards = [s for s in bench_shards(names, jobs) if s] or [names]
     config, results_dir = procs.asv_config()
-    base = ["asv", "run", "--config", config, "--set-commit-hash", commit] + (["--quick"] if mode == "quick" else [])
+    base = ["asv", "run", "--config", config, "--set-commit-hash", commit, "--show-stderr"] + (
+        ["--quick"] if mode == "quick" else [])  # --show-stderr: procs.stream says why a benchmark failed
     print(f"[bench] asv run at commit {commit[:8]} (grid: {mode}; {len(shards)} process(es) side by side; "
           "benchmarks/README.md)", flush=True)
     start = time.monotonic()

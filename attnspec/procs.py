@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -171,16 +172,32 @@ def _headline(line: str) -> bool:
     return bool(line.strip()) and not line[0].isspace() and "====" not in line and "----" not in line
 
 
+_WHY = re.compile(r"^\s*(attnspec: cannot load backend .*|[\w.]*(Error|Exception)(: .*)?)$")
+
+
+def _why(line: str) -> str | None:
+    """A failure's reason in asv's --show-stderr output: our own load error, or a traceback's last line."""
+    found = _WHY.match(line.rstrip("\n"))
+    return found.group(1).strip() if found else None
+
+
 def stream(cmd, env=None, prefix="", quiet_every: float = 30.0) -> int:
-    """Run cmd, echoing its output's headlines (asv's progress lines); return its exit status.
+    """Run cmd, echoing its output's headlines (asv's progress lines) and, once each, the reasons
+    benchmarks failed (from asv's --show-stderr); return its exit status.
 
     asv prints a parameterised benchmark's line only when all its combinations are done, so
     a line saying it is still running comes every `quiet_every` seconds of silence."""
     start = last = [time.monotonic()] * 2
+    said = set()
 
     def on_line(line):
         now = time.monotonic()
-        if line.endswith("\n") and _headline(line):
+        why = _why(line) if line.endswith("\n") else None
+        if why and why not in said:
+            said.add(why)
+            print(f"{prefix}    why: {why}", flush=True)
+            last[0] = now
+        elif line.endswith("\n") and _headline(line):
             print(prefix + line.rstrip("\n"), flush=True)
             last[0] = now
         elif now - last[0] >= quiet_every:

@@ -74,7 +74,7 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
     accurate (e.g. float32 inside).  output_dtypes: {input dtype: output dtype} for results that
     come back in another dtype by policy.  mask_with_causal: it takes ``attn_mask`` together
     with ``is_causal=True``.  masks / causal: False when it takes no boolean mask / has no causal
-    mode (the suite then never sends one).  features: names from specs.problem.FEATURES.
+    mode (the suite then never sends one).  features: names from specs.fields.FEATURES.
     head_dim_multiple: the head dims E and Ev it takes are multiples of this (a kernel's tile width;
     the suite draws only those).  deviations: {property name: why} for known departures (an
     upstream bug, a documented limit): where that property fails the result is `deviation`.

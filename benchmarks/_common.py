@@ -149,10 +149,17 @@ def inputs(w: Workload) -> tuple:
     return q, k, v, grad_out
 
 
+LOAD_ERROR = "attnspec: cannot load backend"  # attnspec.procs.stream echoes lines holding it
+
+
 def get_backend(name: str):
     """The backend, loaded; NotImplementedError (asv's skip) with the reason if it cannot load."""
     if name not in _BACKENDS:
-        backend = registry.resolve(name)
+        try:
+            backend = registry.resolve(name)
+        except Exception as e:  # said on stderr, where attnspec run (asv --show-stderr) finds it
+            print(f"{LOAD_ERROR} {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            raise
         if getattr(backend, "uniform_hooks", False):
             # eager torch-flex: the suite's trace-reusing hooks cost ~15 ms more a call at small sizes
             # (T = 4: 19-25 ms against 3.5-8.5 ms); a timed call pays for the hooks users write

@@ -7,6 +7,10 @@ allowed).  It tries the failing problem alone first, in the fresh process the sc
 when that passes does it replay the backend calls the suite had made before (their
 configurations, with random values; a call the backend declines is skipped) and try again,
 saying so: a backend that keeps state between calls.  Exit status 1 while the failure stands.
+
+When the suite writes a script for a failure it runs it once without the history, in a fresh
+process (`needs_history`): a failure that stands alone keeps no history (most do), one that
+needs the earlier calls keeps them and says so.
 """
 from __future__ import annotations
 
@@ -73,8 +77,20 @@ def arrays_of(failure) -> dict:
     return named
 
 
-def script(failure, headline: str, import_paths=(), npz: str | None = None) -> str:
-    """The reproducer's text; arrays as literals, or loaded from `npz` (a file name beside the script)."""
+HISTORY_NOTE = {
+    None: "# The backend's calls before this problem in the suite's run (shapes and fields, not values): replayed\n"
+          "# only when the problem alone does not fail.",
+    False: "# The problem fails alone in a fresh process (checked when the suite wrote this script): no earlier\n"
+           "# call is needed.",
+    True: "# The problem alone PASSED in a fresh process when the suite wrote this script: it fails only after\n"
+          "# the backend's earlier calls below (shapes and fields, not values), replayed first - the backend keeps\n"
+          "# state between calls.",
+}
+
+
+def script(failure, headline: str, import_paths=(), npz: str | None = None, history: bool | None = None) -> str:
+    """The reproducer's text; arrays as literals, or loaded from `npz` (a file name beside the script).
+    history: None (not checked: the earlier calls kept), False (fails alone: none kept), True (needed)."""
     c, t = failure.case, failure.target
     arrays = arrays_of(failure)
     lines = ["#!/usr/bin/env python3", *("# " + x for x in headline.splitlines()), "#",
@@ -100,9 +116,8 @@ def script(failure, headline: str, import_paths=(), npz: str | None = None) -> s
     lines += [f"fields = dict({', '.join(f'{n}={x}' for n, x in fields.items())})  # the problem's optional fields",
               f"params = dict({', '.join(f'{n}={x}' for n, x in params.items())})  # what the property drew besides",
               f"problem = dict(q=q, k=k, v=v, mask=mask, is_causal={c.is_causal!r}, scale={_value(c.scale)}, fields=fields, label={c.label!r})",
-              "# The backend's calls before this problem in the suite's run (shapes and fields, not values): replayed",
-              "# only when the problem alone does not fail.",
-              f"EARLIER = {[tuple(s) for s in failure.earlier]!r}", "",
+              HISTORY_NOTE[history],
+              f"EARLIER = {[] if history is False else [tuple(s) for s in failure.earlier]!r}", "",
               "if __name__ == '__main__':",
               "    from attnspec.properties.repro import replay",
               f"    sys.exit(replay({getattr(t.session, 'spec', t.name)!r}, {t.dtype!r}, {failure.prop.family!r}, "
@@ -110,8 +125,9 @@ def script(failure, headline: str, import_paths=(), npz: str | None = None) -> s
     return "\n".join(lines)
 
 
-def write(folder: str, failure, headline: str, import_paths=(), n: int = 0) -> tuple[str, str]:
-    """(path, text) of the reproducer written into folder (an .npz beside it for a large problem)."""
+def write(folder: str, failure, headline: str, import_paths=(), n: int = 0, check_alone: bool = False) -> tuple[str, str]:
+    """(path, text) of the reproducer written into folder (an .npz beside it for a large problem).
+    check_alone: run it once without the history in a fresh process and keep the history only if needed."""
     os.makedirs(folder, exist_ok=True)
     name = file_name(failure.target.name, failure.target.dtype, failure.prop.name, n)
     path = os.path.join(folder, name)
@@ -122,12 +138,46 @@ def write(folder: str, failure, headline: str, import_paths=(), n: int = 0) -> t
         np.savez_compressed(os.path.join(folder, npz), **arrays)
     elif os.path.exists(path[:-3] + ".npz"):
         os.remove(path[:-3] + ".npz")
-    text = script(failure, headline, import_paths, npz)
+    if check_alone and failure.earlier:
+        _save(path, script(failure, headline, import_paths, npz, history=False))
+        history = needs_history(path)
+        if history is False:
+            return path, _read(path)
+    else:
+        history = False if check_alone else None
+    text = script(failure, headline, import_paths, npz, history)
+    _save(path, text)
+    return path, text
+
+
+ALONE_TIMEOUT = 300  # seconds for the fresh-process check: importing a framework and compiling once
+
+
+def needs_history(path: str) -> bool | None:
+    """Run the script (written without history) in a fresh process: False when the failure stands
+    alone, True when the problem passes alone (the history is needed), None when undecided."""
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, path], capture_output=True, timeout=ALONE_TIMEOUT,
+                              cwd=os.getcwd(), env=dict(os.environ))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode == 1 and b" FAILED on backend " in done.stdout:  # not an exception's exit status 1
+        return False
+    return True if done.returncode == 0 else None
+
+
+def _save(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
-    return path, text
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def forget(folder: str, backend: str, dtype: str, prop: str) -> None:

@@ -25,6 +25,8 @@ CSV_FILES = ("conformance.csv", "semantics.csv", "benchmarks.csv", "scaling.csv"
 # (and, if it needs a table the report does not compute yet, a field to Frames).
 SECTIONS = (
     ("verdict", "Verdict per backend"),
+    ("failures", "Failures"),
+    ("deviations", "Declared deviations"),
     ("conformance", "Conformance: backend × property × dtype"),
     ("semantics", "Semantics: what each backend does where the spec leaves a choice"),
     ("performance", "Performance"),

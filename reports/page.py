@@ -16,33 +16,13 @@ from markupsafe import Markup
 
 from attnspec.reports import plots
 from attnspec.reports.bench_sections import decode_data, dtypes_data, masked_data  # noqa: F401 - sections of build.SECTIONS
-from attnspec.reports.inputs import NOT_ATTEMPTED
+from attnspec.reports.verdicts import (STATUS_TEXT, deviations_data, failures_data, text, tri,  # noqa: F401 - sections
+                                       verdict_data)
 from attnspec.reports.tables import FIT_T_MIN
 
-STATUS_TEXT = {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "error",
-               "crashed": "crashed", "timed_out": "timed out", "recorded": "recorded (nothing declared)",
-               "deviation": "declared deviation"}
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "error": "!", "crashed": "‼", "timed_out": "…",
                "recorded": "○", "deviation": "≠"}
-COUNTS = ("passed", "failed", "error", "skipped", "deviations", "semantics contradicted")  # verdict columns
-OPEN_FAILURES = 6  # the first few unfolded; the rest one line each, a click away
-
-
-def text(x) -> str:
-    """A cell's text: '' for missing values (None, NaN), else str."""
-    if x is None or (isinstance(x, float) and pd.isna(x)):
-        return ""
-    return str(x)
-
-
-def tri(x):
-    """True, False or None (not declared / unknown), whatever pandas made of the column."""
-    if x is None or (isinstance(x, float) and pd.isna(x)):
-        return None
-    if isinstance(x, str):
-        return {"true": True, "false": False}.get(x.strip().lower())
-    return bool(x)
 
 
 def environment() -> jinja2.Environment:
@@ -56,36 +36,6 @@ def render(title: str, meta: dict, sections) -> str:
     return environment().get_template("page.html.j2").render(title=title, meta=meta, sections=sections) + "\n"
 
 
-def _untested(verdicts: pd.DataFrame) -> pd.Series:
-    return verdicts["verdict"].str.startswith("not tested")
-
-
-def verdict_data(f) -> dict:
-    """The table of tested backends, then one line per reason for those not tested here."""
-    verdicts, speed = f.verdicts, f.speed
-    tested, untested = verdicts[~_untested(verdicts)], verdicts[_untested(verdicts)]
-    speed_by = {b: g for b, g in speed.groupby("backend")} if not speed.empty else {}
-    several = not speed.empty and speed["machine"].nunique() > 1
-    has_reason = bool(tested["reason"].astype(str).str.len().sum())
-    rows = []
-    for _, r in tested.iterrows():
-        kind = ("crashed" if r["verdict"] == "crashed" else "timed_out" if r["verdict"] == "timed out"
-                else "failed" if r["verdict"].startswith("does not")
-                else "deviation" if int(r.get("deviations", 0) or 0) else "passed")
-        times = speed_by.get(r["backend"])
-        rows.append({"backend": text(r["backend"]), "kind": kind, "verdict": text(r["verdict"]),
-                     "counts": [int(r.get(c, 0) or 0) for c in COUNTS], "reason": text(r["reason"]),
-                     "times": [] if times is None else [
-                         f"{x['forward time']} (T={int(x['T'])})" + (f" on {x['machine']}" if several else "")
-                         for _, x in times.iterrows()]})
-    columns = ["backend", "verdict", "passed", "failed", "error", "skipped", "declared deviations",
-               "declarations contradicted",
-               "forward time at the largest T"] + (["why"] if has_reason else [])
-    return {"columns": columns, "tested": rows, "has_reason": has_reason,
-            "untested": [{"reason": text(reason) or "every check skipped", "backends": ", ".join(sorted(g["backend"]))}
-                         for reason, g in untested.groupby("reason", sort=True)]}
-
-
 def conformance_data(f) -> dict:
     """Rows: properties; columns: backends; in each cell one chip per dtype, coloured by status."""
     conf = f.conf
@@ -97,45 +47,39 @@ def conformance_data(f) -> dict:
     cells: dict = {}
     for r in shown.itertuples():
         cells.setdefault((str(r.property), str(r.backend)), []).append(r)
+    ran = {b: set(g["dtype"].astype(str)) for b, g in shown[shown["status"] != "skipped"].groupby("backend")}
     rows = []
     for prop in sorted(set(shown["property"].astype(str))):
         row = []
         for b in backends:
             found = sorted(cells.get((prop, b), []), key=lambda r: (order.get(str(r.dtype), 99), str(r.dtype)))
+            if len(found) > 1 and all(r.status == "passed" for r in found):  # one chip: 2000 chips weigh 170 KB
+                dtypes = [DTYPE_SHORT.get(str(r.dtype), str(r.dtype)) for r in found]
+                tried = sorted({int(n) for n in pd.to_numeric(pd.Series([r.examples for r in found]), errors="coerce").dropna()})
+                row.append([{"status": "passed", "mark": "",
+                             "text": "✓" if {str(r.dtype) for r in found} == ran.get(b) else " ".join(dtypes) + " ✓",
+                             "tip": f"passed at {', '.join(dtypes)}"
+                                    + (f"; {'-'.join(map(str, tried[::max(1, len(tried) - 1)]))} problems tried each" if tried else "")}])
+                continue
             row.append([{"status": text(r.status),
-                         "tip": f"{r.dtype} {r.status}" + (f": {text(r.message)}" if text(r.message) else ""),
+                         "tip": f"{r.dtype} {r.status}" + _tried(r.examples)
+                                + (f": {_first_line(r.message)}" if text(r.message) else ""),
                          "text": DTYPE_SHORT.get(str(r.dtype), str(r.dtype) or "all"),
                          "mark": "" if r.status == "passed" else " " + STATUS_MARK.get(r.status, "?")} for r in found])
         rows.append({"property": prop, "cells": row})
     legend = [(s, t if s == "passed" else f"{STATUS_MARK[s]} {t}") for s, t in STATUS_TEXT.items()]
-    return {"backends": backends, "rows": rows, "legend": legend, "failures": failures(conf),
-            "open_failures": OPEN_FAILURES}
+    return {"backends": backends, "rows": rows, "legend": legend}
 
 
-def failures(conf: pd.DataFrame) -> list:
-    """Each failed, erroring, crashed or timed-out check, and each declared deviation: message and counterexample.
+def _tried(examples) -> str:
+    n = pd.to_numeric(pd.Series([examples]), errors="coerce").iloc[0]
+    return f", {int(n)} problem{'s' if n != 1 else ''} tried" if pd.notna(n) and n > 0 else ""
 
-    The checks a hung backend never ran are one entry per backend, not one each."""
-    out, skipped_after_hang = [], {}
-    for r in conf[conf["status"].isin(["failed", "error", "crashed", "timed_out", "deviation"])].itertuples():
-        if text(r.message).startswith(NOT_ATTEMPTED):
-            skipped_after_hang.setdefault((text(r.backend), text(r.message)), []).append(f"{r.property} [{r.dtype}]")
-            continue
-        message = text(r.message)
-        first = message.strip().splitlines()[0] if message.strip() else ""
-        short = first[:140] + ("…" if len(first) > 140 else "")
-        extra = f" · {int(r.examples)} examples" if pd.notna(r.examples) and str(r.examples) != "" else ""
-        extra += f" · {float(r.seconds):.1f} s" if pd.notna(r.seconds) and str(r.seconds) != "" else ""
-        out.append({"status": text(r.status), "label": STATUS_TEXT.get(r.status, text(r.status)),
-                    "backend": text(r.backend), "property": text(r.property), "dtype": text(r.dtype),
-                    "extra": extra, "short": short, "message": message if message.strip() != short else "",
-                    "counterexample": text(r.counterexample)})
-    for (backend, message), checks in skipped_after_hang.items():  # after the backend's other entries
-        at = max((i + 1 for i, f in enumerate(out) if f["backend"] == backend), default=len(out))
-        out.insert(at, {"status": "failed", "label": "not attempted", "backend": backend, "property": f"{len(checks)} checks",
-                    "dtype": "", "extra": "", "short": message[len(NOT_ATTEMPTED):], "counterexample": "",
-                    "message": "Not attempted: " + ", ".join(checks)})
-    return out
+
+def _first_line(message) -> str:
+    """A tooltip's message: its first line, cut (the failures section has the whole of it)."""
+    first = text(message).strip().splitlines()[0] if text(message).strip() else ""
+    return first[:200] + ("…" if len(first) > 200 else "")
 
 
 def semantics_data(f) -> dict:
@@ -179,8 +123,9 @@ def performance_data(f) -> dict:
     figures = []
     for metric, ylabel, title, k in (("time", "seconds per call", "Time per call", 1.0),
                                       ("memory", "extra MiB per call", "Extra memory per call", 1 / 2 ** 20)):
-        figures.append((title, plots.metric_vs_T(head, metric, ylabel, f.slopes, scale=k)))
-    figures.append(("Achieved GFLOP/s (roofline: the measured float32 matmul peak)", plots.gflops_vs_T(head, f.peaks)))
+        figures += [(f"{title}: {op}", svg) for op, svg in plots.metric_vs_T(head, metric, ylabel, f.slopes, scale=k)]
+    figures += [(f"Achieved GFLOP/s: {op} (roofline: the measured float32 matmul peak)", svg)
+                for op, svg in plots.gflops_vs_T(head, f.peaks)]
     first = head.iloc[0]
     return {"measured": True, "batch": text(first["batch"]), "heads": text(first["heads"]), "E": text(first["E"]),
             "dtype": text(first["dtype"]), "fit_t_min": FIT_T_MIN, "scaling": scaling_data(f.scaling),
@@ -214,7 +159,7 @@ def _cell(v) -> str:
 
 
 def worked_data(f) -> dict:
-    """Per seed file a count, the errata in full, and every number behind a disclosure."""
+    """Per seed file a count and the errata in full (every number: worked_examples.csv)."""
     df = f.worked
     cols = ("source", "quantity", "kind", "printed", "computed", "agrees", "note")
     rows = [{**{c: _cell(r[c]) if c in r else "" for c in cols}, "erratum": tri(r["agrees"]) is False}
@@ -233,8 +178,8 @@ def detection_data(f) -> dict:
     """One row per dtype and defect: the smallest d rejected, by this suite and by flash's rule."""
     df = f.detection if f.detection is not None else pd.DataFrame()
     if df.empty:
-        return {"rows": [], "note": "Not measured for this report: python -m properties.detection_power "
-                                    "--out reports/detection-power (then attnspec run or attnspec report "
+        return {"rows": [], "note": "Not measured for this report: python tools/detection_power.py --defects "
+                                    "tests.defects --out reports/detection-power (then attnspec run or attnspec report "
                                     "reports/out reports/detection-power)."}
     alarms = "flash_rule_control_failed"
     rows = [[text(r.get("dtype")), text(r.get("defect")), text(r.get("smallest_d_rejected")),

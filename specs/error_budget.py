@@ -62,7 +62,7 @@ u: half the spacing of the format's numbers at 1.  u_acc: every 16-bit kernel wo
 accumulates reductions in float32 (and keeps the lse in float32).  Measured on every correct
 kernel here, in every dtype (tests/budget_study.py, tests/test_budget_margins.py): no row
 uses more than MARGIN of its allowance.  Detection power (the smallest defect the suite
-rejects): ``python -m properties.detection_power``.
+rejects): ``python tools/detection_power.py --defects tests.defects`` in a checkout.
 
 ``rule="flash"`` (every function here takes it) switches a budget to flash-attention's rule,
 2 x the plain error's maximum over the whole tensor and no floor (for comparisons; in float64 it

@@ -125,7 +125,7 @@ def test_cli_table_lists_every_builtin_with_availability_and_declarations(capsys
 
 
 def test_cli_json_with_plugins_and_entry_points(capsys, installed_plugin):
-    assert main(["backends", "--json", "--backend", f"{PLUGIN}:sdpa", "--backend", "numpy-naive"]) == 0
+    assert main(["backends", "--json", "--all", "--backend", f"{PLUGIN}:sdpa", "--backend", "numpy-naive"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     plain = rows[f"{PLUGIN}:sdpa"]
     assert plain["available"] and not plain["gradients"] and plain["fully_masked"] is None
@@ -165,3 +165,20 @@ def test_the_suite_checks_every_builtin_by_default_but_the_opt_in_ones_and_the_z
     assert "torch-flex-compiled" in registry.SUITE_OPT_IN and "torch-flex" in registry.suite_names()
     assert {"keras-jax", "flax-linen", "transformers-sdpa", "mlx-sdpa"} <= set(registry.ZOO)
     assert all(len(why) > 40 for why in registry.SUITE_OPT_IN.values())  # a reason a user can act on
+
+
+def test_cli_describes_a_named_backend_alone_importing_nothing_else():
+    """`attnspec backends --backend numpy-naive`: that row only, and no other framework loaded
+    (JAX's import alone warns about fork on stderr); --all lists every built-in beside it."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom attnspec.cli import main\n"
+            "rc = main(['backends', '--json', '--backend', 'numpy-naive'])\n"
+            "print(json.dumps(sorted(m for m in ('torch', 'jax', 'onnxruntime', 'openvino', 'keras', 'flax', "
+            "'transformers', 'mlx') if m in sys.modules)), file=sys.stderr)\nsys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [r["name"] for r in json.loads(done.stdout)] == ["numpy-naive"]
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == []
+    assert main(["backends", "--json", "--all", "--backend", "numpy-naive"]) == 0

@@ -73,7 +73,7 @@ def test_row_budget_follows_each_rows_own_scores():
 # the targets: (temperature, gain); each defect of that size, on the 12 study problems
 TARGETS = {"float16": (1e-2, 3e-3), "bfloat16": (3e-2, 3e-2), "float32": (1e-5, 1e-5), "float64": (1e-6, 1e-6)}
 # measured here (torch 2.13 CPU): problems on which check_forward alone rejects it; the suite
-# has more chances (LSE, gradients, weights probes) - python -m properties.detection_power
+# has more chances (LSE, gradients, weights probes) - python tools/detection_power.py
 REJECTED = {"float16": (4, 11), "bfloat16": (0, 11), "float32": (2, 11), "float64": (8, 11)}
 
 

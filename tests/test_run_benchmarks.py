@@ -170,3 +170,24 @@ def test_each_mode_runs_the_benchmark_grid_of_its_name():
     """The grids themselves are benchmarks/_grid.py's (tests/test_bench_grid.py checks them)."""
     assert {mode: env["ATTNSPEC_BENCH_GRID"] for mode, env in benchrun.MODES.items()} == {
         "quick": "quick", "default": "default", "full": "full"}
+
+
+def test_the_stream_says_once_why_benchmarks_failed(capsys):
+    """asv --show-stderr prints each failed benchmark's stderr indented; the stream keeps asv's
+    headlines and echoes each distinct reason once (a plug-in that cannot load fails every one)."""
+    lines = ["· Running 2 total benchmarks", "[50%] ··· bench_attention.TimeAttention.time_call   failed",
+             "   attnspec: cannot load backend mypkg.attn:sdpa: BackendSelectionError: No module named 'mypkg'",
+             "   Traceback (most recent call last):", "     raise ModuleNotFoundError(...)",
+             "   ModuleNotFoundError: No module named 'mypkg'",
+             "[100%] ··· bench_memory.PeakMemory.peakmem_call   failed",
+             "   attnspec: cannot load backend mypkg.attn:sdpa: BackendSelectionError: No module named 'mypkg'",
+             "   RuntimeWarning: os.fork() was called"]
+    script = "import sys\nfor line in sys.argv[1:]: print(line)\nsys.exit(2)"
+    rc = procs.stream([sys.executable, "-c", script, *lines], prefix="  ")
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 2
+    assert out.count("      why: attnspec: cannot load backend mypkg.attn:sdpa: BackendSelectionError: No module "
+                     "named 'mypkg'") == 1
+    assert out.count("      why: ModuleNotFoundError: No module named 'mypkg'") == 1
+    assert "  [50%] ··· bench_attention.TimeAttention.time_call   failed" in out
+    assert not [x for x in out if "RuntimeWarning" in x or "Traceback" in x]

@@ -442,3 +442,33 @@ def test_profiles_are_chosen_by_name_and_restored_after_use():
     assert profiles.ci_seed(ROOT, {"ATTNSPEC_SEED": "42"}) == (42, "ATTNSPEC_SEED")
     with pytest.raises(ValueError, match="ATTNSPEC_SEED must be an integer"):
         profiles.ci_seed(ROOT, {"ATTNSPEC_SEED": "x"})
+
+
+def readme_example() -> str:
+    """README's plain-function example, exactly as printed (the first python block under 'A plain function')."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    after = text.split("**A plain function**", 1)[1]
+    return re.search(r"```python\n(.*?)```", after, re.S).group(1)
+
+
+def test_readmes_example_passes_the_default_suite_from_its_own_folder(tmp_path):
+    """Copied out of README: `pytest --pyargs attnspec.properties --backend mypkg.attn:sdpa` in the
+    folder holding mypkg/ (not installed), the default profile: deep for one named backend (>= 100
+    drawn problems a property), and nothing fails - Lk = 0, where its row max raises, is the
+    empty-sizes question answered 'error', recorded (nothing declared)."""
+    source = readme_example()
+    assert "# mypkg/attn.py" in source and "def sdpa(" in source
+    project = _project(tmp_path, {"mypkg/__init__.py": "", "mypkg/attn.py": source})
+    proc = _pytest(["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:sdpa", "--attnspec-json", "out.json"],
+                   project, _env(), [PYTEST])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "attnspec: profile deep (100 drawn problems a property)" in proc.stdout
+    data = json.loads((project / "out.json").read_text())
+    rows = data["conformance"]
+    assert rows and not [r for r in rows if r["status"] in ("failed", "error", "crashed", "timed_out")]
+    drawn = [r for r in rows if r["status"] == "passed" and r["property"] in ("matches_reference", "rows_sum_to_one",
+                                                                              "convex_combination")]
+    assert drawn and all(r["examples"] >= 100 for r in drawn), [(r["property"], r["examples"]) for r in drawn]
+    empty = {a["dtype"]: a["observed"] for a in data["semantics"] if a["question"] == "empty_sizes"}
+    assert set(empty.values()) == {"error"}, empty
