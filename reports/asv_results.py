@@ -295,7 +295,7 @@ def fit_scaling(df, metric: str, t_min: int = 256):
             for g in np.unique(groups):  # remove each group's mean: its own intercept
                 x[groups == g] -= x[groups == g].mean()
                 y[groups == g] -= y[groups == g].mean()
-        else:
+        elif len(fit):
             x, y = x - x.mean(), y - y.mean()
         sxx = float(x @ x)
         if len(fit) < 2 or sxx == 0:  # fewer than two T values in every group: no slope

@@ -494,12 +494,14 @@ def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkey
         return real_stream(cmd, env=env, prefix=prefix, **kw)
 
     monkeypatch.setattr(procs, "stream", stream)
-    rc, text, err = run_cli(capsys, "run", "--quick", "--backend", PLUGIN_NAME)
+    rc, text, err = run_cli(capsys, "run", "--quick", "--backend", PLUGIN_NAME, "--baselines", "numpy-naive")
     assert rc == 0, text[-4000:] + err[-2000:]
-    shard_cmd, shard_env = asv_runs[-1]
-    assert shard_env["ASV_PYTHONPATH"].split(os.pathsep)[0] == str(user)
-    assert shard_env["ATTNSPEC_BACKENDS"] == PLUGIN_NAME and "--quick" in shard_cmd
-    assert shard_cmd[shard_cmd.index("--config") + 1] == str(user / ".attnspec" / "asv" / "asv.conf.json")
+    assert "benchmarked beside them (not checked; --baselines): numpy-naive" in text
+    shards = [(cmd, env) for cmd, env in asv_runs if cmd[-1] != "^bench_machine"]
+    assert {b for _, env in shards for b in env["ATTNSPEC_BACKENDS"].split(",")} == {PLUGIN_NAME, "numpy-naive"}
+    for shard_cmd, shard_env in shards:
+        assert shard_env["ASV_PYTHONPATH"].split(os.pathsep)[0] == str(user) and "--quick" in shard_cmd
+        assert shard_cmd[shard_cmd.index("--config") + 1] == str(user / ".attnspec" / "asv" / "asv.conf.json")
     results = user / ".attnspec" / "asv" / "results"
     assert any(p.name != "machine.json" for p in results.glob("*/*.json")), list(results.rglob("*"))
     import pandas as pd
@@ -510,4 +512,14 @@ def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkey
     assert list(time_rows["T"]) == [16] and (time_rows["value"] > 0).all(), mine
     assert {"time", "gflops", "memory"} <= set(mine["metric"]), set(mine["metric"])
     assert set(mine[mine["metric"] == "time"]["problem"]) == {"dense", "decode", "causal"}
+    beside = bench[(bench["backend"] == "numpy-naive") & (bench["metric"] == "time")]
+    assert list(beside[(beside["problem"] == "dense") & (beside["dtype"] == "float32")]["T"]) == [16]  # timed beside it
+    verdicts = {r["backend"]: r["verdict"] for r in read_csv(user / "reports" / "out" / "verdicts.csv")}
+    assert verdicts == {PLUGIN_NAME: "conforms"}  # benchmarked only: no verdict for the baseline
     assert _not_in_attnspecs_own_report()
+
+
+def test_an_unknown_baseline_is_bad_input_naming_the_option(capsys, monkeypatch):
+    monkeypatch.setattr(run_cmd, "probe", lambda names: pytest.fail("probed before checking --baselines"))
+    rc, text, err = run_cli(capsys, "run", "--quick", "--backend", "numpy-naive", "--baselines", "numpy-naive,nope")
+    assert rc == 2 and err.strip().splitlines()[-1].startswith("attnspec run: --baselines: nope is not a built-in"), err

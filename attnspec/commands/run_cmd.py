@@ -22,6 +22,9 @@ from attnspec.errors import UserError
 # slowest here, jax-dpa with its programs not yet compiled, takes ~2 min on 2 cores
 SUITE_TIMEOUT = {"quick": 1200, "default": 1200, "full": 2400}
 DEFAULT_OUT = os.path.join("reports", "out")  # under the current folder
+# What a run of named backends is benchmarked beside (benchmarked only, never checked): NumPy,
+# PyTorch and JAX, so your kernel's time, memory and rates read against theirs in the report.
+BASELINES = ("numpy-naive", "torch-sdpa-cpu", "jax-dpa")
 _PROBE = ("import json, sys\nfrom attnspec.backends import registry\nout = []\nfor name in sys.argv[1:]:\n"
           "    try:\n        backend = registry.resolve(name)\n        (ok, why), shown = backend.availability(), backend.name\n"
           "    except registry.BackendSelectionError as e:\n        ok, why, shown = None, str(e), name\n"
@@ -45,6 +48,9 @@ def add_parser(sub):
                       help="the whole benchmark sweep: T = 4..2048 every power of two, E in {16, 64, 128}, every "
                       "dtype and op, decode up to Lk = 32768")
     p.add_argument("--no-bench", action="store_true", help="skip the benchmarks (conformance only)")
+    p.add_argument("--baselines", default=",".join(BASELINES), metavar="A,B",
+                   help="with --backend: built-ins benchmarked (not checked) beside yours, those installed "
+                   f"(default: {','.join(BASELINES)}; '' for none)")
     p.add_argument("--jobs", type=int, metavar="N", help="suites run side by side (default: one per core); "
                    "the attention benchmarks run one asv process per core (ATTNSPEC_BENCH_JOBS)")
     p.add_argument("--suite-timeout", type=float, metavar="SECONDS",
@@ -87,14 +93,34 @@ def named(args) -> list[str] | None:
     return args.backend or registry.names_from_env()
 
 
-def select_backends(args) -> tuple[list[tuple], list[dict]]:
-    """[(name as given, the backend's own name)] to run, and skipped rows (with the reason)."""
+def baselines(args) -> list[str]:
+    """The built-ins a run of named backends is benchmarked beside (none without --backend)."""
+    from attnspec.backends import registry  # imports no framework
+
+    if not named(args) or args.no_bench:
+        return []
+    wanted = [b.strip() for b in (args.baselines or "").split(",") if b.strip()]
+    unknown = [b for b in wanted if b not in registry.BUILTINS]
+    if unknown:
+        raise UserError(f"--baselines: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a built-in "
+                        f"(built-ins: {', '.join(registry.builtin_names())})")
+    return [b for b in wanted if b not in named(args)]
+
+
+def select_backends(args) -> tuple[list[tuple], list[dict], list[tuple]]:
+    """[(name as given, the backend's own name)] to run, skipped rows (with the reason), and the
+    baselines available here (benchmarked only)."""
     from attnspec.backends import registry  # imports no framework
 
     explicit = named(args)
     names = list(dict.fromkeys(explicit or registry.builtin_names()))
-    chosen, skipped = [], []
-    for name, ok, why, shown in probe(names):
+    extra = baselines(args)
+    chosen, skipped, beside = [], [], []
+    for name, ok, why, shown in probe(names + extra):
+        if name in extra and name not in names:
+            if ok:
+                beside.append((name, shown))
+            continue
         if ok is None:
             raise UserError(why)
         if ok:
@@ -106,10 +132,12 @@ def select_backends(args) -> tuple[list[tuple], list[dict]]:
     print(f"attnspec run: backends ({how}): {', '.join(n for n, _ in chosen) or 'none'}")
     for row in skipped:
         print(f"  skipped {row['backend']}: {row['message']}")
+    if beside:
+        print(f"  benchmarked beside them (not checked; --baselines): {', '.join(n for n, _ in beside)}")
     if not chosen:
         raise UserError("none of the selected backends is available here: " + "; ".join(
             f"{r['backend']}: {r['message']}" for r in skipped))
-    return chosen, skipped
+    return chosen, skipped, beside
 
 
 def run(args) -> int:
@@ -127,7 +155,7 @@ def _run(args, build, inputs) -> int:
     _require_tools(args)
     commit = None if args.no_bench else procs.git_head()  # before the long part: fail fast
     start = time.monotonic()
-    chosen, skipped = select_backends(args)
+    chosen, skipped, beside = select_backends(args)
     limit = args.suite_timeout or SUITE_TIMEOUT[args.mode]
     workdir = tempfile.mkdtemp(prefix="attnspec-run-")
     try:
@@ -143,7 +171,7 @@ def _run(args, build, inputs) -> int:
         collected.detection = inputs.read_detection_csv(measured)
     asv_rc = 0
     if not args.no_bench:
-        results_dir, asv_rc = benchrun.run_benchmarks(chosen, args.mode, commit)
+        results_dir, asv_rc = benchrun.run_benchmarks(chosen + beside, args.mode, commit)
         if os.path.isdir(results_dir):
             collected.asv_dirs.append(results_dir)
     summary = build.build(collected, args.out, asv_commit=commit)
