@@ -126,9 +126,10 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
       + w_ij sum_l w_il (Th_il + Thbar_i) |dA_il|    the same errors moving r
       + lse_share |lse_i| |dS_ij|                    P recomputed as exp(S - lse) (flash)
     Under a softcap dS_raw = dS (1 - t^2), t = tanh(raw / cap): the terms times 1 - t^2, plus
-    |dS| (2 + 2 |t| tanh_share + 2 |t| (1 - t^2) R / cap), R = scale |q|.|k|: 1 - t^2 cancels
+    |dS| (2 + 2 |t| tanh_share + 2 |t| (1 - t^2) R / cap) + tau, R = scale |q|.|k|: 1 - t^2 cancels
     (its absolute error is ~2u, and 2 |t| times the tanh's own error: tanh_share = TANH_ULPS
-    u_acc in units of sigma) and moves with the raw score's error.  dQ = scale dS K and dK = scale dS^T Q
+    u_acc in units of sigma) and moves with the raw score's error, and dS_raw's own rounding adds
+    tau (below tau the format's spacing is even).  dQ = scale dS K and dK = scale dS^T Q
     carry it with |K|, |Q|; dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
     """
     f, th = pair_terms(p, f, tanh_share)
@@ -149,7 +150,10 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
     if p.softcap is not None:
         t = np.abs(np.tanh(f.raw / p.softcap))  # (..., Lq, Lk)
         raw = (np.abs(f.q) @ np.swapaxes(np.abs(f.k), -1, -2)) * (p.scale / p.softcap)  # (..., Hq, Lq, Lk) R / cap
-        ds = ds * (1.0 - t * t) + exact * (2.0 + 2.0 * t * tanh_share + 2.0 * t * (1.0 - t * t) * raw)
+        # dS_raw is a rounded value of its own: its u (|x| + tau), whose tau part no factor
+        # 1 - t^2 shrinks (float16 keeps subnormals: a dS_raw below tau errs by u tau absolutely)
+        ds = ds * (1.0 - t * t) + exact * (2.0 + 2.0 * t * tanh_share + 2.0 * t * (1.0 - t * t) * raw) \
+            + tau * f.visible
     dq = (ds @ np.abs(f.k)) * p.scale  # (..., Hq, Lq, E)
     dk = (np.swapaxes(ds, -1, -2) @ np.abs(f.q)) * p.scale  # (..., Hq, Lk, E)
     dv = np.swapaxes(w * (1.0 + rel + lse) + tau * f.visible, -1, -2) @ ady  # (..., Hq, Lk, Ev)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from attnspec.backends.registry import resolve
+from attnspec.properties.case import Case
+from attnspec.properties.judge import grad_out
 from attnspec.specs import error_budget as eb
 from tests.budget_study import CORRECT, DTYPES, measure, study_problems, table
 
@@ -95,3 +97,21 @@ def test_small_defects_are_rejected_by_the_output_budget(dtype):
     print(f"\n{dtype}: temperature {TARGETS[dtype][0]:g} rejected on {counts[0]}/12, gain {TARGETS[dtype][1]:g} "
           f"on {counts[1]}/12")
     assert all(c >= max(0, r - 1) for c, r in zip(counts, REJECTED[dtype])), counts
+
+
+def test_a_float16_softcap_gradient_of_subnormal_terms_rounded_to_zero_is_within_budget():
+    """Found by attnspec run on jax-naive (torch-math agrees): a dK row whose every dS entry is a
+    float16 subnormal - rounded once as dS and again as dS (1 - t^2) - comes back 0 where the
+    reference is 2.5e-7.  Each rounding below tau errs by u tau absolutely, whatever 1 - t^2 is:
+    the budget carries both (specs/budget_terms.py), and still rejects a dK off by 10x that."""
+    data = np.load("tests/data/softcap_f16_subnormal_dk.npz")
+    q, k, v, mask = data["q"], data["k"], data["v"], data["mask"]
+    fields = dict(bias=data["fields_bias"], softcap=4.0, q_lengths=data["fields_q_lengths"],
+                  kv_lengths=data["fields_kv_lengths"])
+    case = Case(q=q, k=k, v=v, mask=mask, is_causal=False, scale=0.5, fields=fields, label="")
+    dy = grad_out(case, "float16", 3309773)  # (B, Hq, Lq, Ev): the failing example's
+    allowed, reference, _ = eb.backward_allowed_rows(q, k, v, dy, mask, False, 0.5, "float16", **fields)[1]  # dK
+    got = reference.copy()  # (B, Hkv, Lk, E)
+    got[0, 2, 1] = 0.0  # what jax-naive and torch-math return for this row
+    assert np.all(np.abs(got - reference).max(-1) <= allowed)
+    assert abs(reference[0, 2, 1]).max() > 0 and not np.all(np.abs(10 * reference - reference).max(-1) <= allowed)
