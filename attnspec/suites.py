@@ -158,7 +158,7 @@ def _suite_row(backend, status, message, seconds) -> dict:
 
 
 def run_suite(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
-              progress: SuiteProgress | None = None, cpus: str = "") -> dict:
+              progress: SuiteProgress | None = None, cpus: str = "", profile: str = "") -> dict:
     """The suite's rows for one backend, plus a (suite) row when it did not finish by itself.
 
     `backend` is what the suite takes (a name or package.module:attr), `shown` the backend's own name.
@@ -173,6 +173,8 @@ def run_suite(backend: str, json_path: str, limit: float, command=None, shown: s
     progress = progress or SuiteProgress()
     progress.path = log
     pinned = {"ATTNSPEC_CPUS": cpus} if cpus else {}
+    if profile:  # the run's depth, not the child's: each child names one backend, which alone would be deep
+        pinned["ATTNSPEC_PROFILE"] = profile
     done = watch((command or suite_command)(backend, json_path, log), limit, progress,
                  env=child_env(**pinned), stop=lambda: progress.hung)
     progress.read()
@@ -221,9 +223,10 @@ def run_suite(backend: str, json_path: str, limit: float, command=None, shown: s
     return data
 
 
-def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> dict:
+def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int, profile: str = "") -> dict:
     """Conformance and semantics rows from one child pytest per backend, `jobs` at a time, each
-    child on a share of the CPUs of its own (side by side, their thread pools fought over them)."""
+    child on a share of the CPUs of its own (side by side, their thread pools fought over them),
+    every child under the run's `profile` (properties/profiles.py)."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
@@ -240,7 +243,7 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int) -> di
         progress = SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
         cpus = slots.get()
         try:
-            data = run_suite(name, path, limit, shown=shown, progress=progress, cpus=cpus)
+            data = run_suite(name, path, limit, shown=shown, progress=progress, cpus=cpus, profile=profile)
         finally:
             slots.put(cpus)
         say(f"[suite {i}/{len(chosen)}] done: {progress.text()}")

@@ -75,7 +75,11 @@ class KerasNumpy(_Keras):
         Deviation("*", "Keras' NumPy backend computes the logits with einsum('BTNH,BSNH->BNTS'), which needs as "
                   "many key/value heads as query heads: grouped heads raise ValueError (operands could not be "
                   "broadcast), though the docstring promises GQA (docs/findings.md: keras-numpy-gqa)",
-                  feature="gqa", when="operands could not be broadcast"),))
+                  feature="gqa", when="operands could not be broadcast"),
+        Deviation("*", "float16 sums P V in float16: np.einsum in the inputs' dtype (keras-team/keras#20615) adds "
+                  "each key's product into the float16 output, ~10x the error of a float32-accumulating kernel, "
+                  "beyond the budget on long rows, Lk >= 30 (docs/findings.md: keras-numpy-float16-accumulation)",
+                  dtypes=("float16",), when="exceeds row", problems=r"\bLk=(?:[3-9]\d|\d{3,})\b"),))
 
     def to_native(self, x, dtype):
         if dtype == "bfloat16":

@@ -1,9 +1,9 @@
-"""`python -m specs`: the seeds' worked examples that disagree with the reference (the errata)."""
+"""`python -m attnspec.specs`: the seeds' worked examples that disagree with the reference (the errata)."""
 import signal
 
 from attnspec.specs.worked_examples import check
 
-signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `python -m specs | head` ends quietly
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `python -m attnspec.specs | head` ends quietly
 
 rows = check()
 errata = [r for r in rows if not r.agrees]

@@ -335,7 +335,7 @@ def test_an_unavailable_backend_fails_the_run_only_when_asked_for(capsys, monkey
                                                          ("torch-sdpa-cuda-flash", False, "no CUDA device", "torch-sdpa-cuda-flash")])
     passed = dict(backend="numpy-naive", property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
                   seconds=0.1, counterexample=None, message=None)
-    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a: {"conformance": [passed], "semantics": []})
+    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a, **kw: {"conformance": [passed], "semantics": []})
     names = ["--backend", "numpy-naive", "--backend", "torch-sdpa-cuda-flash"] if asked else []
     rc, text, err = run_cli(capsys, "run", *names, "--no-bench", "--out", str(tmp_path / "out"))
     verdicts = {r["backend"]: r["verdict"] for r in read_csv(tmp_path / "out" / "verdicts.csv")}
@@ -483,7 +483,7 @@ def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkey
         monkeypatch.setenv(f"ATTNSPEC_BENCH_{var}", value)
     passed = dict(backend=PLUGIN_NAME, property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
                   seconds=0.1, counterexample=None, message=None)
-    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a: {"conformance": [passed], "semantics": []})
+    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a, **kw: {"conformance": [passed], "semantics": []})
     asv_runs = []
     real_stream = procs.stream
 
@@ -523,3 +523,33 @@ def test_an_unknown_baseline_is_bad_input_naming_the_option(capsys, monkeypatch)
     monkeypatch.setattr(run_cmd, "probe", lambda names: pytest.fail("probed before checking --baselines"))
     rc, text, err = run_cli(capsys, "run", "--quick", "--backend", "numpy-naive", "--baselines", "numpy-naive,nope")
     assert rc == 2 and err.strip().splitlines()[-1].startswith("attnspec run: --baselines: nope is not a built-in"), err
+
+
+@needs_report
+@pytest.mark.parametrize("names, environ, expected", [
+    ((), {}, "dev"),                                         # every built-in: the light run
+    (("numpy-naive",), {}, "deep"),                          # the one a user brings: the thorough run
+    (("numpy-naive", "numpy-tiled", "torch-math", "jax-naive"), {}, "dev"),
+    (("numpy-naive",), {"ATTNSPEC_PROFILE": "ci"}, "ci"),    # asked for: kept
+])
+def test_the_suites_depth_follows_the_runs_selection_not_each_childs(capsys, monkeypatch, tmp_path, names,
+                                                                     environ, expected):
+    """Each child names one backend (alone it would be deep): the run passes its own profile down."""
+    monkeypatch.delenv("ATTNSPEC_BACKENDS", raising=False)
+    monkeypatch.delenv("ATTNSPEC_PROFILE", raising=False)
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    for var, value in environ.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(run_cmd, "probe", lambda asked: [(n, True, "", n) for n in asked])
+    seen = {}
+    passed = dict(backend="numpy-naive", property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
+                  seconds=0.1, counterexample=None, message=None)
+
+    def run_suites(chosen, *a, profile=""):
+        seen["profile"] = profile
+        return {"conformance": [passed], "semantics": []}
+
+    monkeypatch.setattr(suites, "run_suites", run_suites)
+    argv = [x for n in names for x in ("--backend", n)]
+    rc, text, err = run_cli(capsys, "run", *argv, "--no-bench", "--out", str(tmp_path / "out"))
+    assert seen["profile"] == expected and f"attnspec run: profile {expected} " in text, text + err

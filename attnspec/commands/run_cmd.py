@@ -17,6 +17,7 @@ import time
 
 from attnspec import benchrun, procs, suites
 from attnspec.errors import UserError
+from attnspec.properties import profiles  # imports nothing heavy (no Hypothesis until a profile loads)
 
 # one backend's whole suite: a safety net (a hung call is ended after ATTNSPEC_CALL_TIMEOUT); the
 # slowest here, jax-dpa with its programs not yet compiled, takes ~2 min on 2 cores
@@ -93,6 +94,16 @@ def named(args) -> list[str] | None:
     return args.backend or registry.names_from_env()
 
 
+def run_profile(args) -> str:
+    """The suites' profile: the one asked for (ATTNSPEC_PROFILE), else deep for a few named
+    backends and dev for the run over every built-in - the depth follows the run's selection."""
+    named_backends = named(args)
+    try:
+        return profiles.choose(len(named_backends) if named_backends else 0)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def baselines(args) -> list[str]:
     """The built-ins a run of named backends is benchmarked beside (none without --backend)."""
     from attnspec.backends import registry  # imports no framework
@@ -162,7 +173,11 @@ def _run(args, build, inputs) -> int:
         checked = chosen if named(args) else [(n, s) for n, s in chosen if n not in registry.SUITE_OPT_IN]
         for name in sorted({n for n, _ in chosen} - {n for n, _ in checked}):
             print(f"  not checked by default (benchmarked only): {name}: {registry.SUITE_OPT_IN[name]}")
-        suite = suites.run_suites(checked, limit, workdir, args.jobs or min(len(checked), os.cpu_count() or 1))
+        profile = run_profile(args)
+        print(f"attnspec run: profile {profile} ({profiles.EXAMPLES[profile]} drawn problems a property; "
+              f"{'deep for the few backends named' if profile == 'deep' else 'ATTNSPEC_PROFILE to choose'})")
+        suite = suites.run_suites(checked, limit, workdir, args.jobs or min(len(checked), os.cpu_count() or 1),
+                                  profile=profile)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     collected = inputs.Inputs(conformance=skipped + suite["conformance"], semantics=suite["semantics"])
