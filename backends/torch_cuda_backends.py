@@ -67,7 +67,8 @@ class TorchSdpaCudaFlash(_CudaLse, TorchSdpa):
 # mask (tril(ones(9, 8), -1)) leaves row 0 none and row i the keys j <= i - 1.  Lq <= Lk is right.
 _NO_CAUSAL_WHEN_LQ_EXCEEDS_LK = ("causal_lower_right with Lq > Lk applies no causal mask at all (torch 2.11, H200: "
                                  "Lq = 9, Lk = 8, every row weights every key; CausalBias dispatches to "
-                                 "_efficient_attention_forward with custom_mask_type=2); Lq <= Lk is right")
+                                 "_efficient_attention_forward with custom_mask_type=2); Lq <= Lk is right "
+                                 "(docs/findings.md: torch-cuda-efficient-lower-right)")
 
 
 class TorchSdpaCudaEfficient(_CudaLse, TorchSdpa):

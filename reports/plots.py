@@ -76,27 +76,37 @@ def _series(sub, several_machines: bool):
             yield key, " @ ".join(str(k) for k in key), g["T"].to_numpy(), g["value"].to_numpy()
 
 
-def _axes_T(ax, ts) -> None:
-    """log2 x axis labelled with the measured T values themselves (4, 16, ... not 2^k)."""
+def _axes_T(ax, ts, spread: float = 4.0) -> None:
+    """log2 x axis labelled with the measured T values themselves (4, 16, ... not 2^k), each label
+    at least `spread` times the one before (the last one kept) so narrow panels stay legible."""
     ax.set_xscale("log", base=2)
     ts = sorted(set(int(t) for t in ts))
-    step = max(1, len(ts) // 8)  # at most ~8 labels
-    ax.set_xticks(ts[::step])
-    ax.set_xticklabels([str(t) for t in ts[::step]])
+    ticks = []
+    for t in ts:
+        if not ticks or t >= spread * ticks[-1]:
+            ticks.append(t)
+    if ts and ticks[-1] != ts[-1]:
+        ticks[-1] = ts[-1]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
     ax.minorticks_off()
     ax.set_xlabel("sequence length T")
 
 
+MEMBER_STYLES = ("-", "--", ":", "-.")  # a family's first members by line style; markers after them
+
+
 def _colours(sub) -> dict:
-    """backend -> (colour, marker): one colour per family (numpy, torch, ...), one marker per member,
-    so a panel with two dozen lines still reads as a few groups."""
+    """backend -> (colour, line style, marker): one colour per family (numpy, torch, ...), a line
+    style per member (a marker from the fifth on), so a panel with two dozen lines still reads as
+    a few groups - and stays small: a marker is an SVG node per point."""
     cmap = plt.get_cmap("tab10")
     names = sorted(set(sub["backend"].astype(str)), key=lambda n: (family(n), n))
     fams = sorted({family(n) for n in names})
     out, seen = {}, {}
     for n in names:
         i = seen[family(n)] = seen.get(family(n), -1) + 1
-        out[n] = (cmap(fams.index(family(n)) % 10), "osD^v<>p*h"[i % 10])
+        out[n] = (cmap(fams.index(family(n)) % 10), MEMBER_STYLES[i % 4], None if i < 4 else "osD^"[(i - 4) % 4])
     return out
 
 
@@ -199,9 +209,9 @@ def _lines(ax, part, x: str, colours, several: bool, style=None) -> None:
         g = g.dropna(subset=["value"]).sort_values(x)
         if g.empty:
             continue
-        colour, marker = colours[str(key[0])]
+        colour, member_style, marker = colours[str(key[0])]
         ax.plot(g[x].to_numpy(), g["value"].to_numpy(), color=colour, marker=marker, markersize=3.5, linewidth=1.4,
-                linestyle=style or "-", label=label(" @ ".join(str(k) for k in key)))
+                linestyle=style or member_style, label=label(" @ ".join(str(k) for k in key)))
 
 
 ROOF = "\u2060"  # marks a roof's label (an invisible joiner): roofs keep a legend in their panel

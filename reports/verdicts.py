@@ -61,6 +61,40 @@ def _by_property(rows: pd.DataFrame) -> list:
     return out
 
 
+_FINDING = re.compile(r"docs/findings\.md: ([\w-]+)")
+
+
+def _declared(message) -> tuple:
+    """(why, observed) of a deviation row's message ('declared deviation: WHY | observed: WHAT')."""
+    why, _, observed = text(message).partition(" | observed: ")
+    why = why.removeprefix("declared deviation: ").removeprefix("declared deviation not seen in this run: ")
+    return why, (observed.strip().splitlines()[0] if observed.strip() else "")
+
+
+def short_why(why: str) -> str:
+    """A declared deviation in a few words: its finding's id when it names one, else its start."""
+    found = _FINDING.search(why)
+    if found:
+        return found.group(1)
+    head = re.split(r" \(|: |; |, ", why, maxsplit=1)[0]
+    return head[:48] + ("…" if len(head) > 48 else "")
+
+
+def _by_declaration(rows: pd.DataFrame) -> list:
+    """[{why, short, properties, dtypes, anchor}] - one per declared deviation the rows show."""
+    groups: dict = {}
+    for r in rows.itertuples():
+        groups.setdefault(_declared(r.message)[0], []).append(r)
+    out = []
+    for why, rs in groups.items():
+        props = sorted({text(r.property) for r in rs})
+        out.append({"why": why, "short": short_why(why), "properties": props, "dtypes": short_dtypes(r.dtype for r in rs),
+                    "anchor": anchor(rs[0].backend, "deviation", short_why(why)),
+                    "problems": int(pd.to_numeric(pd.Series([r.examples for r in rs]), errors="coerce").fillna(0).sum()),
+                    "observed": _declared(rs[0].message)[1]})
+    return out
+
+
 def _untested(verdicts: pd.DataFrame) -> pd.Series:
     return verdicts["verdict"].str.startswith("not tested")
 
@@ -89,7 +123,7 @@ def verdict_data(f) -> dict:
                         for x in s.itertuples() if tri(x.agrees) is False]
         times = speed_by.get(b)
         rows.append({"backend": text(b), "kind": kind, "verdict": KIND_TEXT[kind], "dtypes": short_dtypes(ran["dtype"]),
-                     "fails": _by_property(bad), "deviates": _by_property(c[c["status"] == "deviation"]),
+                     "fails": _by_property(bad), "deviates": _by_declaration(c[c["status"] == "deviation"]),
                      "contradicted": contradicted, "reason": text(r["reason"]),
                      "checks": len(ran), "problems": _examples(c), "skipped": int((c["status"] == "skipped").sum()),
                      "times": [] if times is None else [
@@ -134,18 +168,16 @@ def failures_data(f) -> dict:
 
 
 def deviations_data(f) -> dict:
-    """Declared deviations, one row per backend and property (its dtypes together): what the backend
-    declares and what the run observed.  Known departures: listed, never counted as failures."""
+    """Declared deviations, one row per backend and declaration: what the backend declares, the
+    properties and dtypes where the run saw it, what it observed.  Known departures: listed,
+    never counted as failures."""
     conf = f.conf
     dev = conf[conf["status"] == "deviation"]
     rows = []
-    for (backend, prop), g in dev.groupby(["backend", "property"], sort=True):
-        message = text(g.iloc[0]["message"])
-        declared, _, observed = message.partition(" | observed: ")
-        declared = declared.removeprefix("declared deviation: ").removeprefix("declared deviation not seen in this run: ")
-        observed = observed.strip().splitlines()[0] if observed.strip() else ""
-        rows.append({"backend": text(backend), "property": text(prop), "dtypes": short_dtypes(g["dtype"]),
-                     "anchor": anchor(backend, prop, g.iloc[0]["dtype"]),
-                     "declared": declared, "observed": observed[:200] + ("…" if len(observed) > 200 else ""),
-                     "problems": _examples(g)})
+    for backend, g in dev.groupby("backend", sort=True):
+        for d in _by_declaration(g):
+            observed = d["observed"]
+            rows.append({"backend": text(backend), "anchor": d["anchor"], "short": d["short"], "declared": d["why"],
+                         "properties": ", ".join(d["properties"]), "count": len(d["properties"]), "dtypes": d["dtypes"],
+                         "observed": observed[:200] + ("…" if len(observed) > 200 else ""), "problems": d["problems"]})
     return {"rows": rows, "backends": len({r["backend"] for r in rows})}

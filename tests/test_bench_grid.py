@@ -328,3 +328,17 @@ def test_plugin_suite_never_overwrites_without_force(tmp_path, capsys):
     assert "already exist(s): pass --force to replace" in capsys.readouterr().err
     assert (tmp_path / "asv.conf.json").read_text() == "{}  // mine"
     assert plugin_suite.main(["mykernel:attention", "--repo", str(tmp_path), "--force"]) == 0
+
+
+def test_a_workload_needing_a_feature_the_backend_declares_broken_is_skipped_with_the_reason():
+    """keras-numpy declares grouped heads (its docstring) and a deviation there (they raise): the
+    grouped decode benchmark is skipped with the declared reason, not failed; ungrouped it runs."""
+    from attnspec.backends.registry import resolve
+    from attnspec.benchmarks import _common
+
+    keras_numpy = resolve("keras-numpy")  # the adapter's class: no framework imported
+    grouped, plain = _common.Workload(hq=8, hkv=2, lq=1, lk=256), _common.Workload(hq=8, hkv=8, lq=1, lk=256)
+    why = _common._declines(keras_numpy, grouped, "forward", "float32")
+    assert why and "declares a deviation with 'gqa'" in why and "operands could not be broadcast" in why
+    assert _common._declines(keras_numpy, plain, "forward", "float32") is None
+    assert _common._declines(resolve("numpy-naive"), grouped, "forward", "float32") is None
