@@ -158,7 +158,7 @@ def _suite_row(backend, status, message, seconds) -> dict:
 
 
 def run_suite(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
-              progress: SuiteProgress | None = None, cpus: str = "", profile: str = "") -> dict:
+              progress: SuiteProgress | None = None, profile: str = "") -> dict:
     """The suite's rows for one backend, plus a (suite) row when it did not finish by itself.
 
     `backend` is what the suite takes (a name or package.module:attr), `shown` the backend's own name.
@@ -172,11 +172,10 @@ def run_suite(backend: str, json_path: str, limit: float, command=None, shown: s
             os.remove(path)
     progress = progress or SuiteProgress()
     progress.path = log
-    pinned = {"ATTNSPEC_CPUS": cpus} if cpus else {}
-    if profile:  # the run's depth, not the child's: each child names one backend, which alone would be deep
-        pinned["ATTNSPEC_PROFILE"] = profile
+    # the run's depth, not the child's: each child names one backend, which alone would be deep
+    depth = {"ATTNSPEC_PROFILE": profile} if profile else {}
     done = watch((command or suite_command)(backend, json_path, log), limit, progress,
-                 env=child_env(**pinned), stop=lambda: progress.hung)
+                 env=child_env(**depth), stop=lambda: progress.hung)
     progress.read()
     progress.show()
     name = shown or backend
@@ -224,28 +223,18 @@ def run_suite(backend: str, json_path: str, limit: float, command=None, shown: s
 
 
 def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int, profile: str = "") -> dict:
-    """Conformance and semantics rows from one child pytest per backend, `jobs` at a time, each
-    child on a share of the CPUs of its own (side by side, their thread pools fought over them),
-    every child under the run's `profile` (properties/profiles.py)."""
-    import queue
+    """Conformance and semantics rows from one child pytest per backend, `jobs` at a time, every
+    child under the run's `profile` (properties/profiles.py)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from attnspec.procs import kill_all
     from attnspec.properties import cores
 
-    slots: queue.Queue = queue.Queue()
-    for share in cores.shares(jobs):  # one per running child; a child gives its share back when it ends
-        slots.put(share)
-
     def one(i, name, shown):
         path = os.path.join(workdir, f"suite-{i}.json")
         say(f"[suite {i}/{len(chosen)}] {name}: started")
         progress = SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
-        cpus = slots.get()
-        try:
-            data = run_suite(name, path, limit, shown=shown, progress=progress, cpus=cpus, profile=profile)
-        finally:
-            slots.put(cpus)
+        data = run_suite(name, path, limit, shown=shown, progress=progress, profile=profile)
         say(f"[suite {i}/{len(chosen)}] done: {progress.text()}")
         return data
 

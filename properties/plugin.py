@@ -60,10 +60,6 @@ def pytest_configure(config):
         return
     if not config._attnspec_suite:
         return
-    try:  # side by side with other suite processes: a core of its own (properties/cores.py)
-        cores.pin(cores.chosen(getattr(config, "workerinput", None)))
-    except ValueError as e:
-        raise pytest.UsageError(str(e)) from None
     _load_profile(config)
     if options.named(config):
         _targets(config, options.backend_names(config))  # a bad name is a usage error now, not per module

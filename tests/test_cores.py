@@ -1,7 +1,6 @@
-"""Suite processes side by side each keep CPUs of their own (properties/cores.py): xdist workers
-and `attnspec run`'s children; a bad ATTNSPEC_CPUS is a usage error that names it; a run of the
-suite over several backends spreads over the cores by itself unless the user chose a layout, and
-its collected tests come longest backends first, each (backend, dtype) group together."""
+"""A run of the suite over several backends spreads over the cores by itself unless the user chose
+a layout (properties/cores.py), its collected tests come longest backends first, each (backend,
+dtype) group together, and `attnspec run` starts its longest suites first under the run's profile."""
 from __future__ import annotations
 
 import importlib.util
@@ -18,7 +17,6 @@ import pytest
 from attnspec.properties import cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-linux_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
 needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 
 
@@ -26,82 +24,13 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def test_parse_reads_ids_and_all():
-    assert cores.parse("1, 0,1") == [0, 1]
-    assert cores.parse("all") is None and cores.parse("") is None and cores.parse("  ") is None
-
-
-@pytest.mark.parametrize("bad", ["x", "0;1", "-1", ","])
-def test_parse_names_the_variable_and_the_value(bad):
-    with pytest.raises(ValueError, match="ATTNSPEC_CPUS") as e:
-        cores.parse(bad)
-    assert repr(bad) in str(e.value)
-
-
-def test_worker_slices_share_the_cpus_without_overlap():
-    cpus = [0, 1, 2, 3]
-    assert [cores.worker_slice(i, 2, cpus) for i in range(2)] == [[0, 1], [2, 3]]
-    assert [cores.worker_slice(i, 4, cpus) for i in range(4)] == [[0], [1], [2], [3]]
-    assert [cores.worker_slice(i, 3, [0, 1]) for i in range(3)] == [[0], [1], [0]]  # more workers than CPUs
-    assert cores.worker_slice(0, 1, cpus) == cpus
-    assert cores.worker_slice(1, 2, [3, 2, 1, 0]) == [2, 3]  # sorted first
-    assert cores.shares(1) == [""]  # one process alone: left as it is
-    two = cores.shares(2)
-    assert len(two) == 2
-    if hasattr(os, "sched_setaffinity") and _cpus() >= 2:
-        assert all(two) and not set(two[0].split(",")) & set(two[1].split(","))
-
-
-def test_the_variable_wins_and_a_lone_process_is_left_alone():
-    assert cores.chosen({"workerid": "gw1", "workercount": 2}, {"ATTNSPEC_CPUS": "3"}) == [3]
-    assert cores.chosen({"workerid": "gw1", "workercount": 2}, {"ATTNSPEC_CPUS": "4,5,6,7"}) == [6, 7]  # its slice
-    assert cores.chosen(None, {"ATTNSPEC_CPUS": "4,5"}) == [4, 5]
-    assert cores.chosen(None, {}) is None  # one process alone: the machine as it is
-    assert cores.chosen(None, {"ATTNSPEC_CPUS": "all"}) is None
-    assert cores.chosen({"workerid": "gw0", "workercount": 1}, {}) is None
-    two = [cores.chosen({"workerid": f"gw{i}", "workercount": 2}, {}) for i in range(2)]
-    if _cpus() >= 2:
-        assert not set(two[0]) & set(two[1])
-
-
-@linux_affinity
-def test_pin_restricts_affinity_and_every_pool():
-    code = ("import os, numpy\nfrom attnspec.properties import cores\ncores.pin([0])\n"
-            "from threadpoolctl import threadpool_info\n"
-            "print(sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], os.environ['ATTNSPEC_CPUS'],"
-            " max(p['num_threads'] for p in threadpool_info()))")
-    env = {k: v for k, v in os.environ.items() if k != "ATTNSPEC_CPUS"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["[0]", "1", "0", "1"]
-
-
-def test_pin_of_nothing_changes_nothing(monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    cores.pin(None)
-    cores.pin([])
-    assert "OMP_NUM_THREADS" not in os.environ
-
-
-def test_a_bad_value_is_a_usage_error_of_the_suite():
-    env = dict(os.environ, ATTNSPEC_CPUS="first")
-    out = subprocess.run([sys.executable, "-m", "pytest", "properties", "--backend", "numpy-naive", "--collect-only",
-                          "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 4, out.stdout + out.stderr
-    assert "ATTNSPEC_CPUS must be CPU ids" in out.stdout + out.stderr and "'first'" in out.stdout + out.stderr
-
-
 def test_workers_wanted_one_per_cpu_at_most_one_per_backend():
     cpus = _cpus()
     assert cores.workers_wanted(12, {}) == (min(cpus, 12) if cpus >= 2 else 0)
     assert cores.workers_wanted(1, {}) == 0  # one backend: its tests share one worker anyway
     assert cores.workers_wanted(0, {"ATTNSPEC_WORKERS": "4"}) == 0
-    assert cores.workers_wanted(12, {"ATTNSPEC_CPUS": "0"}) == 0  # kept to one CPU: one process
-    assert cores.workers_wanted(12, {"ATTNSPEC_CPUS": "0,1,2"}) == 3
     assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "3"}) == 3
-    assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "auto", "ATTNSPEC_CPUS": "0,1"}) == 2
+    assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "auto"}) == cores.workers_wanted(12, {})
     assert cores.workers_wanted(2, {"ATTNSPEC_WORKERS": "8"}) == 2
     assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "1"}) == 0 == cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "0"})
     for bad in ("two", "-2"):
@@ -129,7 +58,6 @@ def _spread(config, backends=2, **env):
     with pytest.MonkeyPatch.context() as m:
         m.delenv("PYTEST_ADDOPTS", raising=False)
         m.setenv("ATTNSPEC_WORKERS", env.get("workers", "2"))
-        m.delenv("ATTNSPEC_CPUS", raising=False)
         for k, v in env.get("extra", {}).items():
             m.setenv(k, v)
         cores.spread(config, backends)
@@ -250,34 +178,21 @@ def test_suite_weight_puts_the_known_long_suites_first_then_test_count():
 
 # ---- attnspec run's children ----------------------------------------------------------------------
 
-def test_attnspec_run_gives_side_by_side_suites_cpus_of_their_own(monkeypatch, tmp_path):
+def test_attnspec_run_starts_the_longest_suites_first_under_the_runs_profile(monkeypatch, tmp_path):
     from attnspec import suites
 
-    running, seen, shared, lock = {}, [], [], threading.Lock()
-    enough = hasattr(os, "sched_getaffinity") and _cpus() >= 2  # (an xdist worker has one)
+    seen, lock = [], threading.Lock()
 
-    def fake_suite(name, path, limit, shown=None, progress=None, cpus=""):
+    def fake_suite(name, path, limit, shown=None, progress=None, profile=""):
         with lock:
-            if cpus in running.values():
-                shared.append((name, cpus, dict(running)))
-            running[name] = cpus
-            seen.append((name, cpus))
+            seen.append((name, profile))
         time.sleep(0.05)
-        with lock:
-            del running[name]
         return {"conformance": [{"backend": name}], "semantics": []}
 
     monkeypatch.setattr(suites, "run_suite", fake_suite)
     monkeypatch.setattr(suites, "say", lambda *a, **k: None)
     chosen = [(n, n) for n in ("numpy-naive", "torch-math", "jax-naive", "numpy-tiled", "jax-dpa")]
-    parts = suites.run_suites(chosen, 60, str(tmp_path), 2)
+    parts = suites.run_suites(chosen, 60, str(tmp_path), 2, profile="dev")
     assert [r["backend"] for r in parts["conformance"]] == [n for n, _ in chosen]  # rows in the order asked
     assert {n for n, _ in seen[:2]} == {"jax-dpa", "jax-naive"}  # the longest start first
-    if enough:  # two CPUs for two jobs: never one for two running children
-        assert not shared, shared
-        assert all(c for _, c in seen) and len({c for _, c in seen}) == 2
-    one = []
-    monkeypatch.setattr(suites, "run_suite", lambda name, *a, cpus="", **k: one.append(cpus) or
-                        {"conformance": [], "semantics": []})
-    suites.run_suites(chosen[:2], 60, str(tmp_path), 1)
-    assert one == ["", ""]  # one at a time: the machine as it is
+    assert {p for _, p in seen} == {"dev"}
