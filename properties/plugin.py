@@ -295,8 +295,8 @@ def pytest_terminal_summary(terminalreporter, config):
         tr.section("attnspec: semantics profile (observed per dtype; 'ok' = as declared, blank = nothing declared)")
         for line in results.semantics_lines(_ROWS["semantics"], list(reversed(FLOAT_DTYPE_NAMES))):
             tr.write_line(line)
-    if config.getoption("verbose") > 0:
-        tr.section("attnspec: problems tried per property")
+    if config.getoption("verbose") > 0 or len({r["backend"] for r in rows}) <= profiles.DEEP_BACKENDS:
+        tr.section("attnspec: problems tried per property and dtype")
         for line in results.examples_lines(rows, list(reversed(FLOAT_DTYPE_NAMES))):
             tr.write_line(line)
     run = getattr(config, "_attnspec", None)
