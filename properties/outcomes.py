@@ -30,27 +30,39 @@ def deviation_of(target, prop_name: str, feature: bool | None = None):
         return semantics.deviation(prop_name, target.dtype) if not feature else None
 
 
+def confined_deviations(target, prop_name: str) -> list:
+    """Every declared Deviation of this property at this dtype that is confined to a feature or to
+    some problems (a backend may declare several: keras-numpy's grouped heads and its long float16 rows)."""
+    return [d for d in getattr(target.backend.semantics, "deviations", ())
+            if d.covers(prop_name, target.dtype) and (getattr(d, "feature", "") or getattr(d, "problems", ""))]
+
+
 def run_property(node, run, prop, target) -> None:
     """Explore `prop` on `target` inside pytest test `node`; the outcome raised, the row left on the node."""
     declared = deviation_of(target, prop.name, feature=False)
-    by_feature = deviation_of(target, prop.name, feature=True)
+    confined = confined_deviations(target, prop.name)
     target.examples = 0
     target.answers.clear()
     row = {"examples": 0}
     node.user_properties.append((results.ROW_KEY, row))
     try:  # a declared deviation is known: not shrunk, not attributed
         failure = explore(prop, target, run.options, shrink=declared is None)
-        if failure is not None and by_feature is not None and by_feature.confines(failure.case) \
-                and by_feature.matches(results.headline(failure)):
-            what = FEATURE_TEXT.get(by_feature.feature) or f"problems like {by_feature.problems!r}"
-            if by_feature.feature in prop.constraints(target)["need"]:  # the property is about that feature
-                conclude(node, run, failure, row, by_feature)
-            again = explore(prop, target, run.options, avoid=frozenset({by_feature.feature} - {""}),
-                            exclude=by_feature.problems, seeds=False)
+        head = results.headline(failure) if failure is not None else ""
+        hit = next((d for d in confined if d.confines(failure.case) and d.matches(head)), None) if head else None
+        if hit is not None:
+            need = prop.constraints(target)["need"]
+            if hit.feature in need:  # the property is about that feature
+                conclude(node, run, failure, row, hit)
+            # checked again without every confined departure's problems (one of them alone would let
+            # the others fail the re-check), keeping the features the property needs
+            avoid = frozenset(d.feature for d in confined if d.feature and d.feature not in need)
+            exclude = "|".join(f"(?:{d.problems})" for d in confined if d.problems)
+            what = " or ".join(FEATURE_TEXT.get(d.feature) or f"problems like {d.problems!r}"
+                               for d in confined if d.problems or d.feature not in need)
+            again = explore(prop, target, run.options, avoid=avoid, exclude=exclude, seeds=False)
             if again is None:  # the declared departure, and nothing else wrong without it
                 n = examples_for(prop, run.options)
-                conclude(node, run, failure, row, by_feature,
-                         seen=f"{results.headline(failure)}\n  without {what}: {n} draws passed")
+                conclude(node, run, failure, row, hit, seen=f"{head}\n  without {what}: {n} draws passed")
             failure = again  # a failure elsewhere: not the declared one
         if failure is not None and declared is not None and not declared.matches(results.headline(failure)) \
                 and run.options.shrink:  # not the declared deviation: shrink it like any failure

@@ -84,6 +84,20 @@ def test_a_declared_deviation_is_reported_as_first_found_the_same_failure_undecl
     assert "nan_in_padding_changes_nothing failed on backend 'leaks-padding-nan' at float64" in shrunk.output
 
 
+def test_each_confined_deviation_covers_its_own_failures_and_the_recheck_avoids_them_all(tmp_path):
+    """Two confined declarations (grouped heads raise; causal problems 1 % off), as keras-numpy has:
+    a failure on either one's problems is that deviation, and the property passes on draws without
+    both.  Declaring only the first leaves the causal error a failure."""
+    args = ["-k", "test_matches_reference and float64", "--attnspec-examples=40"]
+    both = _run([f"{PLUGIN}:TwoConfinedDeviations"], tmp_path, args, "both")
+    one = _run([f"{PLUGIN}:TwoConfinedDeviationsOneUndeclared"], tmp_path, args, "one")
+    (a,), (b,) = _rows(both, "two-confined-deviations"), _rows(one, "two-confined-deviations-one-undeclared")
+    assert (a["status"], both.returncode) == ("deviation", 0), both.output[-3000:]
+    assert "without grouped KV heads (enable_gqa) or problems like 'is_causal=True': 40 draws passed" in a["message"], a["message"]
+    assert (b["status"], one.returncode) == ("failed", 1), one.output[-3000:]
+    assert "is_causal=True" in _problem(b) and "exceeds" in b["message"], b["message"]
+
+
 def test_a_backend_whose_only_checks_are_skips_and_seen_deviations_was_tested():
     rows = [dict(backend="b", status=s, seconds=0.1, examples=2) for s in ("skipped", "deviation")]
     assert "NOT TESTED" not in results.backend_lines(rows)[0]

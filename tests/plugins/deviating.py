@@ -54,3 +54,28 @@ class LeaksPaddingNaNDeclaredElsewhere(LeaksPaddingNaN):
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
         Deviation("nan_in_padding_changes_nothing", "reads padded values on a problem of one batch element",
                   when=r"no problem has this text"),))
+
+
+class TwoConfinedDeviations(NumpyNaive):
+    """Two departures, each declared as confined: grouped heads raise (a feature), and a causal
+    problem's output is 1 % off (some problems).  Keras' NumPy backend declares two the same way;
+    a failure on the second's problems is that deviation, not a failure, whichever comes first."""
+
+    name = "two-confined-deviations"
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
+        Deviation("*", "grouped heads raise", feature="gqa", when="grouped heads refused"),
+        Deviation("matches_reference", "causal rows 1 % off", problems=r"is_causal=True", when="exceeds"),))
+
+    def native_attention(self, q, k, v, call):
+        if call.enable_gqa:
+            raise ValueError("grouped heads refused")
+        out = super().native_attention(q, k, v, call)
+        return out * 1.01 if call.is_causal and not call.return_lse else out  # (..., Lq, Ev)
+
+
+class TwoConfinedDeviationsOneUndeclared(TwoConfinedDeviations):
+    """The same kernel declaring only its grouped heads: the causal error is a failure."""
+
+    name = "two-confined-deviations-one-undeclared"
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
+        TwoConfinedDeviations.semantics.deviations[0],))
