@@ -155,3 +155,15 @@ def test_a_headless_browser_opens_the_page(page, tmp_path):
     dom = done.stdout
     assert done.returncode == 0 and '<section id="verdict">' in dom, done.stderr[-2000:]
     assert dom.count("<svg") == html.count("<svg") and "does not conform" in dom
+
+
+def test_the_header_names_the_baselines_benchmarked_but_not_checked(tmp_path, monkeypatch):
+    """`attnspec run --backend X` times X beside --baselines it does not check: the page says which."""
+    monkeypatch.setattr(inputs, "copy_asv_results", lambda src, dst, commit: os.makedirs(dst, exist_ok=True) or True)
+    monkeypatch.setattr(tables, "benchmarks_frame", lambda dirs: bench_rows())
+    (tmp_path / "asv" / "vm").mkdir(parents=True)
+    checked = [r for r in conformance_rows() if r["backend"] not in ("numpy-naive", "jax-dpa")]
+    build.build(inputs.Inputs(conformance=checked, asv_dirs=[str(tmp_path / "asv")]), str(tmp_path / "out"))
+    meta = re.search(r'<p class="meta">(.*?)</p>', (tmp_path / "out" / "index.html").read_text(encoding="utf-8")).group(1)
+    assert f"{len(BACKENDS) - 2} backend(s) checked · benchmarked beside them, not checked: jax-dpa, numpy-naive" \
+        in meta, meta
