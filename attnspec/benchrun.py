@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 from attnspec import procs
@@ -69,10 +70,18 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, in
     rcs = [procs.stream(base + ["--environment", f"existing:{sys.executable}", "--bench", "^bench_machine"],
                          env=machine_env, prefix="  ")]
 
+    # asv rewrites ~/.asv-machine.json as it starts (Machine.load saves it): two starting together
+    # can read it half written ("Error parsing JSON"), so a shard starts once the one before it has
+    # printed its first line, which asv prints after that
+    printed = [threading.Event() for _ in shards]
+
     def shard(i: int) -> int:
+        if i:
+            printed[i - 1].wait()
         env = procs.child_env(ATTNSPEC_BACKENDS=",".join(shards[i]), **MODES[mode])
         cmd = base + ["--environment", f"existing:{_shard_python(i)}", "--bench", "^(?!bench_machine)"]
-        return procs.stream(cmd, env=env, prefix=f"  [{i + 1}/{len(shards)}] " if len(shards) > 1 else "  ")
+        return procs.stream(cmd, env=env, prefix=f"  [{i + 1}/{len(shards)}] " if len(shards) > 1 else "  ",
+                            started=printed[i])
 
     with ThreadPoolExecutor(max_workers=len(shards)) as pool:
         rcs += list(pool.map(shard, range(len(shards))))

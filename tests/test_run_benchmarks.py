@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import sys
+import threading
+import time
 
 import pytest
 
@@ -22,8 +24,10 @@ def calls(monkeypatch, tmp_path):
     """asv stubbed; the run starts in tmp_path (a user's folder), never in attnspec's own."""
     seen = []
 
-    def stream(cmd, env=None, prefix=""):
+    def stream(cmd, env=None, prefix="", started=None):
         seen.append((cmd, env))
+        if started is not None:
+            started.set()
         return 0
 
     monkeypatch.chdir(tmp_path)
@@ -123,9 +127,42 @@ def test_a_backend_keeps_its_shard_across_runs(monkeypatch, calls, tmp_path):
 
 
 def test_one_job_runs_one_process_and_a_failure_is_reported(monkeypatch, calls):
-    monkeypatch.setattr(procs, "stream", lambda cmd, env=None, prefix="": calls.append((cmd, env)) or (3 if len(calls) == 2 else 0))
+    monkeypatch.setattr(procs, "stream", lambda cmd, env=None, prefix="", started=None:
+                        calls.append((cmd, env)) or (3 if len(calls) == 2 else 0))
     _, rc = _run(monkeypatch, 1)
     assert len(calls) == 2 and calls[1][1]["ATTNSPEC_BACKENDS"] == ",".join(NAMES) and rc == 3
+
+
+def test_a_shard_starts_once_the_one_before_it_has_printed(monkeypatch, calls):
+    """asv rewrites ~/.asv-machine.json as it starts: two shards started together can read it half
+    written (seen: "Error parsing JSON in file '~/.asv-machine.json'", a shard lost)."""
+    events = []
+
+    def stream(cmd, env=None, prefix="", started=None):
+        events.append(("start", prefix))
+        time.sleep(0.1)
+        events.append(("printed", prefix))
+        if started is not None:  # the machine's run, alone before the shards, has none
+            started.set()
+        time.sleep(0.3)  # the rest of the shard's run: the next one goes on meanwhile
+        events.append(("end", prefix))
+        return 0
+
+    monkeypatch.setattr(procs, "stream", stream)
+    _run(monkeypatch, 3)
+    shards = [f"  [{i}/3] " for i in (1, 2, 3)]
+    for before, after in zip(shards, shards[1:]):
+        assert events.index(("printed", before)) < events.index(("start", after)), events
+    assert events.index(("start", shards[2])) < events.index(("end", shards[0])), events  # still side by side
+
+
+def test_the_stream_says_when_its_process_has_printed():
+    printed = threading.Event()
+    assert procs.stream([sys.executable, "-c", "print('· Discovering benchmarks')"], started=printed) == 0
+    assert printed.is_set()
+    silent = threading.Event()
+    assert procs.stream([sys.executable, "-c", "raise SystemExit(3)"], started=silent) == 3
+    assert silent.is_set()  # ended without a line: whoever waits on it goes on
 
 
 def test_a_shard_of_a_virtual_environment_runs_with_its_packages(tmp_path):
