@@ -142,7 +142,9 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     machines = sorted(set(bench["machine"].dropna())) if not bench.empty else []
     commits = sorted({str(c)[:8] for c in bench["commit"].dropna()}) if not bench.empty else []
     meta = {"generated": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-            "backends": len(verdicts), "machines": ", ".join(map(str, machines)), "commits": ", ".join(commits),
+            "backends": int((~verdicts["verdict"].str.startswith("not tested")).sum()) if len(verdicts) else 0,
+            "not_tested": int(verdicts["verdict"].str.startswith("not tested").sum()) if len(verdicts) else 0,
+            "machines": ", ".join(map(str, machines)), "commits": ", ".join(commits),
             # baselines a run of named backends times beside them (attnspec run --baselines): not checked
             "benched_only": ", ".join(sorted(set(head["backend"]) - set(verdicts["backend"]))) if not head.empty else ""}
     write_text(tmp, "index.html", page.render(title, meta, sections))

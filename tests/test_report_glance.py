@@ -162,8 +162,10 @@ def test_the_header_names_the_baselines_benchmarked_but_not_checked(tmp_path, mo
     monkeypatch.setattr(inputs, "copy_asv_results", lambda src, dst, commit: os.makedirs(dst, exist_ok=True) or True)
     monkeypatch.setattr(tables, "benchmarks_frame", lambda dirs: bench_rows())
     (tmp_path / "asv" / "vm").mkdir(parents=True)
-    checked = [r for r in conformance_rows() if r["backend"] not in ("numpy-naive", "jax-dpa")]
+    checked = [r for r in conformance_rows() if r["backend"] not in ("numpy-naive", "jax-dpa")] + [
+        dict(backend="torch-sdpa-cuda-flash", property=p, dtype="float16", status="skipped", examples=0, seconds=0.0,
+             counterexample=None, message="CUDA is not available") for p in PROPERTIES]
     build.build(inputs.Inputs(conformance=checked, asv_dirs=[str(tmp_path / "asv")]), str(tmp_path / "out"))
     meta = re.search(r'<p class="meta">(.*?)</p>', (tmp_path / "out" / "index.html").read_text(encoding="utf-8")).group(1)
-    assert f"{len(BACKENDS) - 2} backend(s) checked · benchmarked beside them, not checked: jax-dpa, numpy-naive" \
-        in meta, meta
+    assert f"{len(BACKENDS) - 2} backend(s) checked and 1 not tested here (why: under the verdict table) · " \
+        "benchmarked beside them, not checked: jax-dpa, numpy-naive" in meta, meta
