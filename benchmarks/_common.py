@@ -195,7 +195,7 @@ def _declines(backend, w: Workload, op: str, dtype: str) -> str | None:
                 feature == "causal_bottom_right" and backend.semantics.causal_alignment == "bottom_right"):
             return f"{backend.name} does not declare {feature!r}"
         broken = next((d for d in getattr(backend.semantics, "deviations", ()) if used and d.feature == feature
-                       and d.covers(d.property, dtype)), None)
+                       and (not d.dtypes or dtype in d.dtypes)), None)
         if broken is not None:  # the library fails there, as declared: nothing to time
             return f"{backend.name} declares a deviation with {feature!r}: {broken.why}"
     return None

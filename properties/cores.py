@@ -2,10 +2,9 @@
 
 `pytest properties` over several backends starts pytest-xdist workers by itself (a worker a CPU,
 a group per backend and dtype, the longest backends first), through xdist's public options;
-`attnspec run` starts its suite children in the same order.  Measured here (2 cores, the default
-`pytest properties`, identical draws): 86-97 s spread, 138 s in one process.  Pinning each worker
-to a CPU of its own and sizing its thread pools to it, which this module also did, gained
-nothing measurable (94.2 s pinned, 91.1 s not; five and three runs) and was removed.
+`attnspec run` starts its suite children in the same order.  Pinning each worker to a CPU of its
+own, which this module also did, gained nothing measurable and was removed (the figures:
+properties/README.md, "Side by side").
 """
 from __future__ import annotations
 

@@ -139,10 +139,11 @@ def write(folder: str, failure, headline: str, import_paths=(), n: int = 0, chec
     elif os.path.exists(path[:-3] + ".npz"):
         os.remove(path[:-3] + ".npz")
     if check_alone and failure.earlier:
-        _save(path, script(failure, headline, import_paths, npz, history=False))
+        alone = script(failure, headline, import_paths, npz, history=False)
+        _save(path, alone)
         history = needs_history(path)
         if history is False:
-            return path, _read(path)
+            return path, alone
     else:
         history = False if check_alone else None
     text = script(failure, headline, import_paths, npz, history)
@@ -173,11 +174,6 @@ def _save(path: str, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
 
 
 def forget(folder: str, backend: str, dtype: str, prop: str) -> None:

@@ -141,14 +141,14 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     sections = [(anchor, name, getattr(page, f"{anchor}_data")(frames)) for anchor, name in SECTIONS]
     machines = sorted(set(bench["machine"].dropna())) if not bench.empty else []
     commits = sorted({str(c)[:8] for c in bench["commit"].dropna()}) if not bench.empty else []
+    untested = verdicts["verdict"].str.startswith("not tested")
     meta = {"generated": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-            "backends": int((~verdicts["verdict"].str.startswith("not tested")).sum()) if len(verdicts) else 0,
-            "not_tested": int(verdicts["verdict"].str.startswith("not tested").sum()) if len(verdicts) else 0,
+            "backends": int((~untested).sum()), "not_tested": int(untested.sum()),
             "machines": ", ".join(map(str, machines)), "commits": ", ".join(commits),
             # baselines a run of named backends times beside them (attnspec run --baselines): not checked
             "benched_only": ", ".join(sorted(set(head["backend"]) - set(verdicts["backend"]))) if not head.empty else ""}
     write_text(tmp, "index.html", page.render(title, meta, sections))
-    not_tested = verdicts[verdicts["verdict"].str.startswith("not tested")]
+    not_tested = verdicts[untested]
     return {"backends": len(verdicts), "conformance_rows": len(conf), "benchmark_rows": len(bench),
             "machines": machines, "problems": int(conf["status"].isin(tables.PROBLEM_STATUSES).sum()),
             "not_tested": dict(zip(not_tested["backend"], not_tested["reason"]))}

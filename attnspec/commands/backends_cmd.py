@@ -98,8 +98,9 @@ def _aligned(header, cells) -> list:
 
 def format_features(rows) -> str:
     """One line per backend, one column per optional feature: what it takes natively."""
-    header = ("name",) + tuple(c for c, _ in _feature_columns())
-    cells = [[r["name"]] + [_feature_cell(r, key) for _, key in _feature_columns()] for r in rows]
+    columns = _feature_columns()
+    header = ("name",) + tuple(c for c, _ in columns)
+    cells = [[r["name"]] + [_feature_cell(r, key) for _, key in columns] for r in rows]
     return "\n".join(["features declared (taken natively; '.' = Unsupported, never emulated):"]
                      + _aligned(header, cells))
 
