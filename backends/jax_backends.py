@@ -39,7 +39,15 @@ _ARRAYS = ("mask", "bias", "q_lengths", "kv_lengths", "q_segment_ids", "kv_segme
 
 
 class JaxBackend(Backend):
-    """Conversion, x64 scoping, jit caching and vjp; subclasses define `_attend(q, k, v, arrays, call)` in jnp."""
+    """Conversion, x64 scoping, jit caching and the jax.vjp backward; a subclass defines ``attention``.
+
+    ``attention(q, k, v, call)`` gets jax arrays (..., H, L, E) on ``platform``'s device, in the
+    dtype under test, inside ``jax.jit``: the call's arrays (mask, bias, lengths, ...) are traced,
+    its other fields (is_causal, scale, window, ...) Python values the program is specialised on.
+    It returns the output, or (output, lse) when ``call.return_lse``; the backward is ``jax.vjp``
+    of it.  A missing platform is BackendUnavailable (a skip with its reason).  The built-ins
+    define ``_attend(q, k, v, arrays, call)`` instead, with the arrays apart.
+    """
 
     platform = "cpu"
     compiles_per_shape = True  # the first call at a new shape or dtype traces and compiles
@@ -59,6 +67,12 @@ class JaxBackend(Backend):
         if not hasattr(self, "_compiled"):
             self._compiled = {}
             jax_programs.from_environment(jax)
+
+    def attention(self, q, k, v, call):
+        raise NotImplementedError(f"{type(self).__name__} defines no attention(q, k, v, call)")
+
+    def _attend(self, q, k, v, arrays, call):
+        return self.attention(q, k, v, replace(call, **arrays))
 
     def _x64(self, wide: bool):
         if not wide:

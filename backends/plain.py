@@ -19,6 +19,10 @@ What it is given follows what it declares, never more:
 
 A function may decline a problem by raising ``backends.base.Unsupported(reason)``: a skip with
 its reason, never a failure.
+
+``declare(framework="torch" | "jax", device=..., layout="BHLE" | "BLHE")`` makes it a function over
+that framework's tensors on that device, in the dtype under test (bfloat16 too), rank 4 in the
+declared layout; its backward is autograd / ``jax.vjp`` (backends/native_functions.py).
 """
 from __future__ import annotations
 
@@ -39,6 +43,10 @@ PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)
 _PARAM_FEATURES = {**{f.name: (f.feature,) for f in FIELDS if f.name != "bias"},
                    "enable_gqa": ("gqa", "bias"), "return_lse": ("lse",)}
 _NUMPY_DTYPES = ("float16", "float32", "float64")  # a plain function works on NumPy arrays
+# framework -> (the dtypes it can be given, the default when none are declared, the devices it names)
+FRAMEWORKS = {"numpy": (_NUMPY_DTYPES, ("float64", "float32"), ("cpu",)),
+              "torch": (FLOAT_DTYPE_NAMES, ("float16", "bfloat16", "float32"), ("cpu", "cuda")),
+              "jax": (FLOAT_DTYPE_NAMES, ("float16", "bfloat16", "float32"), ("cpu", "gpu", "tpu"))}
 
 
 @dataclass(frozen=True)
@@ -59,11 +67,19 @@ class Declaration:
     notes: tuple = field(default_factory=tuple)
     head_dim_multiple: int = 1  # E and Ev must be multiples of it (a kernel's tile width)
     deviations: tuple = ()      # Deviation(property, why): known departures, reported as such
+    # the framework part (backends/native_functions.py): whose tensors, where, in which axis order
+    framework: str = "numpy"
+    device: str = "cpu"
+    layout: str | None = None   # None: the problem's own (..., H, L, E); torch/jax: "BHLE" or "BLHE"
+    lse_layout: str = "BHL"     # a returned log-sum-exp's axes (flash-attention's, in either layout)
+    lse_padding: int | None = None  # its rows rounded up to a multiple of this (cut to Lq)
+    env: tuple = ()             # environment variables its behaviour depends on (reproducers carry them)
 
 
-def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_masked=None, padded_rows=None,
+def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_rows=None,
             causal_alignment=None, effective_precision=None, output_dtypes=None, mask_with_causal=False,
-            masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None):
+            masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
+            framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=()):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -78,20 +94,56 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
     head_dim_multiple: the head dims E and Ev it takes are multiples of this (a kernel's tile width;
     the suite draws only those).  deviations: {property name: why} for known departures (an
     upstream bug, a documented limit): where that property fails the result is `deviation`.
+
+    framework: "numpy" (default), "torch" or "jax": the function then receives that framework's
+    tensors on ``device`` (torch: cpu, cuda; jax: cpu, gpu, tpu), in the dtype under test (dtypes
+    default float16, bfloat16, float32), rank 4 in ``layout`` ("BHLE" default, or "BLHE"); masks
+    and biases (B, H, Lq, Lk).  Its backward is autograd / jax.vjp (``backward=False``: forward
+    only).  lse_layout ("BHL" or "BLH") and lse_padding (an int m: the LSE's rows rounded up to a
+    multiple of m, cut to Lq) say how a returned LSE is laid out.  env: names of environment
+    variables the function depends on (``TRITON_INTERPRET``): reproducers record and restore them.
     """
+    from attnspec.backends.layout4d import LAYOUTS_4D, LSE_LAYOUTS
+
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"declare: framework must be one of {', '.join(FRAMEWORKS)}; got {framework!r}")
+    allowed_dtypes, default_dtypes, devices = FRAMEWORKS[framework]
+    dtypes = default_dtypes if dtypes is None else dtypes
+    if device not in devices:
+        raise ValueError(f"declare: device for framework {framework!r} must be one of {', '.join(devices)}; "
+                         f"got {device!r}")
+    native = framework != "numpy"
+    if native:
+        layout = "BHLE" if layout is None else layout
+        if layout not in LAYOUTS_4D:
+            raise ValueError(f"declare: layout must be one of {', '.join(LAYOUTS_4D)}; got {layout!r}")
+        if backward not in (None, False):
+            raise ValueError(f"declare: a {framework} function's backward is its autograd (backward=False: "
+                             f"forward only); got {backward!r}")
+    elif layout is not None:
+        raise ValueError(f"declare: layout needs framework='torch' or 'jax' (a NumPy function takes the "
+                         f"problem's (..., H, L, E)); got {layout!r}")
+    if lse_layout not in LSE_LAYOUTS:
+        raise ValueError(f"declare: lse_layout must be one of {', '.join(LSE_LAYOUTS)}; got {lse_layout!r}")
+    if lse_padding is not None and (isinstance(lse_padding, bool) or not isinstance(lse_padding, int)
+                                    or lse_padding < 1):
+        raise ValueError(f"declare: lse_padding must be a positive int or None; got {lse_padding!r}")
+    if isinstance(env, str) or not all(isinstance(e, str) and e for e in env):
+        raise ValueError(f"declare: env must be a tuple of environment variable names; got {env!r}")
     for name, value, allowed in (("fully_masked", fully_masked, FULLY_MASKED_CHOICES),
                                  ("padded_rows", padded_rows, FULLY_MASKED_CHOICES),
                                  ("causal_alignment", causal_alignment, CAUSAL_ALIGNMENTS),
                                  ("effective_precision", effective_precision, FLOAT_DTYPE_NAMES)):
         if value is not None and value not in allowed:
             raise ValueError(f"declare: {name} must be one of {', '.join(allowed)}; got {value!r}")
-    bad = [d for d in dtypes if d not in _NUMPY_DTYPES]
+    bad = [d for d in dtypes if d not in allowed_dtypes]
     if isinstance(dtypes, str) or not dtypes or bad:
-        raise ValueError(f"declare: dtypes must be a non-empty tuple of {', '.join(_NUMPY_DTYPES)}; got {dtypes!r}")
+        raise ValueError(f"declare: dtypes for framework {framework!r} must be a non-empty tuple of "
+                         f"{', '.join(allowed_dtypes)}; got {dtypes!r}")
     unknown = [f for f in (features or ()) if f not in FEATURES]
     if unknown:
         raise ValueError(f"declare: unknown features {unknown}; known: {', '.join(FEATURES)}")
-    if backward is not None and not callable(backward):
+    if not native and backward is not None and not callable(backward):
         raise ValueError(f"declare: backward must be a function; got {type(backward).__name__}")
     if isinstance(head_dim_multiple, bool) or not isinstance(head_dim_multiple, int) or head_dim_multiple < 1:
         raise ValueError(f"declare: head_dim_multiple must be a positive int; got {head_dim_multiple!r}")
@@ -101,12 +153,13 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
                          f"got {deviations!r}")
     pairs = tuple(sorted((output_dtypes or {}).items()))
     for src, dst in pairs:
-        if src not in _NUMPY_DTYPES or dst not in _NUMPY_DTYPES:
-            raise ValueError(f"declare: output_dtypes maps NumPy dtype names; got {src!r}: {dst!r}")
+        if src not in allowed_dtypes or dst not in allowed_dtypes:
+            raise ValueError(f"declare: output_dtypes maps dtype names of {framework}; got {src!r}: {dst!r}")
     decl = Declaration(tuple(dtypes), backward, fully_masked, padded_rows, causal_alignment, effective_precision,
                        pairs, bool(mask_with_causal), bool(masks), bool(causal),
                        None if features is None else tuple(features), tuple(notes), head_dim_multiple,
-                       tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()))
+                       tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()),
+                       framework, device, layout, lse_layout, lse_padding, tuple(env))
 
     def attach(f):
         f.__attnspec__ = decl
@@ -139,6 +192,28 @@ def check_plain_call(fn, name: str) -> str | None:
     return None
 
 
+def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
+    """(Capabilities, Semantics) of a function from what it declares (and its signature)."""
+    features = frozenset(decl.features) if decl.features is not None else signature_features(fn)
+    caps = Capabilities(dtypes=decl.dtypes, device=decl.device, gradients=gradients, features=features,
+                        mask_with_causal=decl.mask_with_causal, masks=decl.masks, causal=decl.causal,
+                        head_dim_multiple=decl.head_dim_multiple)
+    sem = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
+                    effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
+                    output_dtypes=decl.output_dtypes, deviations=decl.deviations, notes=decl.notes + (note,))
+    return caps, sem
+
+
+def function_backend(fn, name: str) -> Backend:
+    """The backend of a plain function: over NumPy arrays, or its framework's tensors as it declares."""
+    decl = getattr(fn, "__attnspec__", None) or Declaration()
+    if decl.framework == "numpy":
+        return FunctionBackend(fn, name)
+    from attnspec.backends import native_functions
+
+    return native_functions.for_framework(decl.framework)(fn, name, decl)
+
+
 class FunctionBackend(Backend):
     """A plain function with PyTorch's signature over NumPy arrays, with what it declares."""
 
@@ -146,15 +221,8 @@ class FunctionBackend(Backend):
         self.fn, self.name = fn, name
         decl = getattr(fn, "__attnspec__", None) or Declaration()
         self.declaration = decl
-        features = frozenset(decl.features) if decl.features is not None else signature_features(fn)
-        self.capabilities = Capabilities(dtypes=decl.dtypes, device="cpu", gradients=decl.backward is not None,
-                                         features=features, mask_with_causal=decl.mask_with_causal,
-                                         masks=decl.masks, causal=decl.causal,
-                                         head_dim_multiple=decl.head_dim_multiple)
-        self.semantics = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
-                                   effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
-                                   output_dtypes=decl.output_dtypes, deviations=decl.deviations,
-                                   notes=decl.notes + ("a plain function",))
+        self.env_vars = decl.env
+        self.capabilities, self.semantics = declared(fn, decl, decl.backward is not None, "a plain function")
 
     def _kwargs(self, call) -> dict:
         attn_mask = call.mask

@@ -12,7 +12,7 @@ import sys
 
 
 from attnspec.backends.base import Backend
-from attnspec.backends.plain import PLAIN_CALL, FunctionBackend, check_plain_call
+from attnspec.backends.plain import PLAIN_CALL, FunctionBackend, check_plain_call, function_backend  # noqa: F401
 
 ENV_VAR = "ATTNSPEC_BACKENDS"
 ENTRY_POINT_GROUP = "attnspec.backends"
@@ -143,7 +143,7 @@ def _as_backend(obj, name: str) -> Backend:
         return obj
     if callable(obj):
         _check_plain_call(obj, name)
-        return FunctionBackend(obj, name)
+        return function_backend(obj, name)
     raise BackendSelectionError(f"backend {name!r}: {type(obj).__name__} object is neither a Backend nor a "
                                 f"function {PLAIN_CALL}")
 

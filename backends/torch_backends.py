@@ -42,7 +42,14 @@ def _import_torch():
 
 
 class TorchBackend(Backend):
-    """Shared conversion, autograd backward and device handling; subclasses define `_attention`."""
+    """Conversion, device handling and the autograd backward; a subclass defines ``attention``.
+
+    ``attention(q, k, v, call)`` gets torch tensors (..., H, L, E) on ``device`` in the dtype under
+    test and returns the output (..., Lq, Ev), or (output, lse (..., Lq)) when ``call.return_lse``;
+    `fold` gives the (B, N, L, E) views a fused kernel takes.  The forward runs under no_grad; the
+    backward is ``torch.autograd.grad`` through ``attention`` (dBias too with ``bias_gradient``).
+    ``device = "cuda"`` without a GPU is BackendUnavailable: a skip with its reason.
+    """
 
     device = "cpu"
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True)
@@ -83,6 +90,13 @@ class TorchBackend(Backend):
     def sync(self, y):
         if self.device == "cuda":
             self.torch.cuda.synchronize()
+
+    def attention(self, q, k, v, call):
+        """The public hook (see the class); the built-ins define `_attention`, which calls this."""
+        raise NotImplementedError(f"{type(self).__name__} defines no attention(q, k, v, call)")
+
+    def _attention(self, q, k, v, call):
+        return self.attention(q, k, v, call)
 
     def _attend(self, q, k, v, mask, is_causal, scale):
         """PyTorch's classic call on native tensors (output only)."""
@@ -171,10 +185,12 @@ class TorchMath(TorchBackend):
         return out, lse[..., 0]
 
 
-def _fold(q, k, v, call):
+def fold(q, k, v, call):
     """(B, N, L, ·) views every fused kernel accepts, and the output's leading dims.
 
     Leading dims broadcast and fold into (B, N); with grouped heads key/value keep Hkv heads.
+    The output comes back with ``y.reshape(*batch, Lq, Ev)``; backends/layout4d.Fold4D does the
+    same for any framework, and the (B, L, H, E) layout, masks and lengths too.
     """
     if call.enable_gqa:
         lead = tuple(np.broadcast_shapes(tuple(q.shape[:-3]), tuple(k.shape[:-3]), tuple(v.shape[:-3])))
@@ -190,6 +206,9 @@ def _fold(q, k, v, call):
     return four(q, batch), four(k, kv_batch), four(v, kv_batch), batch
 
 
+_fold = fold  # its name before it was public (flex_backends imports it)
+
+
 class TorchSdpa(TorchBackend):
     """F.scaled_dot_product_attention; `kernel` None = PyTorch's own dispatch."""
 
@@ -199,7 +218,7 @@ class TorchSdpa(TorchBackend):
 
     def _attention(self, q, k, v, call):
         Lq, Ev = q.shape[-2], v.shape[-1]
-        q, k, v, batch = _fold(q, k, v, call)  # (B, N, L, ·)
+        q, k, v, batch = fold(q, k, v, call)  # (B, N, L, ·)
         attn_mask, is_causal = self._sdpa_mask(call, batch, Lq, k.shape[-2])
         if call.return_lse:
             y, lse = self._with_lse(q, k, v, attn_mask, is_causal, call)  # (B, N, Lq, Ev), (B, N, Lq)
