@@ -1,0 +1,203 @@
+"""Framework-native plug-ins: a torch function and a JAX function, copied out of README, pass the suite.
+
+README's two ten-line functions (over torch tensors / jax arrays, no NumPy, no backward written)
+are written into a folder outside the checkout and run as their author would:
+``pytest --pyargs attnspec.properties --backend mypkg.attn_torch:sdpa`` (the ci profile keeps it
+bounded), gradients checked in float16, bfloat16 and float32.  README's two backend classes
+(TorchBackend and JaxBackend subclasses) are checked on the output, gradient and LSE properties.
+In process: what a function declaring a framework receives (its tensors, dtype, device, layout),
+an LSE cut from a padded buffer by its declared rule, and a missing framework or device as a skip
+with its reason, never a run elsewhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from attnspec.backends.base import BackendFailure
+from attnspec.backends.plain import declare
+from attnspec.backends.registry import resolve
+from tests.test_suite_plugin import ROOT, _env, _project, _pytest
+
+GRADIENT_PROPERTIES = ("gradients_match_reference", "gradient_scaling_law")
+
+
+def readme_block(first_line: str) -> str:
+    """The python block of README that starts with `first_line` (a file name comment), as printed."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    found = [b for b in blocks if b.startswith(first_line + "\n")]
+    assert len(found) == 1, f"README has {len(found)} python blocks starting {first_line!r}"
+    return found[0]
+
+
+def _suite(project, backend, *extra):
+    proc = _pytest(["--pyargs", "attnspec.properties", "--backend", backend, "--attnspec-json", "out.json", *extra],
+                   project, _env(ATTNSPEC_PROFILE="ci"))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return json.loads((project / "out.json").read_text())["conformance"]
+
+
+@pytest.mark.parametrize("module,framework", [("attn_torch", "torch"), ("attn_jax", "jax")])
+def test_readmes_framework_function_passes_the_suite_with_gradients_in_every_float_dtype(tmp_path, module, framework):
+    pytest.importorskip(framework)
+    source = readme_block(f"# mypkg/{module}.py")
+    assert "import numpy" not in source and "backward" not in source  # its own tensors, autograd's backward
+    assert len([x for x in source.split("def sdpa", 1)[1].splitlines() if x.strip()]) <= 10
+    project = _project(tmp_path, {"mypkg/__init__.py": "", f"mypkg/{module}.py": source})
+    rows = _suite(project, f"mypkg.{module}:sdpa")
+    assert not [r for r in rows if r["status"] in ("failed", "error", "crashed", "timed_out")]
+    checked = {(r["property"], r["dtype"]) for r in rows if r["status"] == "passed" and r["examples"] > 0}
+    for prop in GRADIENT_PROPERTIES + ("matches_reference",):
+        for dtype in ("float16", "bfloat16", "float32"):
+            assert (prop, dtype) in checked, (prop, dtype, sorted(checked))
+
+
+def test_readmes_backend_classes_pass_the_output_gradient_and_lse_properties(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    files = {f"mypkg/{m}.py": readme_block(f"# mypkg/{m}.py") for m in ("flash_torch", "flash_jax")}
+    project = _project(tmp_path, {"mypkg/__init__.py": "", **files})
+    props = ("matches_reference", "gradients_match_reference", "lse_matches_reference")
+    for backend in ("mypkg.flash_torch:MyFlash", "mypkg.flash_jax:MyJax"):
+        rows = _suite(project, backend, "-k", " or ".join(props))
+        passed = {(r["property"], r["dtype"]) for r in rows if r["status"] == "passed" and r["examples"] > 0}
+        assert {(p, d) for p in props for d in ("float16", "bfloat16", "float32")} <= passed, (backend, rows)
+
+
+# ---- in process --------------------------------------------------------------------------------
+
+def _problem(seed=0, B=2, H=3, Lq=5, Lk=7, E=8, Ev=4):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(s) for s in ((B, H, Lq, E), (B, H, Lk, E), (B, H, Lk, Ev)))
+
+
+def _torch_reference(query, key, value, attn_mask=None, is_causal=False, scale=None):  # (B, H, L, E)
+    import torch
+    s = query @ key.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf"))
+    return s.softmax(-1) @ value
+
+
+def test_a_torch_function_receives_its_tensors_in_its_layout_dtype_and_device():
+    torch = pytest.importorskip("torch")
+    seen = []
+
+    @declare(framework="torch", layout="BLHE")
+    def spy(query, key, value, attn_mask=None, is_causal=False, scale=None):
+        seen.append((type(query), query.dtype, query.device.type, tuple(query.shape), tuple(key.shape),
+                     None if attn_mask is None else tuple(attn_mask.shape)))
+        out = _torch_reference(*(x.transpose(1, 2) for x in (query, key, value)), attn_mask, is_causal, scale)
+        return out.transpose(1, 2)  # (B, Lq, H, Ev)
+
+    backend = resolve_function(spy)
+    q, k, v = _problem()
+    mask = np.random.default_rng(1).random((5, 7)) < 0.8
+    mask[:, 0] = True
+    expected = resolve("numpy-naive").forward(q, k, v, mask)
+    for dtype, tol in (("float32", 1e-5), ("bfloat16", 5e-2), ("float16", 5e-3)):  # well inside each dtype's rounding
+        out = backend.forward(q, k, v, mask, dtype=dtype)
+        assert seen[-1] == (torch.Tensor, getattr(torch, dtype), "cpu", (2, 5, 3, 8), (2, 7, 3, 8), (2, 3, 5, 7))
+        assert np.abs(out - expected).max() < tol
+    g = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
+    got = backend.backward(q, k, v, g, mask, dtype="float32")  # autograd: no backward written
+    want = resolve("numpy-naive").backward(q, k, v, g, mask)
+    assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want))
+    # a 2-D problem (no batch, no head axis) folds to (1, L, 1, E) and comes back (Lq, Ev)
+    assert backend.forward(q[0, 0], k[0, 0], v[0, 0], dtype="float32").shape == (5, 4)
+    assert seen[-1][3] == (1, 5, 1, 8)
+
+
+def resolve_function(fn):
+    from attnspec.backends.plain import function_backend
+    return function_backend(fn, getattr(fn, "__name__", "fn"))
+
+
+def test_a_jax_function_receives_jax_arrays_and_is_differentiated_by_vjp():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    seen = []
+
+    @declare(framework="jax", dtypes=("bfloat16", "float32"))
+    def spy(query, key, value, attn_mask=None, is_causal=False, scale=None):
+        seen.append((isinstance(query, jax.Array), str(query.dtype), tuple(query.shape)))
+        s = query @ jnp.swapaxes(key, -1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
+        return jax.nn.softmax(s, axis=-1) @ value
+
+    backend = resolve_function(spy)
+    q, k, v = _problem()
+    assert np.abs(backend.forward(q, k, v, dtype="bfloat16") - resolve("numpy-naive").forward(q, k, v)).max() < 5e-2
+    assert seen[-1] == (True, "bfloat16", (2, 3, 5, 8))
+    g = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
+    got, want = backend.backward(q, k, v, g, dtype="float32"), resolve("numpy-naive").backward(q, k, v, g)
+    assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want))
+
+
+def _padded_lse_function(padding_returned):
+    import torch
+
+    @declare(framework="torch", dtypes=("float32",), features=("lse",), lse_padding=16)
+    def padded(query, key, value, attn_mask=None, is_causal=False, scale=None, return_lse=False):
+        s = query @ key.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
+        out = s.softmax(-1) @ value
+        if not return_lse:
+            return out
+        B, H, Lq = s.shape[:3]
+        buf = torch.full((B, H, padding_returned(Lq)), 1e9)  # rows past Lq: whatever the kernel left there
+        buf[:, :, :Lq] = s.logsumexp(-1)
+        return out, buf
+    return padded
+
+
+def test_an_lse_in_a_padded_buffer_is_cut_by_its_declared_rule():
+    pytest.importorskip("torch")
+    q, k, v = _problem(Lq=5)
+    _, want = resolve("numpy-naive").forward(q, k, v, return_lse=True)
+    _, got = resolve_function(_padded_lse_function(lambda L: -(-L // 16) * 16)).forward(
+        q, k, v, dtype="float32", return_lse=True)
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
+    wrong = resolve_function(_padded_lse_function(lambda L: L + 1))
+    with pytest.raises(BackendFailure, match=r"lse has shape \(2, 3, 6\); lse_layout BHL with lse_padding=16 "
+                                             r"expects \(2, 3, 16\)"):
+        wrong.forward(q, k, v, dtype="float32", return_lse=True)
+
+
+def test_a_missing_device_or_framework_is_a_skip_with_its_reason_never_the_cpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    cuda = resolve_function(declare(_torch_reference, framework="torch", device="cuda"))
+    assert cuda.capabilities.device == "cuda"
+    if not torch.cuda.is_available():
+        assert cuda.availability() == (False, "no CUDA device")
+    import jax
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        gpu = resolve_function(declare(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: query,
+                                       framework="jax", device="gpu"))
+        ok, why = gpu.availability()
+        assert not ok and "GPU" in why
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch not installed
+    fresh = resolve_function(declare(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: query,
+                                     framework="torch"))
+    ok, why = fresh.availability()
+    assert not ok and why.startswith("torch is not installed")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(framework="tensorflow"), "framework must be one of numpy, torch, jax; got 'tensorflow'"),
+    (dict(framework="torch", device="tpu"), "device for framework 'torch' must be one of cpu, cuda; got 'tpu'"),
+    (dict(framework="jax", layout="BLH"), "layout must be one of BHLE, BLHE; got 'BLH'"),
+    (dict(layout="BLHE"), "layout needs framework='torch' or 'jax'"),
+    (dict(framework="torch", backward=lambda *a: a), "a torch function's backward is its autograd"),
+    (dict(dtypes=("bfloat16",)), "dtypes for framework 'numpy' must be a non-empty tuple of float16, float32, float64"),
+    (dict(framework="torch", lse_padding=0), "lse_padding must be a positive int or None; got 0"),
+    (dict(env="TRITON_INTERPRET"), "env must be a tuple of environment variable names"),
+])
+def test_declare_refuses_what_it_cannot_use_naming_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        declare(_torch_reference, **kwargs)
