@@ -11,6 +11,12 @@ saying so: a backend that keeps state between calls.  Exit status 1 while the fa
 When the suite writes a script for a failure it runs it once without the history, in a fresh
 process (`needs_history`): a failure that stands alone keeps no history (most do), one that
 needs the earlier calls keeps them and says so.
+
+The script also carries what the run depended on: the environment variables the backend declares
+(``declare(env=...)``, or a Backend's ``env_vars``), as the run had them, and the versions of
+attnspec, NumPy and the frameworks the run had loaded.  Running it sets a declared variable the
+shell lacks or has otherwise (unsets one the run did not have), says so, and prints each version
+that differs from the run's before the verdict.
 """
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ import re
 import sys
 
 import numpy as np
+
+from attnspec.properties.run_context import restore_run, run_environment, run_versions  # noqa: F401 (the scripts')
 
 LITERAL_MAX = 256  # entries: larger arrays go to an .npz beside the script
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -99,6 +107,9 @@ def script(failure, headline: str, import_paths=(), npz: str | None = None, hist
              "import sys", ""]
     if import_paths:
         lines += [f"sys.path[:0] = {list(import_paths)!r}  # where the backend's package lives", ""]
+    lines += [f"RUN_ENV = {run_environment(t.session.backend)!r}  # the environment variables the backend "
+              "declares, as the run had them (None: unset): set so again",
+              f"RUN_VERSIONS = {run_versions()!r}  # what the run had loaded: a version that differs is printed", ""]
     lines += ["import numpy as np", ""]
     if npz:
         lines += ["import os", f"data = np.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), {npz!r}))"]
@@ -119,7 +130,8 @@ def script(failure, headline: str, import_paths=(), npz: str | None = None, hist
               HISTORY_NOTE[history],
               f"EARLIER = {[] if history is False else [tuple(s) for s in failure.earlier]!r}", "",
               "if __name__ == '__main__':",
-              "    from attnspec.properties.repro import replay",
+              "    from attnspec.properties.repro import replay, restore_run",
+              "    restore_run(RUN_ENV, RUN_VERSIONS)",
               f"    sys.exit(replay({getattr(t.session, 'spec', t.name)!r}, {t.dtype!r}, {failure.prop.family!r}, "
               f"{failure.prop.name!r}, problem, params, EARLIER, rule={getattr(t, 'rule', 'attnspec')!r}))", ""]
     return "\n".join(lines)

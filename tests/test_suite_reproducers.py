@@ -214,3 +214,62 @@ def test_a_stateless_failure_is_reproduced_by_the_problem_alone(stateful_run, tm
                                           "fresh process)")
     assert "replaying" not in run.stdout
     assert run.stdout.splitlines()[1:len(row["message"].splitlines())] == row["message"].splitlines()[1:]
+
+
+ENV_DEPENDENT = '''
+import os
+import numpy as np
+from attnspec.backends import declare
+
+
+@declare(dtypes=("float64",), env=("MYKERNEL_BUGGY", "MYKERNEL_OTHER"))
+def sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """Correct, unless MYKERNEL_BUGGY=1 (a kernel whose behaviour an environment variable switches)."""
+    s = (query @ np.swapaxes(key, -1, -2)) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    vis = np.ones(s.shape[-2:], dtype=bool) if attn_mask is None else attn_mask
+    if is_causal:
+        vis = vis & np.tri(*s.shape[-2:], dtype=bool)
+    s = np.where(vis, s, -np.inf)
+    e = np.exp(s - np.nan_to_num(s.max(-1, keepdims=True, initial=-np.inf), neginf=0))
+    out = (e / np.where(e.sum(-1, keepdims=True) == 0, 1, e.sum(-1, keepdims=True))) @ value
+    return out + (1.0 if os.environ.get("MYKERNEL_BUGGY") == "1" else 0.0)
+'''
+
+
+def test_a_reproducer_carries_the_declared_environment_and_the_versions_of_the_run(tmp_path):
+    """declare(env=...): the script records the run's values, sets them again (a variable the shell
+    lacks, or has when the run had not) and says so; a version that differs from the run's is printed."""
+    from tests.test_suite_plugin import _env, _project, _pytest
+
+    project = _project(tmp_path, {"mypkg/__init__.py": "", "mypkg/attn.py": ENV_DEPENDENT})
+    run_env = _env(ATTNSPEC_PROFILE="dev", MYKERNEL_BUGGY="1")
+    run_env.pop("MYKERNEL_OTHER", None)
+    proc = _pytest(["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:sdpa", "-k", "test_matches_reference",
+                    "--attnspec-json", "out.json"], project, run_env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    import json
+    row = next(r for r in json.loads((project / "out.json").read_text())["conformance"] if r["status"] == "failed")
+    text = open(row["reproducer"], encoding="utf-8").read()
+    assert "RUN_ENV = {'MYKERNEL_BUGGY': '1', 'MYKERNEL_OTHER': None}" in text
+    versions = eval(re.search(r"^RUN_VERSIONS = (\{.*?\})", text, re.M).group(1))  # noqa: S307 - our own literal
+    import numpy
+    assert versions["numpy"] == numpy.__version__ and "attnspec" in versions
+    # the user's shell: MYKERNEL_BUGGY unset (without it the problem passes), MYKERNEL_OTHER set
+    shell = dict(_clean_env(), MYKERNEL_OTHER="x")
+    shell.pop("MYKERNEL_BUGGY", None)
+    run = subprocess.run([sys.executable, row["reproducer"]], cwd=str(tmp_path), env=shell, capture_output=True,
+                         text=True, timeout=300)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert lines[:2] == ["environment: MYKERNEL_BUGGY='1' set, as in the run (it was unset here)",
+                         "environment: MYKERNEL_OTHER unset, as in the run (it was 'x' here)"], lines
+    assert lines[2].startswith("matches_reference FAILED on backend 'mypkg.attn:sdpa' at float64"), lines
+    # a run on another numpy: the difference is printed before the verdict, which still follows
+    other = tmp_path / "other_numpy.py"
+    other.write_text(text.replace(f"'numpy': '{numpy.__version__}'", "'numpy': '0.0.1'"))
+    same = {k: v for k, v in shell.items() if k != "MYKERNEL_OTHER"}
+    run = subprocess.run([sys.executable, str(other)], cwd=str(tmp_path), env=dict(same, MYKERNEL_BUGGY="1"),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"version differs from the run's: numpy 0.0.1 in the run, {numpy.__version__} here" in run.stdout.splitlines()
+    assert "environment:" not in run.stdout  # both variables as in the run: nothing to set
