@@ -201,3 +201,22 @@ def test_a_missing_device_or_framework_is_a_skip_with_its_reason_never_the_cpu(m
 def test_declare_refuses_what_it_cannot_use_naming_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         declare(_torch_reference, **kwargs)
+
+
+def test_an_nn_module_and_an_autograd_functions_own_backward_are_checked(tmp_path):
+    """An nn.Module instance and a function calling an autograd.Function plug in as declared; the
+    autograd.Function's hand-written backward is what is checked: a dQ without its scale is rejected
+    by the gradient property in every dtype while its forward passes."""
+    pytest.importorskip("torch")
+    from attnspec.properties.runner import run_suite
+
+    names = ["tests.plugins.native:module_sdpa", "tests.plugins.native:function_sdpa", "tests.plugins.native:wrong_dq"]
+    result = run_suite(names, json_path=str(tmp_path / "out.json"), profile="ci", cwd=ROOT,
+                       extra_args=["-k", "test_matches_reference or test_gradients_match_reference"])
+    status = {(r["backend"].split(":")[1], r["property"], r["dtype"]): r["status"] for r in result.conformance}
+    for dtype in ("float16", "bfloat16", "float32"):
+        for name in ("module_sdpa", "function_sdpa"):
+            assert status[(name, "matches_reference", dtype)] == "passed", result.output[-3000:]
+            assert status[(name, "gradients_match_reference", dtype)] == "passed", result.output[-3000:]
+        assert status[("wrong_dq", "matches_reference", dtype)] == "passed", result.output[-3000:]
+        assert status[("wrong_dq", "gradients_match_reference", dtype)] == "failed", result.output[-3000:]
