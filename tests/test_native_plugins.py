@@ -220,3 +220,31 @@ def test_an_nn_module_and_an_autograd_functions_own_backward_are_checked(tmp_pat
             assert status[(name, "gradients_match_reference", dtype)] == "passed", result.output[-3000:]
         assert status[("wrong_dq", "matches_reference", dtype)] == "passed", result.output[-3000:]
         assert status[("wrong_dq", "gradients_match_reference", dtype)] == "failed", result.output[-3000:]
+
+
+def test_fields_reach_a_torch_function_folded_to_its_batch():
+    """Grouped KV heads, a bias (one float attn_mask (B, H, Lq, Lk), as PyTorch's signature takes it) and
+    kv_lengths (B,) reach the function folded from the problem's two leading dims; the result matches
+    the reference."""
+    torch = pytest.importorskip("torch")
+    seen = {}
+
+    @declare(framework="torch", dtypes=("float32",))
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+             kv_lengths=None):
+        seen.update(q=tuple(query.shape), k=tuple(key.shape), mask=tuple(attn_mask.shape), mask_dtype=attn_mask.dtype,
+                    lengths=tuple(kv_lengths.shape))
+        keep = torch.arange(key.shape[-2]) < kv_lengths[:, None, None, None]  # (B, 1, 1, Lk)
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask.masked_fill(~keep, float("-inf")), scale=scale,
+            enable_gqa=enable_gqa)
+
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((2, 3, 4, 5, 8)), rng.standard_normal((2, 3, 2, 7, 8)), rng.standard_normal((2, 3, 2, 7, 8))
+    bias = rng.standard_normal((4, 5, 7))  # (Hq, Lq, Lk): broadcast over the leading dims
+    lengths = np.array([[7, 3, 1], [2, 7, 5]])  # (2, 3): one per sequence
+    fields = dict(enable_gqa=True, bias=bias, kv_lengths=lengths)
+    got = resolve_function(sdpa).forward(q, k, v, dtype="float32", **fields)
+    want = resolve("numpy-naive").forward(q, k, v, **fields)
+    assert seen == dict(q=(6, 4, 5, 8), k=(6, 2, 7, 8), mask=(6, 4, 5, 7), mask_dtype=torch.float32, lengths=(6,))
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-5  # float32 rounding of a 7-key softmax
