@@ -74,12 +74,14 @@ class Declaration:
     lse_layout: str = "BHL"     # a returned log-sum-exp's axes (flash-attention's, in either layout)
     lse_padding: int | None = None  # its rows rounded up to a multiple of this (cut to Lq)
     env: tuple = ()             # environment variables its behaviour depends on (reproducers carry them)
+    bias_gradient: bool = False  # torch/jax: the backward gives dBias too (autograd through the bias)
 
 
 def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_rows=None,
             causal_alignment=None, effective_precision=None, output_dtypes=None, mask_with_causal=False,
             masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
-            framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=()):
+            framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=(),
+            bias_gradient=False):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -102,6 +104,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     only).  lse_layout ("BHL" or "BLH") and lse_padding (an int m: the LSE's rows rounded up to a
     multiple of m, cut to Lq) say how a returned LSE is laid out.  env: names of environment
     variables the function depends on (``TRITON_INTERPRET``): reproducers record and restore them.
+    bias_gradient: a torch/jax function's autograd gives the bias gradient too (checked then).
     """
     from attnspec.backends.layout4d import LAYOUTS_4D, LSE_LAYOUTS
 
@@ -120,9 +123,10 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
         if backward not in (None, False):
             raise ValueError(f"declare: a {framework} function's backward is its autograd (backward=False: "
                              f"forward only); got {backward!r}")
-    elif layout is not None:
-        raise ValueError(f"declare: layout needs framework='torch' or 'jax' (a NumPy function takes the "
-                         f"problem's (..., H, L, E)); got {layout!r}")
+    elif layout is not None or bias_gradient:
+        raise ValueError(f"declare: {'layout' if layout is not None else 'bias_gradient'} needs framework='torch' "
+                         f"or 'jax' (a NumPy function takes the problem's (..., H, L, E) and its backward "
+                         f"returns (dq, dk, dv)); got {layout if layout is not None else bias_gradient!r}")
     if lse_layout not in LSE_LAYOUTS:
         raise ValueError(f"declare: lse_layout must be one of {', '.join(LSE_LAYOUTS)}; got {lse_layout!r}")
     if lse_padding is not None and (isinstance(lse_padding, bool) or not isinstance(lse_padding, int)
@@ -159,7 +163,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
                        pairs, bool(mask_with_causal), bool(masks), bool(causal),
                        None if features is None else tuple(features), tuple(notes), head_dim_multiple,
                        tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()),
-                       framework, device, layout, lse_layout, lse_padding, tuple(env))
+                       framework, device, layout, lse_layout, lse_padding, tuple(env), bool(bias_gradient))
 
     def attach(f):
         f.__attnspec__ = decl
@@ -197,7 +201,8 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
     features = frozenset(decl.features) if decl.features is not None else signature_features(fn)
     caps = Capabilities(dtypes=decl.dtypes, device=decl.device, gradients=gradients, features=features,
                         mask_with_causal=decl.mask_with_causal, masks=decl.masks, causal=decl.causal,
-                        head_dim_multiple=decl.head_dim_multiple)
+                        head_dim_multiple=decl.head_dim_multiple,
+                        bias_gradient=gradients and decl.bias_gradient and "bias" in features)
     sem = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                     effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
                     output_dtypes=decl.output_dtypes, deviations=decl.deviations, notes=decl.notes + (note,))

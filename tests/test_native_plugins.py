@@ -225,11 +225,11 @@ def test_an_nn_module_and_an_autograd_functions_own_backward_are_checked(tmp_pat
 def test_fields_reach_a_torch_function_folded_to_its_batch():
     """Grouped KV heads, a bias (one float attn_mask (B, H, Lq, Lk), as PyTorch's signature takes it) and
     kv_lengths (B,) reach the function folded from the problem's two leading dims; the result matches
-    the reference."""
+    the reference, and so do the gradients, dBias (declared: bias_gradient) summed back to its shape."""
     torch = pytest.importorskip("torch")
     seen = {}
 
-    @declare(framework="torch", dtypes=("float32",))
+    @declare(framework="torch", dtypes=("float32",), bias_gradient=True)
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
              kv_lengths=None):
         seen.update(q=tuple(query.shape), k=tuple(key.shape), mask=tuple(attn_mask.shape), mask_dtype=attn_mask.dtype,
@@ -248,3 +248,8 @@ def test_fields_reach_a_torch_function_folded_to_its_batch():
     want = resolve("numpy-naive").forward(q, k, v, **fields)
     assert seen == dict(q=(6, 4, 5, 8), k=(6, 2, 7, 8), mask=(6, 4, 5, 7), mask_dtype=torch.float32, lengths=(6,))
     assert got.shape == want.shape and np.abs(got - want).max() < 1e-5  # float32 rounding of a 7-key softmax
+    g = rng.standard_normal(want.shape)
+    grads = resolve_function(sdpa).backward(q, k, v, g, dtype="float32", **fields)
+    ref = resolve("numpy-naive").backward(q, k, v, g, **fields)
+    assert len(grads) == 4 and grads[3].shape == bias.shape
+    assert all(np.abs(a - b).max() < 1e-4 for a, b in zip(grads, ref))  # float32, sums over 6 sequences
