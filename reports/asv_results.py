@@ -25,7 +25,9 @@ COLUMNS = ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "valu
 # CPU time, "wall"; None for results recorded before the clock parameter); the problem: "dense"
 # (the T sweep, Lq = Lk = T), "causal", "window" (masked, Lq = Lk = T), "decode" (Lq queries
 # against a cache of Lk; T is empty), None for machine rows; kv_heads, Lq, Lk: its sizes.
-EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk"]
+# grid: the benchmark grid the row was measured on (quick, default, full: benchmarks/_grid.py), as
+# attnspec run records it beside the results (inputs.GRID_FILE); None for results asv ran by hand.
+EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk", "grid"]
 
 # Class.method of a benchmark -> (metric, unit, fixed columns, problem).  Matched on the last two
 # parts of asv's name, so attnspec's benchmarks re-exported from a plug-in's own asv suite
@@ -94,7 +96,7 @@ def _param_names(name: str, params: list, declared: dict) -> list:
     return [f"param{i}" for i in range(len(params))]
 
 
-def _rows_of_file(path: str, machine: str, declared: dict) -> list:
+def _rows_of_file(path: str, machine: str, declared: dict, grid: str | None = None) -> list:
     with open(path) as f:
         data = json.load(f)
     if data.get("version") != 2 or "result_columns" not in data:
@@ -125,7 +127,7 @@ def _rows_of_file(path: str, machine: str, declared: dict) -> list:
             for key, text in zip(names, combo):
                 row[_COLUMN_OF.get(key, key)] = _param_value(text)
             row.update(metric=metric, value=float(value), unit=unit, machine=machine, commit=commit,
-                       ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi))
+                       ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi), grid=grid)
             _fill_sizes(row)
             rows.append(row)
     on_gpu = {r["backend"] for r in rows if r["metric"] == "on_gpu" and r["value"] >= 1}
@@ -173,17 +175,33 @@ def _fill_sizes(row: dict) -> None:
         row["kv_heads"] = row["heads"]
 
 
-def load_results(results_dir: str):
-    """Every machine's results under `results_dir` as a DataFrame (COLUMNS, then ci_low, ci_high)."""
+def _read_json(path: str, skipped: list | None, what: str):
+    """The JSON in path, or None when it is not there; unreadable: named in `skipped` (None: raise)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        if skipped is None:
+            raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {e})") from None
+        skipped.append(f"{path} — not a readable {what} ({type(e).__name__}: {e})")
+        return None
+
+
+def load_results(results_dir: str, skipped: list | None = None):
+    """Every machine's results under `results_dir` as a DataFrame (COLUMNS, then EXTRA_COLUMNS).
+
+    With a `skipped` list, a results file that cannot be read is named there ("path — why")
+    and the others are read; without, it raises ValueError."""
     import pandas as pd
 
     if not os.path.isdir(results_dir):
         raise ValueError(f"results_dir {results_dir!r} is not a folder")
-    declared = {}
-    bench_file = os.path.join(results_dir, "benchmarks.json")
-    if os.path.isfile(bench_file):
-        with open(bench_file) as f:
-            declared = {k: v for k, v in json.load(f).items() if isinstance(v, dict)}
+    declared = _read_json(os.path.join(results_dir, "benchmarks.json"), skipped, "asv benchmarks.json")
+    declared = {k: v for k, v in declared.items() if isinstance(v, dict)} if isinstance(declared, dict) else {}
+    grid = _read_json(os.path.join(results_dir, "attnspec.json"), skipped, "attnspec grid file")
+    grid = grid.get("grid") if isinstance(grid, dict) else None
     rows, machines = [], 0
     for machine in sorted(os.listdir(results_dir)):
         folder = os.path.join(results_dir, machine)
@@ -192,7 +210,14 @@ def load_results(results_dir: str):
         machines += 1
         for name in sorted(os.listdir(folder)):
             if name.endswith(".json") and name != "machine.json":
-                rows += _rows_of_file(os.path.join(folder, name), machine, declared)
+                path = os.path.join(folder, name)
+                try:
+                    rows += _rows_of_file(path, machine, declared, grid)
+                except (OSError, ValueError, KeyError, TypeError) as e:  # truncated JSON is a ValueError
+                    if skipped is None:
+                        raise
+                    why = str(e)[len(path) + 2:] if str(e).startswith(path + ": ") else f"{type(e).__name__}: {e}"
+                    skipped.append(f"{path} — not a readable asv results file ({why})")
     if not machines:
         raise ValueError(f"results_dir {results_dir!r} has no machine folder (a subfolder with machine.json)")
     df = pd.DataFrame(rows, columns=COLUMNS + EXTRA_COLUMNS)
@@ -245,7 +270,7 @@ def _derived(df):
         itemsize = np.dtype(_numpy_dtype(r.dtype)).itemsize
         score_bytes = cost.score_matrix_bytes(int(r.batch), int(r.heads), int(r.T), int(r.T), itemsize)
         out.append(r._asdict() | dict(metric="memory_multiple", value=r.value / score_bytes, unit="x B*H*T^2*itemsize"))
-    keys = ["backend", "batch", "heads", "T", "E", "op", "dtype", "machine", "commit", "clock"]
+    keys = ["backend", "batch", "heads", "T", "E", "op", "dtype", "machine", "commit", "clock", "grid"]
     timer = df[df["metric"] == "timer_time"]
     if not timer.empty:
         sweep = df[(df["metric"] == "time") & (df["problem"] == "dense")].merge(
