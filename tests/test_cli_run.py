@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import importlib.util
 import json
 import os
 import shutil
@@ -49,10 +50,44 @@ def test_run_with_an_unknown_backend_exits_2(capsys, tmp_path):
 
 
 def test_run_without_asv_exits_2_before_running_anything(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(run_cmd.shutil, "which", lambda name: None)
+    """asv is looked for in this interpreter (sys.executable -m asv), not on PATH: the message names
+    the interpreter that lacks it."""
+    monkeypatch.setattr(procs, "importable", lambda module: module != "asv")
     monkeypatch.setattr(run_cmd, "select_backends", lambda args: pytest.fail("ran before checking for asv"))
     rc, _, err = run_cli(capsys, "run", "--out", str(tmp_path / "o"))
-    assert_one_line_error(rc, err, "asv is not installed", "--no-bench")
+    assert_one_line_error(rc, err, f"asv is not installed for {sys.executable}", "--no-bench")
+
+
+def test_a_second_run_in_the_same_folder_refuses_while_the_first_runs(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.makedirs(tmp_path / ".attnspec")
+        (tmp_path / ".attnspec" / "run.lock").write_text(json.dumps(
+            {"pid": first.pid, "host": os.uname().nodename, "started": "now"}))
+        monkeypatch.setattr(run_cmd, "_run", lambda *a: pytest.fail("ran beside another run"))
+        rc, _, err = run_cli(capsys, "run", "--no-bench", "--backend", "numpy-naive")
+        assert_one_line_error(rc, err, f"another attnspec run (pid {first.pid}", "is running in this folder")
+    finally:
+        first.kill()
+        first.wait()
+    monkeypatch.setattr(run_cmd, "_run", lambda *a: 0)  # its process gone: the lock is stale and taken over
+    assert run_cli(capsys, "run", "--no-bench", "--backend", "numpy-naive")[0] == 0
+    assert not (tmp_path / ".attnspec" / "run.lock").exists()
+
+
+@needs_report
+def test_report_with_one_truncated_input_writes_the_rest_and_exits_1(capsys, tmp_path):
+    good = os.path.join(SAMPLE, "suite_cpu.json")
+    text = open(good).read()
+    bad = tmp_path / "suite_gpu.json"
+    bad.write_text(text[: len(text) // 2])  # a writer killed half-way
+    out = tmp_path / "o"
+    rc, printed, err = run_cli(capsys, "report", "--out", str(out), good, str(bad), os.path.join(SAMPLE, "asv_results"))
+    assert rc == 1, err
+    assert f"attnspec report: skipped: {bad} — not valid JSON" in err and "the report is incomplete" in err
+    assert "index.html" in printed and read_csv(out / "conformance.csv") and read_csv(out / "benchmarks.csv")
+    assert f"skipped: {bad} — not valid JSON" in (out / "index.html").read_text(encoding="utf-8")
 
 
 def test_run_rejects_a_nonpositive_suite_timeout(capsys, tmp_path):
@@ -462,7 +497,7 @@ def test_run_checks_a_plugin_of_the_current_folder_and_reports_there(tmp_path):
 
 @needs_report
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(shutil.which("asv") is None or shutil.which("git") is None, reason="needs asv and git")
+@pytest.mark.skipif(importlib.util.find_spec("asv") is None or shutil.which("git") is None, reason="needs asv and git")
 def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkeypatch, tmp_path):
     """`attnspec run --quick --backend mypkg.attn:sdpa` from the user's folder: asv's benchmark
     processes import the plug-in through ASV_PYTHONPATH, its results and the report land there.
@@ -489,7 +524,7 @@ def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkey
 
     def stream(cmd, env=None, prefix="", **kw):
         asv_runs.append((cmd, env))
-        if cmd[-1] == "^bench_machine":  # the machine's roofs: a minute of matmuls, not this test's subject
+        if "^bench_machine" in cmd:  # the machine's roofs: a minute of matmuls, not this test's subject
             return 0
         return real_stream(cmd, env=env, prefix=prefix, **kw)
 
@@ -497,12 +532,14 @@ def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkey
     rc, text, err = run_cli(capsys, "run", "--quick", "--backend", PLUGIN_NAME, "--baselines", "numpy-naive")
     assert rc == 0, text[-4000:] + err[-2000:]
     assert "benchmarked beside them (not checked; --baselines): numpy-naive" in text
-    shards = [(cmd, env) for cmd, env in asv_runs if cmd[-1] != "^bench_machine"]
+    shards = [(cmd, env) for cmd, env in asv_runs if "^bench_machine" not in cmd]
     assert {b for _, env in shards for b in env["ATTNSPEC_BACKENDS"].split(",")} == {PLUGIN_NAME, "numpy-naive"}
     for shard_cmd, shard_env in shards:
         assert shard_env["ASV_PYTHONPATH"].split(os.pathsep)[0] == str(user) and "--quick" in shard_cmd
-        assert shard_cmd[shard_cmd.index("--config") + 1] == str(user / ".attnspec" / "asv" / "asv.conf.json")
-    results = user / ".attnspec" / "asv" / "results"
+        assert shard_cmd[:3] == [sys.executable, "-m", "asv"]
+        assert shard_cmd[shard_cmd.index("--config") + 1].startswith(str(user / ".attnspec" / "asv" / "quick") + os.sep)
+    results = user / ".attnspec" / "asv" / "quick" / "results"  # the quick grid's own database
+    assert not (tmp_path / "home" / ".asv-machine.json").exists()  # the user's machine file is not written
     assert any(p.name != "machine.json" for p in results.glob("*/*.json")), list(results.rglob("*"))
     import pandas as pd
 
