@@ -19,8 +19,8 @@ from attnspec import asvtool, benchrun, files, procs, suites
 from attnspec.errors import UserError
 from attnspec.properties import profiles  # imports nothing heavy (no Hypothesis until a profile loads)
 
-# one backend's whole suite: a safety net (a hung call is ended after ATTNSPEC_CALL_TIMEOUT); the
-# slowest here, jax-dpa with its programs not yet compiled, takes ~2 min on 2 cores
+# one backend's whole suite: a safety net (a hung call is ended after ATTNSPEC_CALL_TIMEOUT), well
+# above the slowest built-in's suite (jax-dpa with its programs not yet compiled: docs/measurements.md)
 SUITE_TIMEOUT = {"quick": 1200, "default": 1200, "full": 2400}
 DEFAULT_OUT = os.path.join("reports", "out")  # under the current folder
 # What a run of named backends is benchmarked beside (benchmarked only, never checked): NumPy,
