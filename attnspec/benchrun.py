@@ -71,10 +71,16 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[list[st
         return procs.stream(cmd, env=env, prefix=prefix), results
 
     done = [asv("roofs", names, "^bench_machine", "  ")]  # the machine's roofs for every chosen backend
-    with ThreadPoolExecutor(max_workers=len(shards)) as pool:
+    pool = ThreadPoolExecutor(max_workers=len(shards))
+    try:
         done += list(pool.map(lambda i: asv(str(i + 1), shards[i], "^(?!bench_machine)",
                                             f"  [{i + 1}/{len(shards)}] " if len(shards) > 1 else "  "),
                               range(len(shards))))
+    except BaseException:  # Ctrl-C or SIGTERM reach only this thread; asv runs in sessions of its own
+        pool.shutdown(wait=False, cancel_futures=True)
+        procs.kill_all()
+        raise  # nothing merged: the database keeps what it had
+    pool.shutdown()
     rc = next((r for r, _ in done if r), 0)
     skipped = asv_merge.merge_into(database, [d for _, d in done])
     state = "done" if rc == 0 else f"asv exited with status {rc}; the report keeps what it recorded"

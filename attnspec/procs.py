@@ -95,8 +95,12 @@ def watch(cmd, timeout: float, on_line=None, env=None, stop=None) -> Finished:
     its newline as soon as it is written."""
     start = time.monotonic()
     stopped = ""
+    if _STOPPING.is_set():  # the run was interrupted before this child started: it never does
+        return Finished(-signal.SIGKILL, "", 0.0, "the run was interrupted")
     proc = _spawn(cmd, env)
     _LIVE.add(proc)
+    if _STOPPING.is_set():  # kill_all ran between the check and the add: end it as it would have
+        _kill_group(proc)
     chunks: queue.Queue = queue.Queue()
     reader = threading.Thread(target=_read_chunks, args=(proc, chunks), daemon=True)
     reader.start()

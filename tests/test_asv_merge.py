@@ -197,3 +197,24 @@ def test_a_second_run_in_the_same_folder_refuses_and_a_stale_lock_is_taken_over(
         f.write("")  # killed between creating and writing it
     with files.run_lock(lock):
         pass
+
+
+def test_an_interrupted_benchmark_phase_kills_asv_and_merges_nothing(monkeypatch, user):
+    """Ctrl-C or SIGTERM in the middle of the shards: every asv process is ended, and the grid's
+    database keeps what it had (nothing half merged)."""
+    monkeypatch.setenv("ATTNSPEC_BENCH_JOBS", "2")
+    benchrun.run_benchmarks([("a", "a"), ("b", "b")], "default", COMMIT)
+    database = user / ".attnspec" / "asv" / "default" / "results"
+    before = {p: p.read_bytes() for p in database.rglob("*.json")}
+    killed = []
+    monkeypatch.setattr(procs, "kill_all", lambda: killed.append(True))
+
+    def interrupted(cmd, env=None, prefix="", started=None):
+        if "^bench_machine" not in cmd and "a" in env["ATTNSPEC_BACKENDS"].split(","):
+            raise KeyboardInterrupt
+        return _fake_asv(cmd, env=env)
+
+    monkeypatch.setattr(procs, "stream", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        benchrun.run_benchmarks([("a", "a"), ("b", "b")], "default", COMMIT)
+    assert killed and {p: p.read_bytes() for p in database.rglob("*.json")} == before

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -74,6 +75,32 @@ def test_a_second_run_in_the_same_folder_refuses_while_the_first_runs(capsys, mo
     monkeypatch.setattr(run_cmd, "_run", lambda *a: 0)  # its process gone: the lock is stale and taken over
     assert run_cli(capsys, "run", "--no-bench", "--backend", "numpy-naive")[0] == 0
     assert not (tmp_path / ".attnspec" / "run.lock").exists()
+
+
+@needs_report
+@pytest.mark.timeout(300)
+def test_sigterm_ends_a_run_like_ctrl_c_leaving_the_previous_report_and_no_lock(tmp_path):
+    """SIGTERM (a scheduler's stop, a kill) in the middle of the suites: the children are ended, the
+    previous report stays whole, the run's lock is released and no temporary is left beside it."""
+    out = tmp_path / "reports" / "out"
+    assert cli.main(["report", "--out", str(out), os.path.join(SAMPLE, "suite_cpu.json")]) == 0
+    before = (out / "index.html").read_bytes()
+    run = subprocess.Popen([sys.executable, "-m", "attnspec", "run", "--no-bench", "--backend", "numpy-naive"],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=_clean_env(ATTNSPEC_PROFILE="dev", HOME=str(tmp_path)))
+    seen = []
+    for line in run.stdout:  # the suite's child has started
+        seen.append(line)
+        if "[suite 1/1] numpy-naive: started" in line:
+            break
+    assert (tmp_path / ".attnspec" / "run.lock").is_file(), seen
+    run.send_signal(signal.SIGTERM)
+    rest = run.communicate(timeout=60)[0]
+    assert run.returncode == 130, "".join(seen) + rest
+    assert "interrupted; the previous report is left as it was" in rest
+    assert (out / "index.html").read_bytes() == before
+    assert not (tmp_path / ".attnspec" / "run.lock").exists()
+    assert sorted(os.listdir(out.parent)) == ["out"]  # no staging or .old folder left
 
 
 @needs_report

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 from attnspec import asvtool, benchrun, files, procs, suites
@@ -158,6 +160,8 @@ LOCK = os.path.join(".attnspec", "run.lock")  # under the current folder, beside
 def run(args) -> int:
     from attnspec.reports import build, inputs
 
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    previous = signal.signal(signal.SIGTERM, _interrupted) if main else None  # SIGTERM ends the run as Ctrl-C does
     try:  # one run at a time in a folder: two would write the same asv folders and report
         with files.run_lock(LOCK):
             return _run(args, build, inputs)
@@ -165,6 +169,14 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     except inputs.ReportInputError as e:
         raise UserError(str(e)) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(signum, frame):
+    """SIGTERM: unwind as Ctrl-C does - children killed, the lock released, no report swapped in."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _run(args, build, inputs) -> int:
