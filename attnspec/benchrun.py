@@ -77,8 +77,8 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[list[st
                                             f"  [{i + 1}/{len(shards)}] " if len(shards) > 1 else "  "),
                               range(len(shards))))
     except BaseException:  # Ctrl-C or SIGTERM reach only this thread; asv runs in sessions of its own
-        pool.shutdown(wait=False, cancel_futures=True)
-        procs.kill_all()
+        procs.kill_all()  # the other shards' asv ends, so their threads do: wait for them
+        pool.shutdown(wait=True, cancel_futures=True)
         raise  # nothing merged: the database keeps what it had
     pool.shutdown()
     rc = next((r for r, _ in done if r), 0)
