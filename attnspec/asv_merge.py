@@ -19,6 +19,7 @@ import json
 import os
 
 from attnspec import files
+from attnspec.reports.inputs import GRID_FILE
 
 _SCALAR_COLUMNS = ("version", "started_at", "duration", "profile")
 
@@ -106,6 +107,9 @@ def merge_into(database: str, process_dirs: list) -> list:
     for src in process_dirs:
         if not os.path.isdir(src):
             continue
+        grid = os.path.join(src, GRID_FILE)  # which grid: `attnspec report <database>` says so too
+        if os.path.isfile(grid):
+            files.copy_atomic(grid, os.path.join(database, GRID_FILE))
         path = os.path.join(src, "benchmarks.json")
         if os.path.isfile(path):
             try:

@@ -14,6 +14,7 @@ import sys
 import time
 
 from attnspec import asv_merge, asvtool, files, procs
+from attnspec.reports.inputs import GRID_FILE  # beside a results folder's machines: which grid its rows come from
 
 # Benchmark grid per mode: benchmarks/_grid.py defines each (ATTNSPEC_BENCH_GRID), so `asv run`
 # by hand measures what `attnspec run` does.  Three samples per combination make the report's
@@ -21,7 +22,6 @@ from attnspec import asv_merge, asvtool, files, procs
 MODES = {"quick": {"ATTNSPEC_BENCH_GRID": "quick"},
          "default": {"ATTNSPEC_BENCH_GRID": "default", "ATTNSPEC_BENCH_SAMPLES": "3"},
          "full": {"ATTNSPEC_BENCH_GRID": "full", "ATTNSPEC_BENCH_SAMPLES": "3"}}
-GRID_FILE = "attnspec.json"  # beside a results folder's machines: which grid its rows come from
 
 
 def bench_shards(names: list[str], jobs: int, seconds: dict | None = None) -> list[list[str]]:

@@ -93,6 +93,7 @@ def test_many_shards_side_by_side_leave_every_json_parsable(monkeypatch, user, j
     merged = json.load(open(user / ".attnspec" / "asv" / "quick" / "results" / "vm" / ENV_FILE))
     backends = merged["results"]["bench_attention.TimeAttention.time_attention"][1][0]
     assert sorted(backends) == sorted(repr(n) for n in names)  # every shard's backends in the one database file
+    assert json.load(open(user / ".attnspec" / "asv" / "quick" / "results" / "attnspec.json")) == {"grid": "quick"}
 
 
 def test_a_quick_run_after_a_full_one_keeps_the_full_sweep(monkeypatch, user):
