@@ -78,6 +78,16 @@ def merge_entry(old: list | None, new: list, columns: list) -> list:
     return [record.get(c) for c in columns]
 
 
+def merge_declared(old, new):
+    """A benchmarks.json entry: asv (asv show, compare, publish) lists the parameter values it
+    declares, so the first axis is the union of every process's (its backends) when the rest agree."""
+    if not (isinstance(old, dict) and isinstance(new, dict) and old.get("params") and new.get("params")) or \
+            old["params"][1:] != new["params"][1:]:
+        return new
+    first = list(old["params"][0]) + [v for v in new["params"][0] if v not in old["params"][0]]
+    return dict(new, params=[first] + new["params"][1:])
+
+
 def merge_file(target: str, new: dict) -> None:
     old = _load(target)
     if old is None or old.get("result_columns") != new.get("result_columns") or \
@@ -114,8 +124,9 @@ def merge_into(database: str, process_dirs: list) -> list:
         if os.path.isfile(path):
             try:
                 with open(path, encoding="utf-8") as f:
-                    declared.update(json.load(f))
-            except (OSError, ValueError) as e:
+                    for name, entry in json.load(f).items():
+                        declared[name] = merge_declared(declared.get(name), entry)
+            except (OSError, ValueError, AttributeError) as e:
                 skipped.append(f"{path} — {e}")
         for machine in sorted(os.listdir(src)):
             mdir = os.path.join(src, machine)

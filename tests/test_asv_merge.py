@@ -48,8 +48,8 @@ def _fake_asv(cmd, env=None, prefix="", started=None):
     machines = json.load(open(machine_path))  # asv: Machine.load reads, then saves it
     _write_slowly(machine_path, json.dumps(machines, indent=4))
     backends = env["ATTNSPEC_BACKENDS"].split(",")
-    declared = {f"bench_attention.TimeAttention.time_attention": {"param_names": ["backend", "T"],
-                                                                  "params": [[repr(b) for b in backends]] * 40}}
+    declared = {"bench_attention.TimeAttention.time_attention": {  # long enough to be written in many pieces
+        "param_names": ["backend", "T"], "params": [[repr(b) for b in backends], ["64", "256"]], "code": "x" * 2000}}
     _write_slowly(os.path.join(results, "benchmarks.json"), json.dumps(declared, indent=4))
     _write_slowly(os.path.join(results, "vm", "machine.json"), json.dumps({"machine": "vm", "version": 1}))
     _write_slowly(os.path.join(results, "vm", ENV_FILE), json.dumps(_result_file(backends)))
@@ -94,6 +94,9 @@ def test_many_shards_side_by_side_leave_every_json_parsable(monkeypatch, user, j
     backends = merged["results"]["bench_attention.TimeAttention.time_attention"][1][0]
     assert sorted(backends) == sorted(repr(n) for n in names)  # every shard's backends in the one database file
     assert json.load(open(user / ".attnspec" / "asv" / "quick" / "results" / "attnspec.json")) == {"grid": "quick"}
+    declared = json.load(open(user / ".attnspec" / "asv" / "quick" / "results" / "benchmarks.json"))
+    # asv show / compare list the values benchmarks.json declares: every shard's backends (seen: one shard's only)
+    assert sorted(declared["bench_attention.TimeAttention.time_attention"]["params"][0]) == sorted(repr(n) for n in names)
 
 
 def test_a_quick_run_after_a_full_one_keeps_the_full_sweep(monkeypatch, user):
