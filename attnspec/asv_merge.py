@@ -36,7 +36,7 @@ def _load(path: str) -> dict | None:
 
 def _blocks(entry: dict, columns: list) -> tuple[list, dict] | None:
     """(the other axes, {first-axis value: {column: its block}}), or None when not block-shaped."""
-    record = dict(zip(columns, entry))
+    record = dict(zip(columns, entry, strict=False))  # trailing columns may be absent
     params = record.get("params")
     if not params or not isinstance(record.get("result"), list):
         return None
@@ -66,13 +66,13 @@ def merge_entry(old: list | None, new: list, columns: list) -> list:
     if not kept:
         return new
     order = [k for k in a[1] if k in kept or k in b[1]] + [k for k in b[1] if k not in a[1]]
-    record = dict(zip(columns, new))
+    record = dict(zip(columns, new, strict=False))
     record["params"] = [order] + b[0]
     for c in columns:
         if c in _SCALAR_COLUMNS or c == "params":
             continue
         record[c] = [x for k in order for x in (b[1][k] if k in b[1] else kept[k])[c]]
-    old_duration = dict(zip(columns, old)).get("duration")
+    old_duration = dict(zip(columns, old, strict=False)).get("duration")
     if isinstance(record.get("duration"), (int, float)) and isinstance(old_duration, (int, float)):
         record["duration"] += old_duration * len(kept) / max(1, len(a[1]))
     return [record.get(c) for c in columns]
@@ -171,9 +171,10 @@ def backend_seconds(database: str) -> dict:
             except (ValueError, SyntaxError):
                 backend = value
             times = block.get("result", [])
-            total = sum(t * (n or 1) * (r or 1) for t, n, r in zip(
-                times, block.get("stats_number") or [None] * len(times), block.get("stats_repeat") or [None] * len(times))
-                if isinstance(t, (int, float)) and t == t)
+            numbers = block.get("stats_number") or [None] * len(times)
+            repeats = block.get("stats_repeat") or [None] * len(times)
+            total = sum(t * (n or 1) * (r or 1) for t, n, r in zip(times, numbers, repeats, strict=True)
+                        if isinstance(t, (int, float)) and t == t)  # t == t: not NaN (skipped)
             if isinstance(backend, str):
                 seconds[backend] = seconds.get(backend, 0.0) + total
     return seconds

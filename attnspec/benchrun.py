@@ -66,7 +66,7 @@ def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[list[st
         files.write_json_atomic(os.path.join(results, GRID_FILE), {"grid": mode})
         cmd = asvtool.command("run", "--config", config, "--set-commit-hash", commit, "--show-stderr",
                               "--environment", f"existing:{sys.executable}", "--bench", bench,
-                              *(["--quick"] if mode == "quick" else []))  # --show-stderr: procs.stream says why one failed
+                              *(["--quick"] if mode == "quick" else []))  # --show-stderr: stream says why one failed
         env = asvtool.process_env(home, ATTNSPEC_BACKENDS=",".join(backends), **MODES[mode])
         return procs.stream(cmd, env=env, prefix=prefix), results
 

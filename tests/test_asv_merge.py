@@ -42,10 +42,10 @@ def _write_slowly(path, text, pieces=4, pause=0.01):
 def _fake_asv(cmd, env=None, prefix="", started=None):
     """asv run, stubbed: rewrites HOME's machine file and results_dir/benchmarks.json as it starts
     (both non-atomically, as asv does), then writes one results file for its backends."""
-    config = json.load(open(cmd[cmd.index("--config") + 1]))
+    config = _json(cmd[cmd.index("--config") + 1])
     results = config["results_dir"]
     machine_path = os.path.join(env["HOME"], asvtool.MACHINE_FILE)
-    machines = json.load(open(machine_path))  # asv: Machine.load reads, then saves it
+    machines = _json(machine_path)  # asv: Machine.load reads, then saves it
     _write_slowly(machine_path, json.dumps(machines, indent=4))
     backends = env["ATTNSPEC_BACKENDS"].split(",")
     declared = {"bench_attention.TimeAttention.time_attention": {  # long enough to be written in many pieces
@@ -54,6 +54,11 @@ def _fake_asv(cmd, env=None, prefix="", started=None):
     _write_slowly(os.path.join(results, "vm", "machine.json"), json.dumps({"machine": "vm", "version": 1}))
     _write_slowly(os.path.join(results, "vm", ENV_FILE), json.dumps(_result_file(backends)))
     return 0
+
+
+def _json(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 @pytest.fixture
@@ -90,13 +95,14 @@ def test_many_shards_side_by_side_leave_every_json_parsable(monkeypatch, user, j
         dirs, rc, skipped = benchrun.run_benchmarks([(n, n) for n in names], "quick", COMMIT)
         assert rc == 0 and skipped == [] and len(dirs) == jobs + 1
         assert _every_json_parses(str(user / ".attnspec"))
-    merged = json.load(open(user / ".attnspec" / "asv" / "quick" / "results" / "vm" / ENV_FILE))
+    merged = _json(user / ".attnspec" / "asv" / "quick" / "results" / "vm" / ENV_FILE)
     backends = merged["results"]["bench_attention.TimeAttention.time_attention"][1][0]
     assert sorted(backends) == sorted(repr(n) for n in names)  # every shard's backends in the one database file
-    assert json.load(open(user / ".attnspec" / "asv" / "quick" / "results" / "attnspec.json")) == {"grid": "quick"}
-    declared = json.load(open(user / ".attnspec" / "asv" / "quick" / "results" / "benchmarks.json"))
+    assert _json(user / ".attnspec" / "asv" / "quick" / "results" / "attnspec.json") == {"grid": "quick"}
+    declared = _json(user / ".attnspec" / "asv" / "quick" / "results" / "benchmarks.json")
     # asv show / compare list the values benchmarks.json declares: every shard's backends (seen: one shard's only)
-    assert sorted(declared["bench_attention.TimeAttention.time_attention"]["params"][0]) == sorted(repr(n) for n in names)
+    backends_declared = declared["bench_attention.TimeAttention.time_attention"]["params"][0]
+    assert sorted(backends_declared) == sorted(repr(n) for n in names)
 
 
 def test_a_quick_run_after_a_full_one_keeps_the_full_sweep(monkeypatch, user):
@@ -108,7 +114,8 @@ def test_a_quick_run_after_a_full_one_keeps_the_full_sweep(monkeypatch, user):
     assert (user / ".attnspec" / "asv" / "full" / "results" / "vm" / ENV_FILE).read_text() == full
     assert (user / ".attnspec" / "asv" / "quick" / "results" / "vm" / ENV_FILE).is_file()
     benchrun.run_benchmarks([(n, n) for n in names], "full", COMMIT)  # a full run after the quick one: full again
-    assert json.loads((user / ".attnspec" / "asv" / "full" / "results" / "vm" / ENV_FILE).read_text()) == json.loads(full)
+    after = (user / ".attnspec" / "asv" / "full" / "results" / "vm" / ENV_FILE).read_text()
+    assert json.loads(after) == json.loads(full)
 
 
 def test_a_run_of_one_backend_keeps_the_others_results_at_that_commit(tmp_path):
@@ -118,8 +125,8 @@ def test_a_run_of_one_backend_keeps_the_others_results_at_that_commit(tmp_path):
         (folder / "vm" / "machine.json").write_text("{}")
         (folder / "vm" / ENV_FILE).write_text(json.dumps(_result_file(backends, base=base)))
     assert asv_merge.merge_into(str(db), [str(one)]) == []
-    entry = json.load(open(db / "vm" / ENV_FILE))["results"]["bench_attention.TimeAttention.time_attention"]
-    row = dict(zip(COLUMNS, entry))
+    entry = _json(db / "vm" / ENV_FILE)["results"]["bench_attention.TimeAttention.time_attention"]
+    row = dict(zip(COLUMNS, entry, strict=True))
     assert row["params"] == [["'a'", "'b'", "'c'"], ["64", "256"]]
     assert row["result"] == [1.0, 2.0, 100.0, 200.0, 5.0, 6.0]  # b's new block between a's and c's old ones
     assert row["stats_number"] == [10] * 6
@@ -141,7 +148,7 @@ def test_an_unreadable_shard_result_is_named_and_the_database_keeps_its_file(tmp
     (bad / "vm" / ENV_FILE).write_text(text[: len(text) // 2])  # a process killed mid-write
     (skip,) = asv_merge.merge_into(str(db), [str(bad)])
     assert skip.startswith(str(bad / "vm" / ENV_FILE) + " — ")
-    assert json.load(open(db / "vm" / ENV_FILE)) == _result_file(["a"])
+    assert _json(db / "vm" / ENV_FILE) == _result_file(["a"])
 
 
 def test_backend_seconds_are_read_from_the_newest_results(tmp_path):
@@ -165,7 +172,7 @@ def test_an_interrupted_write_leaves_the_previous_file(tmp_path):
         files.write_atomic(str(path), "x" * 10 + str(Boom()))
     with pytest.raises(KeyboardInterrupt):
         files.write_json_atomic(str(path), {"a": 1, "b": Boom()})
-    assert json.load(open(path)) == {"kept": True} and os.listdir(tmp_path) == ["results.json"]
+    assert _json(path) == {"kept": True} and os.listdir(tmp_path) == ["results.json"]
 
 
 def test_a_killed_writer_leaves_the_previous_file(tmp_path):
@@ -177,15 +184,15 @@ def test_a_killed_writer_leaves_the_previous_file(tmp_path):
             f"files.write_atomic({str(path)!r}, 'x' * 100000)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True)
     assert done.returncode == -9
-    assert json.load(open(path)) == {"kept": True}
+    assert _json(path) == {"kept": True}
 
 
 def test_a_second_run_in_the_same_folder_refuses_and_a_stale_lock_is_taken_over(tmp_path):
     lock = str(tmp_path / ".attnspec" / "run.lock")
     with files.run_lock(lock):
-        with pytest.raises(files.RunLocked, match=f"pid {os.getpid()}.*is running in this folder"):
-            with files.run_lock(lock):
-                pass
+        with pytest.raises(files.RunLocked, match=f"pid {os.getpid()}.*is running in this folder"), \
+                files.run_lock(lock):
+            pass
         holder = subprocess.run([sys.executable, "-c", f"from attnspec import files\nwith files.run_lock({lock!r}):\n"
                                  "    pass"], capture_output=True, text=True)
         assert holder.returncode == 1 and "RunLocked" in holder.stderr  # another process is refused too
@@ -196,7 +203,7 @@ def test_a_second_run_in_the_same_folder_refuses_and_a_stale_lock_is_taken_over(
     with open(lock, "w") as f:  # left by a run that was killed (SIGKILL: no cleanup)
         json.dump({"pid": dead.pid, "host": os.uname().nodename, "started": "then"}, f)
     with files.run_lock(lock):
-        assert json.load(open(lock))["pid"] == os.getpid()
+        assert _json(lock)["pid"] == os.getpid()
     with open(lock, "w") as f:
         f.write("")  # killed between creating and writing it
     with files.run_lock(lock):

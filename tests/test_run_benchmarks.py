@@ -24,6 +24,11 @@ def _arg(cmd, flag):
     return cmd[cmd.index(flag) + 1]
 
 
+def _json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 @pytest.fixture
 def calls(monkeypatch, tmp_path):
     """asv stubbed; the run starts in tmp_path (a user's folder), never in attnspec's own."""
@@ -58,7 +63,8 @@ def test_machine_first_then_disjoint_shards_each_in_a_folder_of_its_own(monkeypa
     grid = tmp_path / ".attnspec" / "asv" / "default"
     machine_cmd, machine_env = calls[0]
     assert machine_cmd[:3] == [sys.executable, "-m", "asv"]  # asv of this interpreter: no venv activation needed
-    assert _arg(machine_cmd, "--bench") == "^bench_machine" and _arg(machine_cmd, "--environment") == f"existing:{sys.executable}"
+    assert _arg(machine_cmd, "--bench") == "^bench_machine"
+    assert _arg(machine_cmd, "--environment") == f"existing:{sys.executable}"
     assert machine_env["ATTNSPEC_BACKENDS"] == ",".join(NAMES)  # the machine's roofs for every chosen backend
     shards = calls[1:]
     assert len(shards) == 2
@@ -69,7 +75,7 @@ def test_machine_first_then_disjoint_shards_each_in_a_folder_of_its_own(monkeypa
     assert all(_arg(cmd, "--bench") == "^(?!bench_machine)" for cmd, _ in shards)
     configs = [_arg(cmd, "--config") for cmd, _ in calls]
     homes = [env["HOME"] for _, env in calls]
-    results = [json.load(open(c))["results_dir"] for c in configs]
+    results = [_json(c)["results_dir"] for c in configs]
     for many in (configs, homes, results):  # nothing any two asv processes write is shared
         assert len(set(many)) == len(calls), many
     for cmd, env in calls:
@@ -78,7 +84,7 @@ def test_machine_first_then_disjoint_shards_each_in_a_folder_of_its_own(monkeypa
         assert _arg(cmd, "--set-commit-hash") == COMMIT and "--quick" not in cmd
         assert env["PYTHONUSERBASE"] and env["XDG_CACHE_HOME"]  # the user's packages and caches stay theirs
     assert sorted(dirs) == sorted(results)  # the report reads this run's own results
-    assert json.load(open(grid / "asv.conf.json"))["results_dir"] == str(grid / "results")  # asv compare's config
+    assert _json(grid / "asv.conf.json")["results_dir"] == str(grid / "results")  # asv compare's config
 
 
 def test_quick_mode_runs_asv_quick_on_the_quick_grid_in_its_own_database(monkeypatch, calls, tmp_path):
@@ -89,7 +95,7 @@ def test_quick_mode_runs_asv_quick_on_the_quick_grid_in_its_own_database(monkeyp
     assert not any("ATTNSPEC_BENCH_SAMPLES" in env for _, env in calls)  # the quick grid's own single sample
     quick = tmp_path / ".attnspec" / "asv" / "quick"
     assert all(d.startswith(str(quick) + os.sep) for d in dirs)
-    assert all(json.load(open(os.path.join(d, "attnspec.json"))) == {"grid": "quick"} for d in dirs)  # the report's grid column
+    assert all(_json(os.path.join(d, "attnspec.json")) == {"grid": "quick"} for d in dirs)  # the report's grid column
 
 
 def test_plugins_import_in_asvs_processes_from_the_current_folder(monkeypatch, calls, tmp_path):
@@ -111,7 +117,7 @@ def test_asv_config_points_at_attnspec_and_writes_under_the_given_folder(monkeyp
     assert folder == str(tmp_path / ".attnspec" / "asv" / "default")
     path, results = asvtool.write_config(folder)
     assert path == os.path.join(folder, "asv.conf.json") and os.path.isfile(path)
-    conf = json.loads(open(path).read())
+    conf = _json(path)
     assert conf["repo"] == procs.ROOT and conf["benchmark_dir"] == os.path.join(procs.ROOT, "benchmarks")
     assert os.path.isfile(os.path.join(conf["benchmark_dir"], "bench_attention.py"))
     for key, sub in (("results_dir", "results"), ("env_dir", "env"), ("html_dir", "html")):
@@ -133,11 +139,11 @@ def test_the_machine_entry_is_made_from_any_folder_without_touching_the_users_fi
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(user)
     path = asvtool.machine_file(asvtool.grid_folder("quick"))
-    assert platform.uname().node in json.loads(open(path).read())
+    assert platform.uname().node in _json(path)
     assert not (home / ".asv-machine.json").exists() and not (user / "asv.conf.json").exists()
     (home / ".asv-machine.json").write_text(json.dumps({platform.uname().node: {"machine": "mine"}, "version": 1}))
     again = asvtool.machine_file(asvtool.grid_folder("full"))  # the user's own entry is taken when there is one
-    assert json.loads(open(again).read())[platform.uname().node] == {"machine": "mine"}
+    assert _json(again)[platform.uname().node] == {"machine": "mine"}
 
 
 def test_asv_is_found_through_this_interpreter_not_the_path(monkeypatch):

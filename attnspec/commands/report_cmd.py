@@ -13,7 +13,6 @@ import sys
 from attnspec.errors import UserError
 
 
-
 def add_parser(sub):
     p = sub.add_parser("report", help="rebuild the report from stored results (runs nothing)",
                        description=__doc__.split("\n\n")[1].replace("\n", " "))
