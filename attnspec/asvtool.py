@@ -90,7 +90,10 @@ def process_env(home: str, **extra) -> dict:
     user's HOME provides to Python and the frameworks stays theirs (user site-packages, caches)."""
     user_home = os.path.expanduser("~")
     keep = {"PYTHONUSERBASE": site.getuserbase(), "XDG_CACHE_HOME": os.path.join(user_home, ".cache"),
-            "XDG_CONFIG_HOME": os.path.join(user_home, ".config"), "TRITON_HOME": user_home}
+            "XDG_CONFIG_HOME": os.path.join(user_home, ".config"), "TRITON_HOME": user_home,
+            "KERAS_HOME": os.path.join(user_home, ".keras")}
+    if os.path.isfile(os.path.join(user_home, ".gitconfig")):  # asv asks git about the commit (safe.directory)
+        keep["GIT_CONFIG_GLOBAL"] = os.path.join(user_home, ".gitconfig")
     env = procs.child_env(**extra)
     for key, value in keep.items():
         env.setdefault(key, value)

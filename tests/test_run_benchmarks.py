@@ -82,7 +82,9 @@ def test_machine_first_then_disjoint_shards_each_in_a_folder_of_its_own(monkeypa
         assert _arg(cmd, "--config").startswith(str(grid / "processes") + os.sep)
         assert os.path.isfile(os.path.join(env["HOME"], asvtool.MACHINE_FILE))  # its own copy
         assert _arg(cmd, "--set-commit-hash") == COMMIT and "--quick" not in cmd
-        assert env["PYTHONUSERBASE"] and env["XDG_CACHE_HOME"]  # the user's packages and caches stay theirs
+        user_home = os.path.expanduser("~")  # the user's packages, caches and settings stay theirs
+        assert env["PYTHONUSERBASE"] and env["XDG_CACHE_HOME"] == os.environ.get(
+            "XDG_CACHE_HOME", os.path.join(user_home, ".cache")) and env["KERAS_HOME"].startswith(user_home)
     assert sorted(dirs) == sorted(results)  # the report reads this run's own results
     assert _json(grid / "asv.conf.json")["results_dir"] == str(grid / "results")  # asv compare's config
 
