@@ -207,7 +207,8 @@ def _run(args, build, inputs) -> int:
     if not args.no_bench:
         results_dirs, asv_rc, not_merged = benchrun.run_benchmarks(chosen + beside, args.mode, commit)
         collected.asv_dirs += results_dirs
-        collected.skipped += not_merged
+        for skip in not_merged:  # the report names them too, as it reads the same files
+            print(f"attnspec run: not merged into the grid's asv database: {skip}", file=sys.stderr)
     summary = build.build(collected, args.out, asv_commit=commit)
     for skip in summary["skipped"]:
         print(f"attnspec run: skipped: {skip}", file=sys.stderr)
