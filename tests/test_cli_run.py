@@ -104,6 +104,51 @@ def test_sigterm_ends_a_run_like_ctrl_c_leaving_the_previous_report_and_no_lock(
 
 
 @needs_report
+def test_a_run_whose_asv_file_is_truncated_reports_the_rest_and_exits_1(capsys, monkeypatch, tmp_path):
+    """An asv process killed while writing its results (the OOM killer): the run's report is still
+    written - conformance rows and all - naming the file it skipped, and the exit status says so."""
+    from attnspec import asvtool
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    passed = dict(backend="numpy-naive", property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
+                  seconds=0.1, counterexample=None, message=None)
+    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a, **kw: {"conformance": [passed], "semantics": []})
+
+    def machine_file(folder):
+        path = os.path.join(folder, "home", asvtool.MACHINE_FILE)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"vm": {"machine": "vm"}, "version": 1}, f)
+        return path
+
+    written = []
+
+    def killed_asv(cmd, env=None, prefix="", **kw):
+        with open(cmd[cmd.index("--config") + 1]) as f:
+            results = json.load(f)["results_dir"]
+        os.makedirs(os.path.join(results, "vm"))
+        with open(os.path.join(results, "vm", "machine.json"), "w") as f:
+            json.dump({"machine": "vm", "version": 1}, f)
+        path = os.path.join(results, "vm", "c0ffee-existing.json")
+        with open(path, "w") as f:
+            f.write('{"version": 2, "commit_hash": "c0ff')  # killed here
+        written.append(path)
+        return -9
+
+    monkeypatch.setattr(asvtool, "machine_file", machine_file)
+    monkeypatch.setattr(procs, "stream", killed_asv)
+    rc, text, err = run_cli(capsys, "run", "--quick", "--backend", "numpy-naive", "--baselines", "")
+    assert rc == 1, text[-2000:] + err[-2000:]
+    for path in written:
+        assert f"attnspec run: skipped: {path} — not a readable asv results file" in err, err
+    assert "the report is incomplete" in err
+    out = tmp_path / "reports" / "out"
+    assert [r["backend"] for r in read_csv(out / "conformance.csv")] == ["numpy-naive"]
+    assert f"skipped: {written[0]} — not a readable asv results file" in (out / "index.html").read_text(encoding="utf-8")
+
+
+@needs_report
 def test_report_with_one_truncated_input_writes_the_rest_and_exits_1(capsys, tmp_path):
     good = os.path.join(SAMPLE, "suite_cpu.json")
     text = open(good).read()
