@@ -1,17 +1,20 @@
 """attnspec run's benchmarks: asv over the chosen backends, the machine's roofs first, then shards side by side.
 
-Results and asv's configuration go under the current folder (./.attnspec/asv, `procs.asv_config`);
-the benchmarks and the commit are attnspec's.  Plug-ins import in asv's processes as in the user's
-shell (ASV_PYTHONPATH: `procs.child_env`).
+Each asv process writes into a folder of its own (attnspec/asvtool.py: its configuration, results
+folder and machine file), so processes side by side share no file they write; their results are
+merged into the grid's database (./.attnspec/asv/<grid>/results) once, after all of them end
+(attnspec/asv_merge.py), and the report reads the processes' own folders - this run's results.
+The benchmarks and the commit are attnspec's.  Plug-ins import in asv's processes as in the
+user's shell (ASV_PYTHONPATH: `procs.child_env`).
 """
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 
-from attnspec import procs
+from attnspec import asv_merge, asvtool, files, procs
+from attnspec.reports.inputs import GRID_FILE  # beside a results folder's machines: which grid its rows come from
 
 # Benchmark grid per mode: benchmarks/_grid.py defines each (ATTNSPEC_BENCH_GRID), so `asv run`
 # by hand measures what `attnspec run` does.  Three samples per combination make the report's
@@ -21,96 +24,65 @@ MODES = {"quick": {"ATTNSPEC_BENCH_GRID": "quick"},
          "full": {"ATTNSPEC_BENCH_GRID": "full", "ATTNSPEC_BENCH_SAMPLES": "3"}}
 
 
-# Each CPU built-in's share of a default benchmark run (seconds, this 2-core VM, at 81bfed8; the
-# compiled flex's estimated for the 60 s budget): the shards are balanced on these over *every*
-# built-in, so a backend's shard never depends on which others run (its results stay in one asv
-# environment from run to run); a plug-in, or a GPU built-in, goes by its name's hash.  By name's
-# hash alone the two shards took 115 and 181 s.
-BENCH_SECONDS = {"torch-flex-compiled": 74, "torch-flex": 45, "torch-math": 32, "jax-naive": 27, "jax-dpa": 21,
-                 "openvino-sdpa": 20, "openvino-sdpa-f32": 20, "numpy-naive": 16, "numpy-tiled": 16,
-                 "torch-sdpa-cpu-math": 12, "torch-sdpa-cpu": 11, "torch-sdpa-cpu-flash": 11,
-                 "onnxruntime-attention": 10}
-
-
-def bench_shards(names: list[str], jobs: int) -> list[list[str]]:
-    """`names` split into `jobs` shards: the built-ins by BENCH_SECONDS, longest first, each to the
-    least loaded shard; any other backend by its name's hash."""
-    import zlib
-
+def bench_shards(names: list[str], jobs: int, seconds: dict | None = None) -> list[list[str]]:
+    """`names` split into `jobs` shards of about equal benchmark time, longest first, each to the
+    least loaded shard.  `seconds`: each backend's time in the previous run of this grid
+    (asv_merge.backend_seconds); a backend it lacks counts as the mean of those it has, and with
+    none recorded every backend counts the same - no figure of any machine steers the split."""
+    seconds = {n: s for n, s in (seconds or {}).items() if n in names and s > 0}
+    fallback = sum(seconds.values()) / len(seconds) if seconds else 1.0
+    weight = {n: seconds.get(n, fallback) for n in names}
     load, home = [0.0] * jobs, {}
-    for name in sorted(BENCH_SECONDS, key=lambda n: (-BENCH_SECONDS[n], n)):
+    for name in sorted(names, key=lambda n: (-weight[n], n)):
         i = min(range(jobs), key=lambda j: (load[j], j))
-        home[name], load[i] = i, load[i] + BENCH_SECONDS[name]
-    return [[n for n in names if home.get(n, zlib.crc32(n.encode()) % jobs) == i] for i in range(jobs)]
+        home[name], load[i] = i, load[i] + weight[name]
+    return [[n for n in names if home[n] == i] for i in range(jobs)]
 
 
-def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[str, int]:
-    """asv over the available backends at `commit`; returns asv's results folder and status.
+def run_benchmarks(chosen: list[tuple], mode: str, commit: str) -> tuple[list[str], int, list[str]]:
+    """asv over the available backends at `commit`: (this run's results folders, asv's status,
+    what could not be merged as "path — why").
 
     The machine's benchmarks (matmul peaks, bandwidth, fidelity) run first, alone; then the
     attention benchmarks in one asv process per core (ATTNSPEC_BENCH_JOBS), each with its own
     share of the backends.  Every benchmark is single-threaded and times CPU time, so two side by
-    side on two cores use the machine as one would not: half the wall time.  Each shard is an
-    asv "existing" environment of its own interpreter path (a link under ./.attnspec/asv/shards/), so its
-    results file never overwrites another's; a backend's shard is fixed by its name (`bench_shards`),
-    so its results of two runs share an environment and `asv compare` matches them."""
+    side on two cores use the machine as one would not: half the wall time.  All of them are one
+    asv environment (this interpreter), so a backend's results land in the same results file
+    whichever process measured it, and `asv compare` over two commits matches them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    procs.ensure_asv_machine()
+    grid_dir = asvtool.grid_folder(mode)
+    _, database = asvtool.write_config(grid_dir)  # the configuration `asv compare` by hand takes
+    machine = asvtool.machine_file(grid_dir)
     names = [n for n, _ in chosen]
     jobs = max(1, min(int(os.environ.get("ATTNSPEC_BENCH_JOBS") or os.cpu_count() or 1), len(names)))
-    shards = [s for s in bench_shards(names, jobs) if s] or [names]
-    config, results_dir = procs.asv_config()
-    base = ["asv", "run", "--config", config, "--set-commit-hash", commit, "--show-stderr"] + (
-        ["--quick"] if mode == "quick" else [])  # --show-stderr: procs.stream says why a benchmark failed
+    shards = [s for s in bench_shards(names, jobs, asv_merge.backend_seconds(database)) if s] or [names]
     print(f"[bench] asv run at commit {commit[:8]} (grid: {mode}; {len(shards)} process(es) side by side; "
-          "benchmarks/README.md)", flush=True)
+          f"results: {os.path.relpath(database)}; benchmarks/README.md)", flush=True)
     start = time.monotonic()
-    machine_env = procs.child_env(ATTNSPEC_BACKENDS=",".join(names), **MODES[mode])
-    rcs = [procs.stream(base + ["--environment", f"existing:{sys.executable}", "--bench", "^bench_machine"],
-                         env=machine_env, prefix="  ")]
 
-    # asv rewrites ~/.asv-machine.json as it starts (Machine.load saves it): two starting together
-    # can read it half written ("Error parsing JSON"), so a shard starts once the one before it has
-    # printed its first line, which asv prints after that
-    printed = [threading.Event() for _ in shards]
+    def asv(name: str, backends: list, bench: str, prefix: str) -> tuple[int, str]:
+        config, results, home = asvtool.process_folder(grid_dir, name, machine)
+        files.write_json_atomic(os.path.join(results, GRID_FILE), {"grid": mode})
+        cmd = asvtool.command("run", "--config", config, "--set-commit-hash", commit, "--show-stderr",
+                              "--environment", f"existing:{sys.executable}", "--bench", bench,
+                              *(["--quick"] if mode == "quick" else []))  # --show-stderr: stream says why one failed
+        env = asvtool.process_env(home, ATTNSPEC_BACKENDS=",".join(backends), **MODES[mode])
+        return procs.stream(cmd, env=env, prefix=prefix), results
 
-    def shard(i: int) -> int:
-        if i:
-            printed[i - 1].wait()
-        env = procs.child_env(ATTNSPEC_BACKENDS=",".join(shards[i]), **MODES[mode])
-        cmd = base + ["--environment", f"existing:{_shard_python(i)}", "--bench", "^(?!bench_machine)"]
-        return procs.stream(cmd, env=env, prefix=f"  [{i + 1}/{len(shards)}] " if len(shards) > 1 else "  ",
-                            started=printed[i])
-
-    with ThreadPoolExecutor(max_workers=len(shards)) as pool:
-        rcs += list(pool.map(shard, range(len(shards))))
-    rc = next((r for r in rcs if r), 0)
+    done = [asv("roofs", names, "^bench_machine", "  ")]  # the machine's roofs for every chosen backend
+    pool = ThreadPoolExecutor(max_workers=len(shards))
+    try:
+        done += list(pool.map(lambda i: asv(str(i + 1), shards[i], "^(?!bench_machine)",
+                                            f"  [{i + 1}/{len(shards)}] " if len(shards) > 1 else "  "),
+                              range(len(shards))))
+    except BaseException:  # Ctrl-C or SIGTERM reach only this thread; asv runs in sessions of its own
+        procs.kill_all()  # the other shards' asv ends, so their threads do: wait for them
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise  # nothing merged: the database keeps what it had
+    pool.shutdown()
+    rc = next((r for r, _ in done if r), 0)
+    skipped = asv_merge.merge_into(database, [d for _, d in done])
     state = "done" if rc == 0 else f"asv exited with status {rc}; the report keeps what it recorded"
-    print(f"[bench] {state} in {time.monotonic() - start:.0f} s", flush=True)
-    return results_dir, rc
-
-
-def _shard_python(i: int) -> str:
-    """This interpreter, under a path of its own for shard i > 0 (asv names environments by path).
-
-    In a virtual environment the path is a view of it (its pyvenv.cfg and lib/ linked beside
-    bin/python): Python finds its venv from a pyvenv.cfg beside or above the path it was started
-    by, so a bare link would start the base interpreter without the venv's packages (seen on the
-    GPU machine, whose python3 is a venv: asv could not import the benchmarks in shard 2)."""
-    if i == 0:
-        return sys.executable
-    folder = os.path.abspath(os.path.join(procs.ASV_DIR, "shards", str(i)))
-    in_venv = sys.prefix != sys.base_prefix
-    links = {os.path.join("bin", "python") if in_venv else "python": sys.executable}
-    if in_venv:
-        links.update({name: os.path.join(sys.prefix, name) for name in ("pyvenv.cfg", "lib", "lib64")
-                      if os.path.lexists(os.path.join(sys.prefix, name))})
-    for rel, target in links.items():
-        link = os.path.join(folder, rel)
-        os.makedirs(os.path.dirname(link), exist_ok=True)
-        if os.path.realpath(link) != os.path.realpath(target):
-            if os.path.lexists(link):
-                os.remove(link)
-            os.symlink(target, link)
-    return os.path.join(folder, next(iter(links)))
+    print(f"[bench] {state} in {time.monotonic() - start:.0f} s; merged into {os.path.relpath(database)}", flush=True)
+    return [d for _, d in done if os.path.isdir(d)], rc, skipped

@@ -1,17 +1,15 @@
-"""Child processes of `attnspec run`: watched with a time limit, their output echoed; asv, git.  Standard library only.
+"""Child processes of `attnspec run`: watched with a time limit, their output echoed; git.  Standard library only.
 
 Children run in the user's current folder, in their own session, and are watched with a time
 limit (then their whole process group is killed); Ctrl-C ends them all.  They import what the
 user's shell imports: the current folder and PYTHONPATH (asv's benchmark processes through
-ASV_PYTHONPATH, the variable asv passes on).  The suite's children: attnspec/suites.py.
+ASV_PYTHONPATH, the variable asv passes on).  The suite's children: attnspec/suites.py; asv's: attnspec/asvtool.py.
 """
 from __future__ import annotations
 
 import codecs
 import importlib.util
-import json
 import os
-import platform
 import queue
 import re
 import signal
@@ -97,8 +95,12 @@ def watch(cmd, timeout: float, on_line=None, env=None, stop=None) -> Finished:
     its newline as soon as it is written."""
     start = time.monotonic()
     stopped = ""
+    if _STOPPING.is_set():  # the run was interrupted before this child started: it never does
+        return Finished(-signal.SIGKILL, "", 0.0, "the run was interrupted")
     proc = _spawn(cmd, env)
     _LIVE.add(proc)
+    if _STOPPING.is_set():  # kill_all ran between the check and the add: end it as it would have
+        _kill_group(proc)
     chunks: queue.Queue = queue.Queue()
     reader = threading.Thread(target=_read_chunks, args=(proc, chunks), daemon=True)
     reader.start()
@@ -225,41 +227,3 @@ def git_head() -> str:
         raise ReportInputError(f"asv files results under a git commit of attnspec and there is none in {ROOT} ({why}); "
                                "install attnspec from a clone (pip install -e), or pass --no-bench")
     return res.stdout.strip()
-
-
-def ensure_asv_machine() -> None:
-    """`asv machine --yes` once per host: asv refuses to run without a machine entry."""
-    path = os.path.expanduser("~/.asv-machine.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            if platform.uname().node in json.load(f):
-                return
-    except (OSError, ValueError):
-        pass
-    done = watch(["asv", "machine", "--yes", "--config", asv_config()[0]], 120)  # asv wants a config to start
-    if done.rc != 0:
-        raise ReportInputError(f"`asv machine --yes` failed ({done.describe()}): {done.output.strip()[-300:]}")
-
-
-ASV_DIR = os.path.join(".attnspec", "asv")  # under the current folder: asv's config, results and shard links
-
-
-def asv_config(folder: str | None = None) -> tuple[str, str]:
-    """(config path, results folder): attnspec's asv configuration rewritten under `folder` (default:
-    ./.attnspec/asv) - the benchmarks and the commit are attnspec's, results land there, never in
-    attnspec's own folder."""
-    conf = os.path.join(ROOT, "asv.conf.json")
-    try:
-        with open(conf, encoding="utf-8") as f:  # asv allows // comments in it
-            data = json.loads("\n".join(line for line in f if not line.lstrip().startswith("//")))
-    except (OSError, ValueError) as e:
-        raise ReportInputError(f"{conf}: cannot read attnspec's asv configuration ({e})") from None
-    folder = os.path.abspath(folder or ASV_DIR)
-    os.makedirs(folder, exist_ok=True)
-    data.update(repo=ROOT, benchmark_dir=os.path.join(ROOT, data.get("benchmark_dir", "benchmarks")),
-                results_dir=os.path.join(folder, "results"), env_dir=os.path.join(folder, "env"),
-                html_dir=os.path.join(folder, "html"))
-    path = os.path.join(folder, "asv.conf.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    return path, data["results_dir"]

@@ -54,9 +54,10 @@ class BackendSelectionError(ValueError):
 
 # Built-ins the conformance suite checks only when named: what a default run could not afford.
 SUITE_OPT_IN = {
-    "torch-flex-compiled": "torch.compile compiles every shape, dtype and static configuration (12-45 s each "
-                           "on this CPU); the suite checks it when named (--backend torch-flex-compiled), the "
-                           "benchmarks time it by default; torch-flex is the same kernel family, eager",
+    "torch-flex-compiled": "torch.compile compiles anew for every shape, dtype and static configuration the suite "
+                           "draws, which costs more than the rest of a default run (docs/measurements.md); the "
+                           "suite checks it when named (--backend torch-flex-compiled), the benchmarks time it by "
+                           "default; torch-flex is the same kernel family, eager",
 }
 
 

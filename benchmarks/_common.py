@@ -161,8 +161,8 @@ def get_backend(name: str):
             print(f"{LOAD_ERROR} {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             raise
         if getattr(backend, "uniform_hooks", False):
-            # eager torch-flex: the suite's trace-reusing hooks cost ~15 ms more a call at small sizes
-            # (T = 4: 19-25 ms against 3.5-8.5 ms); a timed call pays for the hooks users write
+            # eager torch-flex: the suite's trace-reusing hooks cost more a call than the call itself at
+            # small sizes (docs/measurements.md); a timed call pays for the hooks users write
             backend.uniform_hooks = False
         if name in registry.BUILTINS and "jax" in _threads.frameworks_of([name]):
             import importlib.util
@@ -227,7 +227,7 @@ def prepared(name: str, w: Workload, op: str, dtype: str, time_warm_call: bool =
         skip(f"{name} {op} {dtype}: {e}")
     spent = call_seconds
     # the first call may hold one-off init: time a warm one - always where it compiled (its time sizes
-    # asv's samples and is charged for them: torch.compile'd flex's 3 s compile was taken for a 0.2 ms call)
+    # asv's samples and is charged for them: torch.compile'd flex's compile was once taken for its call)
     if time_warm_call and (call_seconds < 1.0 or getattr(backend, "compiles_per_shape", False)):
         call_seconds = _first_call(run)
         spent += call_seconds

@@ -28,16 +28,15 @@ E_DEFAULT = 64
 SIXTEEN_BIT = ("bfloat16", "float16")
 SIXTEEN_BIT_T = (4, 256, 2048)  # the default grid's 16-bit sizes: overhead, mid, large
 # Default grid: a 16-bit call predicted (from T = 256) to take longer than this is skipped with
-# the prediction as the reason (NumPy's float16 matmul has no BLAS kernel: ~29 s at T = 2048).
+# the prediction as the reason (NumPy's float16 matmul has no BLAS kernel; its time at T = 2048:
+# docs/measurements.md).
 MAX_CALL_SECONDS = {"quick": 2.0, "default": 5.0, "full": None}[GRID]
 # Default grid: what one backend may spend on calls in one run - first calls (compilation,
 # lazy initialisation; never timed) and asv's samples.  asv runs every combination in a fresh
-# process, so a backend that compiles per shape pays it every time: torch.compile'd flex
-# attention ~3 s a shape with its inductor cache warm (15-45 s cold).  Past the budget its
-# remaining combinations are left out, with the reason.  jax-naive and eager flex spend 40-50 s
-# on the whole default grid (at 40 s they lost their masked T = 2048 and memory rows), the
-# built-ins that call a kernel directly 5-30 s; torch.compile'd flex gets the T sweep and part
-# of decode.
+# process, so a backend that compiles per shape pays it every time (torch.compile'd flex
+# attention).  Past the budget its remaining combinations are left out, with the reason.  The
+# budget is set so the eager built-ins measure the whole default grid and torch.compile'd flex
+# gets the T sweep and part of decode (what each spent: docs/measurements.md).
 BACKEND_BUDGET_SECONDS = {"quick": 20.0, "default": 60.0, "full": None}[GRID]
 _budget = os.environ.get("ATTNSPEC_BENCH_BUDGET")  # seconds; 0: no budget (every combination of the grid)
 if _budget:
@@ -92,7 +91,9 @@ OP_NAMES = ("forward", "forward_backward")
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 
 # -- the T sweep (prefill / self-attention, Lq = Lk = T) --------------------------------------
-T_VALUES = _ints("ATTNSPEC_BENCH_T", [64, 256, 1024] if _Q else [4, 16, 64, 256, 1024, 2048] if _D
+# default: T = 4 (a call's fixed cost: time is flat below ~64) up to 2048, the fit range T >= 256
+# at three sizes; T = 16 told nothing T = 4 and 64 do not (the full grid keeps every power of two)
+T_VALUES = _ints("ATTNSPEC_BENCH_T", [64, 256, 1024] if _Q else [4, 64, 256, 1024, 2048] if _D
                  else [2 ** i for i in range(2, 12)])
 E_VALUES = _ints("ATTNSPEC_BENCH_E", [E_DEFAULT] if not _F else [16, 64, 128])
 OPS = _words("ATTNSPEC_BENCH_OPS", ["forward"] if _Q else OP_NAMES, OP_NAMES)
@@ -126,8 +127,11 @@ MASK_OPS = OPS if _F or explicit("ATTNSPEC_BENCH_OPS") else ["forward"]
 MASK_DTYPES = DTYPES + HALF_DTYPES if _F and not explicit("ATTNSPEC_BENCH_DTYPES") else DTYPES
 
 
-def left_out(kind: str, Lq=None, dtype=None) -> str | None:
+def left_out(kind: str, Lq=None, dtype=None, T=None, mask=None) -> str | None:
     """Why the current grid leaves this combination out (None: it is measured)."""
     if _D and kind == "decode" and dtype in SIXTEEN_BIT and Lq != 1:  # 16-bit decode: one token
         return "left out of the default grid (ATTNSPEC_BENCH_GRID=full measures it)"
+    if not _F and kind == "masked" and mask.startswith("window-") and T is not None and int(mask[7:]) >= T:
+        # a window of N keys at T <= N hides exactly what causal hides: the same problem, timed as causal
+        return f"{mask} at T={T} is the causal problem (timed as causal); ATTNSPEC_BENCH_GRID=full measures it"
     return None

@@ -30,7 +30,7 @@ FRAMEWORKS = {"torch_backends": ("torch",), "torch_cuda_backends": ("torch",), "
               "keras_backends": ("keras", "torch", "jax"), "flax_backends": ("jax", "flax"),
               "transformers_backends": ("torch", "transformers"), "mlx_backends": ("mlx.core",)}
 # What the fork server imports besides: FlexAttention's compiler stack, which a flex backend's load()
-# or first call imports (~1 s eager, ~1.9 s torch.compile'd, in every forked combination otherwise)
+# or first call imports (in every forked combination otherwise; what it costs: docs/measurements.md)
 PRELOAD_EXTRA = {"flex_backends": ("torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention")}
 
 
@@ -132,8 +132,8 @@ def _adapter(name: str) -> str | None:
 def preload(names) -> list[str]:
     """Import the frameworks of `names` now (in asv's fork server: every benchmark forks from it).
 
-    Importing torch, jax, onnxruntime or openvino costs 1-3 s per process; imported once in the
-    server, each forked benchmark starts in ~10 ms.  Only imports: no JAX client, no torch
+    Importing torch, jax, onnxruntime or openvino takes seconds per process; imported once in the
+    server, each forked benchmark starts without it (docs/measurements.md).  Only imports: no JAX client, no torch
     parallel region, no CUDA context - the state that is unsafe to fork is created in the child.
     """
     import importlib

@@ -9,8 +9,12 @@ import time
 
 from attnspec.benchmarks import _common, _grid, _threads, bench_attention  # modules, not classes: asv would collect those twice
 
-MATMUL_N = 1024  # 2.1 GFLOP per product: 10-50 ms here, long enough to swamp call overhead
-GPU_MATMUL_N = 8192  # 1.1 TFLOP: ~1.4 ms on an H200's bf16 tensor cores; 1024 would time the launch
+MATMUL_N = 1024  # 2.1 GFLOP per product: long enough on one core to swamp call overhead
+GPU_MATMUL_N = 8192  # 1.1 TFLOP: long enough on a GPU's tensor cores; 1024 would time the launch
+# A roof is a best-of (a peak, not a typical value): a few products or passes reach it, and the
+# machine's benchmarks run alone, before the shards, with the other cores idle - so each spends
+# a short budget (products at least 3).  Figures per product: docs/measurements.md.
+MATMUL_BUDGET_SECONDS, BANDWIDTH_BUDGET_SECONDS = 0.3, 0.2
 # The GPU's roofs, measured when one is present (skipped otherwise).  The report files their rows,
 # and those of the GPU backends, under a machine of their own ("<host> gpu": reports/asv_results.py),
 # so a GPU kernel's rate is read against its own device's peak and bandwidth, never the CPU's.
@@ -26,7 +30,7 @@ def _import(library: str):
         _common.skip(f"{library} is not installed: {e}")
 
 
-def _best_seconds(fn, budget: float = 1.0, at_least: int = 3) -> float:
+def _best_seconds(fn, budget: float = MATMUL_BUDGET_SECONDS, at_least: int = 3) -> float:
     """Best of repeated calls for ~`budget` seconds: a peak, not a typical value."""
     best, count = float("inf"), 0
     deadline = time.perf_counter() + budget
@@ -45,7 +49,7 @@ def _matmul(library: str, dtype: str):
     lib = _import(library)
     n = MATMUL_N
     if library == "numpy":
-        if dtype != "float32":  # bfloat16 does not exist; float16 has no BLAS kernel (10 s a product)
+        if dtype != "float32":  # bfloat16 does not exist; float16 has no BLAS kernel (far too slow a product)
             _common.skip(f"numpy {dtype}: no BLAS kernel, so no peak to measure")
         rng = lib.random.default_rng(0)
         a, b = (rng.standard_normal((n, n), dtype=lib.float32) for _ in range(2))  # (n, n) each
@@ -148,7 +152,7 @@ class Bandwidth:
         self.kernel()
 
     def track_bandwidth(self, kernel, array_mib, threads):
-        return self.bytes / _best_seconds(self.kernel, budget=0.5) / 1e9
+        return self.bytes / _best_seconds(self.kernel, budget=BANDWIDTH_BUDGET_SECONDS) / 1e9
 
     track_bandwidth.unit = "GB/s"
 

@@ -7,7 +7,7 @@ itertools.product order, `params` holds each axis's values as `repr` strings, a 
 failed combination is None or NaN, confidence bounds may be +-inf.
 
 Rows the benchmarks measure: time [s], memory [bytes], peak_gflops, threads, fidelity_ratio,
-timer_time [s]. Rows derived here: gflops (specs.cost FLOPs / time, so rate and time share their
+timer_time [s]; derived (reports/asv_derived.py): gflops (specs.cost FLOPs / time, so rate and time share their
 samples), memory_multiple (extra bytes / B*H*T^2*itemsize), fidelity_ratio_sweep (the sweep's
 time of the fidelity combination / torch Timer's). pandas is imported by the functions only.
 """
@@ -18,14 +18,15 @@ import itertools
 import json
 import math
 import os
-import warnings
 
 COLUMNS = ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit"]
 # asv's 99% interval for time rows (NaN when unknown: inf); the clock of time rows ("process" =
 # CPU time, "wall"; None for results recorded before the clock parameter); the problem: "dense"
 # (the T sweep, Lq = Lk = T), "causal", "window" (masked, Lq = Lk = T), "decode" (Lq queries
 # against a cache of Lk; T is empty), None for machine rows; kv_heads, Lq, Lk: its sizes.
-EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk"]
+# grid: the benchmark grid the row was measured on (quick, default, full: benchmarks/_grid.py), as
+# attnspec run records it beside the results (inputs.GRID_FILE); None for results asv ran by hand.
+EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk", "grid"]
 
 # Class.method of a benchmark -> (metric, unit, fixed columns, problem).  Matched on the last two
 # parts of asv's name, so attnspec's benchmarks re-exported from a plug-in's own asv suite
@@ -94,7 +95,7 @@ def _param_names(name: str, params: list, declared: dict) -> list:
     return [f"param{i}" for i in range(len(params))]
 
 
-def _rows_of_file(path: str, machine: str, declared: dict) -> list:
+def _rows_of_file(path: str, machine: str, declared: dict, grid: str | None = None) -> list:
     with open(path) as f:
         data = json.load(f)
     if data.get("version") != 2 or "result_columns" not in data:
@@ -125,7 +126,7 @@ def _rows_of_file(path: str, machine: str, declared: dict) -> list:
             for key, text in zip(names, combo):
                 row[_COLUMN_OF.get(key, key)] = _param_value(text)
             row.update(metric=metric, value=float(value), unit=unit, machine=machine, commit=commit,
-                       ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi))
+                       ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi), grid=grid)
             _fill_sizes(row)
             rows.append(row)
     on_gpu = {r["backend"] for r in rows if r["metric"] == "on_gpu" and r["value"] >= 1}
@@ -173,17 +174,33 @@ def _fill_sizes(row: dict) -> None:
         row["kv_heads"] = row["heads"]
 
 
-def load_results(results_dir: str):
-    """Every machine's results under `results_dir` as a DataFrame (COLUMNS, then ci_low, ci_high)."""
+def _read_json(path: str, skipped: list | None, what: str):
+    """The JSON in path, or None when it is not there; unreadable: named in `skipped` (None: raise)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        if skipped is None:
+            raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {e})") from None
+        skipped.append(f"{path} — not a readable {what} ({type(e).__name__}: {e})")
+        return None
+
+
+def load_results(results_dir: str, skipped: list | None = None):
+    """Every machine's results under `results_dir` as a DataFrame (COLUMNS, then EXTRA_COLUMNS).
+
+    With a `skipped` list, a results file that cannot be read is named there ("path — why")
+    and the others are read; without, it raises ValueError."""
     import pandas as pd
 
     if not os.path.isdir(results_dir):
         raise ValueError(f"results_dir {results_dir!r} is not a folder")
-    declared = {}
-    bench_file = os.path.join(results_dir, "benchmarks.json")
-    if os.path.isfile(bench_file):
-        with open(bench_file) as f:
-            declared = {k: v for k, v in json.load(f).items() if isinstance(v, dict)}
+    declared = _read_json(os.path.join(results_dir, "benchmarks.json"), skipped, "asv benchmarks.json")
+    declared = {k: v for k, v in declared.items() if isinstance(v, dict)} if isinstance(declared, dict) else {}
+    grid = _read_json(os.path.join(results_dir, "attnspec.json"), skipped, "attnspec grid file")
+    grid = grid.get("grid") if isinstance(grid, dict) else None
     rows, machines = [], 0
     for machine in sorted(os.listdir(results_dir)):
         folder = os.path.join(results_dir, machine)
@@ -192,72 +209,24 @@ def load_results(results_dir: str):
         machines += 1
         for name in sorted(os.listdir(folder)):
             if name.endswith(".json") and name != "machine.json":
-                rows += _rows_of_file(os.path.join(folder, name), machine, declared)
+                path = os.path.join(folder, name)
+                try:
+                    rows += _rows_of_file(path, machine, declared, grid)
+                except (OSError, ValueError, KeyError, TypeError) as e:  # truncated JSON is a ValueError
+                    if skipped is None:
+                        raise
+                    why = str(e)[len(path) + 2:] if str(e).startswith(path + ": ") else f"{type(e).__name__}: {e}"
+                    skipped.append(f"{path} — not a readable asv results file ({why})")
     if not machines:
         raise ValueError(f"results_dir {results_dir!r} has no machine folder (a subfolder with machine.json)")
     df = pd.DataFrame(rows, columns=COLUMNS + EXTRA_COLUMNS)
     for col in _INT_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
-    df = pd.concat([df, _derived(df)], ignore_index=True)
+    from attnspec.reports.asv_derived import derived_rows
+
+    df = pd.concat([df, derived_rows(df)], ignore_index=True)
     return df.sort_values(["machine", "commit", "metric", "backend", "op", "E", "T"], kind="stable",
                           na_position="last").reset_index(drop=True)
-
-
-def window_of(problem) -> tuple | None:
-    """"window-256" -> (255, 0): a sliding window of 256 keys ending at the query's own position."""
-    if isinstance(problem, str) and problem.startswith("window-") and problem[7:].isdigit():
-        return (int(problem[7:]) - 1, 0)
-    return None
-
-
-def _forward_flops(cost, r) -> float:
-    """Useful forward FLOPs of one attention row: only the pairs its mask keeps (specs.cost)."""
-    b, h, e = int(r.batch), int(r.heads), int(r.E)
-    if r.problem == "decode":  # the Lq new tokens see the cache and each other: bottom-right causal
-        lq, lk = int(r.Lq), int(r.Lk)
-        return cost.useful_flops(b, h, lq, lk, e, causal=lq > 1, causal_alignment="bottom_right")
-    t = int(r.T)
-    return cost.useful_flops(b, h, t, t, e, causal=r.problem == "causal", window=window_of(r.problem))
-
-
-def _derived(df):
-    """gflops, kv_gbps, memory_multiple and fidelity_ratio_sweep, from measured rows and specs.cost."""
-    import numpy as np
-    import pandas as pd
-
-    try:
-        from attnspec.specs import cost
-        cost.useful_flops  # noqa: B018 - an older specs without it: the plain counts below
-    except (ImportError, AttributeError) as e:  # the cost model is part of the spec; without it, no rates
-        warnings.warn(f"specs.cost unavailable ({e}): no gflops or memory_multiple rows", stacklevel=3)
-        return pd.DataFrame(columns=df.columns)
-    out = []
-    sized = df[["batch", "heads", "E"]].notna().all(axis=1) & (df["T"].notna() | df["problem"].eq("decode"))
-    for r in df[(df["metric"] == "time") & sized].itertuples(index=False):
-        flops = _forward_flops(cost, r) * (1 + cost.BACKWARD_FACTOR * (r.op == "forward_backward"))
-        out.append(r._asdict() | dict(metric="gflops", value=flops / r.value / 1e9, unit="GFLOP/s",
-                                      ci_low=np.nan, ci_high=np.nan))
-        if r.problem == "decode":  # every key and value is read at least once per step
-            kv = cost.kv_bytes(int(r.batch), int(r.kv_heads), int(r.Lk), int(r.E), None, np.dtype(_numpy_dtype(r.dtype)).itemsize)
-            out.append(r._asdict() | dict(metric="kv_gbps", value=kv / r.value / 1e9, unit="GB/s",
-                                          ci_low=np.nan, ci_high=np.nan))
-    for r in df[(df["metric"] == "memory") & sized].itertuples(index=False):
-        itemsize = np.dtype(_numpy_dtype(r.dtype)).itemsize
-        score_bytes = cost.score_matrix_bytes(int(r.batch), int(r.heads), int(r.T), int(r.T), itemsize)
-        out.append(r._asdict() | dict(metric="memory_multiple", value=r.value / score_bytes, unit="x B*H*T^2*itemsize"))
-    keys = ["backend", "batch", "heads", "T", "E", "op", "dtype", "machine", "commit", "clock"]
-    timer = df[df["metric"] == "timer_time"]
-    if not timer.empty:
-        sweep = df[(df["metric"] == "time") & (df["problem"] == "dense")].merge(
-            timer[keys + ["value"]], on=keys, suffixes=("", "_timer"))
-        for r in sweep.itertuples(index=False):
-            out.append({c: getattr(r, c) for c in keys} | dict(metric="fidelity_ratio_sweep", problem="dense",
-                                                                 value=r.value / r.value_timer, unit="ratio"))
-    return pd.DataFrame(out, columns=df.columns)
-
-
-def _numpy_dtype(name: str) -> str:
-    return "float16" if name == "bfloat16" else name  # same itemsize; NumPy has no bfloat16
 
 
 def fit_scaling(df, metric: str, t_min: int = 256):

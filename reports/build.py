@@ -71,6 +71,9 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
           _before_swap=None) -> dict:
     """Write the report; return a small summary (counts, paths) for the command to print."""
     if not inputs.conformance and not inputs.semantics and not inputs.asv_dirs and not inputs.detection:
+        if inputs.skipped:
+            raise inp.ReportInputError("no results to report: every input was skipped: " + "; ".join(
+                f"skipped: {line}" for line in inputs.skipped))
         raise inp.ReportInputError("no results to report: run `attnspec run`, or name suite JSON files, "
                                    "asv results folders or report folders")
     with staging(out_dir) as tmp:
@@ -78,14 +81,14 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
         os.makedirs(os.path.join(raw, "asv"))
         write_text(raw, inp.SUITE_FILE, json.dumps({"conformance": inputs.conformance,
                                                     "semantics": inputs.semantics}, indent=1, default=str))
-        kept = []
+        kept, skipped = [], list(inputs.skipped)
         for i, src in enumerate(inputs.asv_dirs):
             dst = os.path.join(raw, "asv", str(i))
-            if inp.copy_asv_results(src, dst, asv_commit):
+            if inp.copy_asv_results(src, dst, asv_commit, skipped):
                 kept.append(dst)
             else:
                 shutil.rmtree(dst, ignore_errors=True)
-        summary = _write_tables_and_page(tmp, inputs, kept, title)
+        summary = _write_tables_and_page(tmp, inputs, kept, title, skipped)
         if _before_swap is not None:  # tests simulate a failure at the last moment
             _before_swap(tmp)
     summary["out"] = os.path.abspath(out_dir)
@@ -110,12 +113,14 @@ class Frames:
     detection: object = None  # detection_power.csv rows (a DataFrame; empty when not measured)
 
 
-def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: str) -> dict:
+def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: str, skipped: list) -> dict:
+    """The CSVs and the page; `skipped` ("path — why" of each input left out) grows by the asv
+    results files that cannot be read, and the page and the summary name them all."""
     from attnspec.reports import page, tables  # pandas, matplotlib and Jinja2 only when a report is built
 
     conf = tables.conformance_frame(inputs.conformance)
     sem = tables.semantics_frame(inputs.semantics)
-    bench = tables.benchmarks_frame(asv_dirs)
+    bench = tables.benchmarks_frame(asv_dirs, skipped)
     scaling = tables.scaling_frame(bench)
     worked, worked_note = tables.worked_frame()
     verdicts = tables.verdict_frame(conf, sem)
@@ -145,10 +150,18 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     meta = {"generated": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
             "backends": int((~untested).sum()), "not_tested": int(untested.sum()),
             "machines": ", ".join(map(str, machines)), "commits": ", ".join(commits),
+            "grids": ", ".join(sorted(set(bench["grid"].dropna()))) if not bench.empty else "",
+            "skipped": [_relative(line, tmp) for line in skipped],
             # baselines a run of named backends times beside them (attnspec run --baselines): not checked
             "benched_only": ", ".join(sorted(set(head["backend"]) - set(verdicts["backend"]))) if not head.empty else ""}
     write_text(tmp, "index.html", page.render(title, meta, sections))
     not_tested = verdicts[untested]
     return {"backends": len(verdicts), "conformance_rows": len(conf), "benchmark_rows": len(bench),
             "machines": machines, "problems": int(conf["status"].isin(tables.PROBLEM_STATUSES).sum()),
-            "not_tested": dict(zip(not_tested["backend"], not_tested["reason"]))}
+            "not_tested": dict(zip(not_tested["backend"], not_tested["reason"])),
+            "skipped": [_relative(line, tmp) for line in skipped]}
+
+
+def _relative(line: str, staged: str) -> str:
+    """A skip inside the staged folder names the report folder's copy (raw/...), not the staging path."""
+    return line.replace(staged + os.sep, "") if line.startswith(staged + os.sep) else line

@@ -41,6 +41,7 @@ class Inputs:
     semantics: list = field(default_factory=list)    # dicts with SEMANTICS_COLUMNS
     asv_dirs: list = field(default_factory=list)     # asv results folders (one subfolder per machine)
     detection: list = field(default_factory=list)    # detection_power.csv rows (dicts of strings)
+    skipped: list = field(default_factory=list)      # "path — why" of each input that could not be read
 
     def add_suite(self, data: dict) -> None:
         self.conformance += data["conformance"]
@@ -101,32 +102,58 @@ def read_detection_csv(path: str) -> list:
     return rows
 
 
+def skip_line(path: str, error: Exception) -> str:
+    """"path — why" from an error that may begin with the path itself."""
+    why = str(error)
+    return f"{path} — {why[len(path) + 2:] if why.startswith(path + ': ') else why}"
+
+
 def collect(paths) -> Inputs:
-    """Suite JSON files, asv results folders and report folders (their raw/), merged."""
+    """Suite JSON files, asv results folders and report folders (their raw/), merged.
+
+    A path that is not there, or holds no results at all, is a ReportInputError; a results file
+    that is there but cannot be read (truncated, not the format) is named in `skipped` and the
+    rest is read (tables.benchmarks_frame does the same for each asv results file)."""
     inputs = Inputs()
     for path in paths:
-        if os.path.isdir(path):
-            raw = os.path.join(path, RAW)
-            if os.path.isdir(raw):
-                path = raw  # an earlier report folder: rebuild from what it kept
-            suite = os.path.join(path, SUITE_FILE)
-            if os.path.isfile(suite):
-                inputs.add_suite(read_suite_json(suite))
-            detection = os.path.join(path, DETECTION_FILE)
-            if os.path.isfile(detection):
-                inputs.detection = read_detection_csv(detection)  # one measurement: the last named wins
-            asv_dirs = [path] if is_asv_results_dir(path) else _kept_asv_dirs(path)
-            if not asv_dirs and not os.path.isfile(suite) and not os.path.isfile(detection):
-                raise ReportInputError(f"{path}: neither an asv results folder (one subfolder per machine with "
-                                       "machine.json), nor a report folder, nor a suite JSON file")
-            inputs.asv_dirs += asv_dirs
-        elif os.path.basename(path) == DETECTION_FILE and os.path.isfile(path):
-            inputs.detection = read_detection_csv(path)
-        elif os.path.isfile(path) or path.endswith(".json"):
-            inputs.add_suite(read_suite_json(path))
-        else:
-            raise ReportInputError(f"results not found: {path}")
+        try:
+            _collect_one(inputs, path)
+        except ReportInputError as e:
+            if not os.path.exists(path) or "neither an asv results folder" in str(e):
+                raise
+            inputs.skipped.append(skip_line(path, e))
     return inputs
+
+
+def _read_suite_into(inputs: Inputs, path: str) -> None:
+    try:
+        inputs.add_suite(read_suite_json(path))
+    except ReportInputError as e:
+        inputs.skipped.append(skip_line(path, e))
+
+
+def _collect_one(inputs: Inputs, path: str) -> None:
+    if os.path.isdir(path):
+        raw = os.path.join(path, RAW)
+        if os.path.isdir(raw):
+            path = raw  # an earlier report folder: rebuild from what it kept
+        suite = os.path.join(path, SUITE_FILE)
+        if os.path.isfile(suite):
+            _read_suite_into(inputs, suite)
+        detection = os.path.join(path, DETECTION_FILE)
+        if os.path.isfile(detection):
+            inputs.detection = read_detection_csv(detection)  # one measurement: the last named wins
+        asv_dirs = [path] if is_asv_results_dir(path) else _kept_asv_dirs(path)
+        if not asv_dirs and not os.path.isfile(suite) and not os.path.isfile(detection):
+            raise ReportInputError(f"{path}: neither an asv results folder (one subfolder per machine with "
+                                   "machine.json), nor a report folder, nor a suite JSON file")
+        inputs.asv_dirs += asv_dirs
+    elif os.path.basename(path) == DETECTION_FILE and os.path.isfile(path):
+        inputs.detection = read_detection_csv(path)
+    elif os.path.isfile(path):
+        inputs.add_suite(read_suite_json(path))
+    else:
+        raise ReportInputError(f"results not found: {path}")
 
 
 def _kept_asv_dirs(raw: str) -> list:
@@ -173,22 +200,32 @@ def _commit_of(path: str) -> str:
     return commit
 
 
-def copy_asv_results(src: str, dst: str, commit: str | None = None) -> int:
-    """Copy one commit's results per machine (the given one, else the newest file's) into dst.
+GRID_FILE = "attnspec.json"  # beside an asv results folder's machines: {"grid": ...} (attnspec/benchrun.py)
+
+
+def copy_asv_results(src: str, dst: str, commit: str | None = None, skipped: list | None = None) -> int:
+    """Copy one commit's results per machine (the given one, else the newest readable file's) into dst.
 
     Returns how many results files were copied; asv keeps every commit it ever measured,
-    and a report compares backends at one commit per machine.
+    and a report compares backends at one commit per machine.  A file that cannot be read is
+    left out and named in `skipped` ("path — why").
     """
     copied = 0
     for machine in sorted(os.listdir(src)):
         mdir = os.path.join(src, machine)
         if not os.path.isfile(os.path.join(mdir, "machine.json")):
             continue
-        files = sorted(_results_files(mdir), key=os.path.getmtime)
-        if not files:
+        commits = {}
+        for f in sorted(_results_files(mdir), key=os.path.getmtime):
+            try:
+                commits[f] = _commit_of(f)
+            except ReportInputError as e:
+                if skipped is not None:
+                    skipped.append(skip_line(f, e))
+        if not commits:
             continue
-        wanted = commit if commit is not None else _commit_of(files[-1])
-        chosen = [f for f in files if _commit_of(f) == wanted]
+        wanted = commit if commit is not None else list(commits.values())[-1]
+        chosen = [f for f, c in commits.items() if c == wanted]
         if not chosen:
             continue
         os.makedirs(os.path.join(dst, machine), exist_ok=True)
@@ -196,6 +233,7 @@ def copy_asv_results(src: str, dst: str, commit: str | None = None) -> int:
         for f in chosen:
             shutil.copy2(f, os.path.join(dst, machine, os.path.basename(f)))
             copied += 1
-    if copied and os.path.isfile(os.path.join(src, "benchmarks.json")):
-        shutil.copy2(os.path.join(src, "benchmarks.json"), os.path.join(dst, "benchmarks.json"))
+    for name in ("benchmarks.json", GRID_FILE):
+        if copied and os.path.isfile(os.path.join(src, name)):
+            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
     return copied

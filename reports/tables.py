@@ -7,7 +7,7 @@ from attnspec.reports.inputs import (CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, Rep
                      merge_semantics)
 
 BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit",
-                 "clock", "problem", "kv_heads", "Lq", "Lk")
+                 "clock", "problem", "kv_heads", "Lq", "Lk", "grid")
 SCALING_COLUMNS = ("backend", "op", "metric", "exponent", "r2")
 WORKED_COLUMNS = ("source", "quantity", "kind", "printed", "computed", "agrees")
 FIT_T_MIN = 256  # the O(T^2) term dominates only above a few hundred; below, call overhead does
@@ -25,7 +25,9 @@ def semantics_frame(rows) -> pd.DataFrame:
     return df.sort_values(["backend", "question"], kind="stable").reset_index(drop=True)
 
 
-def benchmarks_frame(asv_dirs) -> pd.DataFrame:
+def benchmarks_frame(asv_dirs, skipped: list | None = None) -> pd.DataFrame:
+    """Every asv results folder's rows; with `skipped`, an unreadable results file is named there
+    ("path — why") and the rest is read."""
     if not asv_dirs:
         return pd.DataFrame(columns=list(BENCH_COLUMNS))
     from attnspec.reports.asv_results import load_results
@@ -33,7 +35,7 @@ def benchmarks_frame(asv_dirs) -> pd.DataFrame:
     frames = []
     for d in asv_dirs:
         try:
-            frames.append(load_results(d))
+            frames.append(load_results(d, skipped))
         except (OSError, ValueError, KeyError, TypeError) as e:  # corrupt JSON is a ValueError
             raise ReportInputError(f"{d}: cannot read the asv results ({type(e).__name__}: {e})") from None
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(BENCH_COLUMNS))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import csv
 import io
+import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -49,10 +51,115 @@ def test_run_with_an_unknown_backend_exits_2(capsys, tmp_path):
 
 
 def test_run_without_asv_exits_2_before_running_anything(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(run_cmd.shutil, "which", lambda name: None)
+    """asv is looked for in this interpreter (sys.executable -m asv), not on PATH: the message names
+    the interpreter that lacks it."""
+    monkeypatch.setattr(procs, "importable", lambda module: module != "asv")
     monkeypatch.setattr(run_cmd, "select_backends", lambda args: pytest.fail("ran before checking for asv"))
     rc, _, err = run_cli(capsys, "run", "--out", str(tmp_path / "o"))
-    assert_one_line_error(rc, err, "asv is not installed", "--no-bench")
+    assert_one_line_error(rc, err, f"asv is not installed for {sys.executable}", "--no-bench")
+
+
+def test_a_second_run_in_the_same_folder_refuses_while_the_first_runs(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.makedirs(tmp_path / ".attnspec")
+        (tmp_path / ".attnspec" / "run.lock").write_text(json.dumps(
+            {"pid": first.pid, "host": os.uname().nodename, "started": "now"}))
+        monkeypatch.setattr(run_cmd, "_run", lambda *a: pytest.fail("ran beside another run"))
+        rc, _, err = run_cli(capsys, "run", "--no-bench", "--backend", "numpy-naive")
+        assert_one_line_error(rc, err, f"another attnspec run (pid {first.pid}", "is running in this folder")
+    finally:
+        first.kill()
+        first.wait()
+    monkeypatch.setattr(run_cmd, "_run", lambda *a: 0)  # its process gone: the lock is stale and taken over
+    assert run_cli(capsys, "run", "--no-bench", "--backend", "numpy-naive")[0] == 0
+    assert not (tmp_path / ".attnspec" / "run.lock").exists()
+
+
+@needs_report
+@pytest.mark.timeout(300)
+def test_sigterm_ends_a_run_like_ctrl_c_leaving_the_previous_report_and_no_lock(tmp_path):
+    """SIGTERM (a scheduler's stop, a kill) in the middle of the suites: the children are ended, the
+    previous report stays whole, the run's lock is released and no temporary is left beside it."""
+    out = tmp_path / "reports" / "out"
+    assert cli.main(["report", "--out", str(out), os.path.join(SAMPLE, "suite_cpu.json")]) == 0
+    before = (out / "index.html").read_bytes()
+    run = subprocess.Popen([sys.executable, "-m", "attnspec", "run", "--no-bench", "--backend", "numpy-naive"],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=_clean_env(ATTNSPEC_PROFILE="dev", HOME=str(tmp_path)))
+    seen = []
+    for line in run.stdout:  # the suite's child has started
+        seen.append(line)
+        if "[suite 1/1] numpy-naive: started" in line:
+            break
+    assert (tmp_path / ".attnspec" / "run.lock").is_file(), seen
+    run.send_signal(signal.SIGTERM)
+    rest = run.communicate(timeout=60)[0]
+    assert run.returncode == 130, "".join(seen) + rest
+    assert "interrupted; the previous report is left as it was" in rest
+    assert (out / "index.html").read_bytes() == before
+    assert not (tmp_path / ".attnspec" / "run.lock").exists()
+    assert sorted(os.listdir(out.parent)) == ["out"]  # no staging or .old folder left
+
+
+@needs_report
+def test_a_run_whose_asv_file_is_truncated_reports_the_rest_and_exits_1(capsys, monkeypatch, tmp_path):
+    """An asv process killed while writing its results (the OOM killer): the run's report is still
+    written - conformance rows and all - naming the file it skipped, and the exit status says so."""
+    from attnspec import asvtool
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    passed = dict(backend="numpy-naive", property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
+                  seconds=0.1, counterexample=None, message=None)
+    monkeypatch.setattr(suites, "run_suites", lambda chosen, *a, **kw: {"conformance": [passed], "semantics": []})
+
+    def machine_file(folder):
+        path = os.path.join(folder, "home", asvtool.MACHINE_FILE)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"vm": {"machine": "vm"}, "version": 1}, f)
+        return path
+
+    written = []
+
+    def killed_asv(cmd, env=None, prefix="", **kw):
+        with open(cmd[cmd.index("--config") + 1]) as f:
+            results = json.load(f)["results_dir"]
+        os.makedirs(os.path.join(results, "vm"))
+        with open(os.path.join(results, "vm", "machine.json"), "w") as f:
+            json.dump({"machine": "vm", "version": 1}, f)
+        path = os.path.join(results, "vm", "c0ffee-existing.json")
+        with open(path, "w") as f:
+            f.write('{"version": 2, "commit_hash": "c0ff')  # killed here
+        written.append(path)
+        return -9
+
+    monkeypatch.setattr(asvtool, "machine_file", machine_file)
+    monkeypatch.setattr(procs, "stream", killed_asv)
+    rc, text, err = run_cli(capsys, "run", "--quick", "--backend", "numpy-naive", "--baselines", "")
+    assert rc == 1, text[-2000:] + err[-2000:]
+    for path in written:
+        assert f"attnspec run: skipped: {path} — not a readable asv results file" in err, err
+    assert "the report is incomplete" in err
+    out = tmp_path / "reports" / "out"
+    assert [r["backend"] for r in read_csv(out / "conformance.csv")] == ["numpy-naive"]
+    assert f"skipped: {written[0]} — not a readable asv results file" in (out / "index.html").read_text(encoding="utf-8")
+
+
+@needs_report
+def test_report_with_one_truncated_input_writes_the_rest_and_exits_1(capsys, tmp_path):
+    good = os.path.join(SAMPLE, "suite_cpu.json")
+    text = open(good).read()
+    bad = tmp_path / "suite_gpu.json"
+    bad.write_text(text[: len(text) // 2])  # a writer killed half-way
+    out = tmp_path / "o"
+    rc, printed, err = run_cli(capsys, "report", "--out", str(out), good, str(bad), os.path.join(SAMPLE, "asv_results"))
+    assert rc == 1, err
+    assert f"attnspec report: skipped: {bad} — not valid JSON" in err and "the report is incomplete" in err
+    assert "index.html" in printed and read_csv(out / "conformance.csv") and read_csv(out / "benchmarks.csv")
+    assert f"skipped: {bad} — not valid JSON" in (out / "index.html").read_text(encoding="utf-8")
 
 
 def test_run_rejects_a_nonpositive_suite_timeout(capsys, tmp_path):
@@ -462,7 +569,7 @@ def test_run_checks_a_plugin_of_the_current_folder_and_reports_there(tmp_path):
 
 @needs_report
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(shutil.which("asv") is None or shutil.which("git") is None, reason="needs asv and git")
+@pytest.mark.skipif(importlib.util.find_spec("asv") is None or shutil.which("git") is None, reason="needs asv and git")
 def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkeypatch, tmp_path):
     """`attnspec run --quick --backend mypkg.attn:sdpa` from the user's folder: asv's benchmark
     processes import the plug-in through ASV_PYTHONPATH, its results and the report land there.
@@ -489,7 +596,7 @@ def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkey
 
     def stream(cmd, env=None, prefix="", **kw):
         asv_runs.append((cmd, env))
-        if cmd[-1] == "^bench_machine":  # the machine's roofs: a minute of matmuls, not this test's subject
+        if "^bench_machine" in cmd:  # the machine's roofs: a minute of matmuls, not this test's subject
             return 0
         return real_stream(cmd, env=env, prefix=prefix, **kw)
 
@@ -497,12 +604,14 @@ def test_a_benchmark_run_of_a_plugin_imports_it_in_asvs_processes(capsys, monkey
     rc, text, err = run_cli(capsys, "run", "--quick", "--backend", PLUGIN_NAME, "--baselines", "numpy-naive")
     assert rc == 0, text[-4000:] + err[-2000:]
     assert "benchmarked beside them (not checked; --baselines): numpy-naive" in text
-    shards = [(cmd, env) for cmd, env in asv_runs if cmd[-1] != "^bench_machine"]
+    shards = [(cmd, env) for cmd, env in asv_runs if "^bench_machine" not in cmd]
     assert {b for _, env in shards for b in env["ATTNSPEC_BACKENDS"].split(",")} == {PLUGIN_NAME, "numpy-naive"}
     for shard_cmd, shard_env in shards:
         assert shard_env["ASV_PYTHONPATH"].split(os.pathsep)[0] == str(user) and "--quick" in shard_cmd
-        assert shard_cmd[shard_cmd.index("--config") + 1] == str(user / ".attnspec" / "asv" / "asv.conf.json")
-    results = user / ".attnspec" / "asv" / "results"
+        assert shard_cmd[:3] == [sys.executable, "-m", "asv"]
+        assert shard_cmd[shard_cmd.index("--config") + 1].startswith(str(user / ".attnspec" / "asv" / "quick") + os.sep)
+    results = user / ".attnspec" / "asv" / "quick" / "results"  # the quick grid's own database
+    assert not (tmp_path / "home" / ".asv-machine.json").exists()  # the user's machine file is not written
     assert any(p.name != "machine.json" for p in results.glob("*/*.json")), list(results.rglob("*"))
     import pandas as pd
 

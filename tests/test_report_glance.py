@@ -73,8 +73,8 @@ def page(tmp_path_factory, request):
     (asv / "vm").mkdir(parents=True)  # an asv results folder; its rows come from bench_rows()
     mp = pytest.MonkeyPatch()
     request.addfinalizer(mp.undo)
-    mp.setattr(inputs, "copy_asv_results", lambda src, dst, commit: os.makedirs(dst, exist_ok=True) or True)
-    mp.setattr(tables, "benchmarks_frame", lambda dirs: bench_rows())
+    mp.setattr(inputs, "copy_asv_results", lambda src, dst, commit, skipped=None: os.makedirs(dst, exist_ok=True) or True)
+    mp.setattr(tables, "benchmarks_frame", lambda dirs, skipped=None: bench_rows())
     out = work / "out"
     build.build(inputs.Inputs(conformance=conformance_rows(), asv_dirs=[str(asv)]), str(out))
     return out, (out / "index.html").read_text(encoding="utf-8")
@@ -159,8 +159,8 @@ def test_a_headless_browser_opens_the_page(page, tmp_path):
 
 def test_the_header_names_the_baselines_benchmarked_but_not_checked(tmp_path, monkeypatch):
     """`attnspec run --backend X` times X beside --baselines it does not check: the page says which."""
-    monkeypatch.setattr(inputs, "copy_asv_results", lambda src, dst, commit: os.makedirs(dst, exist_ok=True) or True)
-    monkeypatch.setattr(tables, "benchmarks_frame", lambda dirs: bench_rows())
+    monkeypatch.setattr(inputs, "copy_asv_results", lambda src, dst, commit, skipped=None: os.makedirs(dst, exist_ok=True) or True)
+    monkeypatch.setattr(tables, "benchmarks_frame", lambda dirs, skipped=None: bench_rows())
     (tmp_path / "asv" / "vm").mkdir(parents=True)
     checked = [r for r in conformance_rows() if r["backend"] not in ("numpy-naive", "jax-dpa")] + [
         dict(backend="torch-sdpa-cuda-flash", property=p, dtype="float16", status="skipped", examples=0, seconds=0.0,

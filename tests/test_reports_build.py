@@ -27,7 +27,7 @@ SCHEMAS = {
                         "attribution"],
     "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
     "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
-                       "commit", "clock", "problem", "kv_heads", "Lq", "Lk"],
+                       "commit", "clock", "problem", "kv_heads", "Lq", "Lk", "grid"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
     "worked_examples.csv": ["source", "quantity", "kind", "printed", "computed", "agrees"],
     "verdicts.csv": ["backend", "verdict", "passed", "failed", "error", "skipped", "deviations", "semantics contradicted",
@@ -216,8 +216,8 @@ def test_a_failed_build_leaves_the_previous_report_whole(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text('{"conformance": [ {"backend": ')
-    with pytest.raises(inputs.ReportInputError):
-        make_report(out, [SUITE, str(corrupt)])
+    with pytest.raises(inputs.ReportInputError, match="every input was skipped"):  # nothing readable: no report
+        make_report(out, [str(corrupt)])
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert sorted(os.listdir(tmp_path)) == ["corrupt.json", "out"]  # no staging folder left behind
 
@@ -276,20 +276,48 @@ def test_report_folders_rebuild_and_merge(tmp_path):
      '"seconds": 0, "counterexample": null, "message": null}], "semantics": []}', "has status 'great'"),
 ])
 def test_corrupt_suite_files_are_named_with_what_is_wrong(tmp_path, content, expected):
+    """Read beside a good input, a corrupt one is left out and named: "path — why"."""
     path = tmp_path / "results.json"
     path.write_text(content)
     with pytest.raises(inputs.ReportInputError, match=expected) as info:
-        inputs.collect([str(path)])
+        inputs.read_suite_json(str(path))
     assert str(path) in str(info.value)
+    collected = inputs.collect([SUITE, str(path)])
+    assert len(collected.skipped) == 1 and collected.skipped[0].startswith(f"{path} — ")
+    assert re.search(expected, collected.skipped[0]) and collected.conformance  # the good file is read
 
 
-def test_a_corrupt_asv_results_file_is_an_input_error(tmp_path):
+def _truncate(path, keep: float = 0.5) -> None:
+    """What a writer killed mid-file leaves: the first part of the text."""
+    text = path.read_text()
+    path.write_text(text[:int(len(text) * keep)])
+
+
+def test_a_truncated_asv_results_file_is_a_named_skip_and_the_rest_is_written(tmp_path):
     asv = tmp_path / "asv"
     shutil.copytree(ASV, asv)
     (result,) = [f for f in asv.glob("*/*.json") if f.name != "machine.json"]
-    result.write_text("{truncated")
-    with pytest.raises(inputs.ReportInputError, match="asv results"):
-        make_report(tmp_path / "out", [str(asv)])
+    _truncate(result)
+    gpu = second_machine(tmp_path)
+    out = tmp_path / "out"
+    summary = make_report(out, [SUITE, str(asv), str(gpu)])
+    assert len(summary["skipped"]) == 1, summary["skipped"]
+    assert summary["skipped"][0].startswith(f"{result} — not a readable asv results file")
+    assert {r["machine"] for r in read_csv(out / "benchmarks.csv")} == {"gpu-box"}  # the other machine's rows stay
+    assert len(read_csv(out / "conformance.csv")) > 0
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert f"skipped: {result} — not a readable asv results file" in page
+
+
+def test_a_truncated_suite_file_in_a_report_folder_is_a_named_skip(tmp_path):
+    out, rebuilt = tmp_path / "out", tmp_path / "rebuilt"
+    make_report(out)
+    suite = out / "raw" / inputs.SUITE_FILE
+    _truncate(suite)
+    summary = make_report(rebuilt, [str(out)])
+    assert len(summary["skipped"]) == 1 and summary["skipped"][0].startswith(f"{suite} — not valid JSON")
+    assert summary["benchmark_rows"] > 0 and read_csv(rebuilt / "benchmarks.csv")  # the asv results stay
+    assert f"skipped: {suite} — not valid JSON" in (rebuilt / "index.html").read_text(encoding="utf-8")
 
 
 def test_detection_power_reaches_the_page_and_its_csv(tmp_path):
@@ -313,4 +341,6 @@ def test_detection_power_reaches_the_page_and_its_csv(tmp_path):
     import pytest
 
     with pytest.raises(inputs.ReportInputError, match="not a detection_power.csv"):
-        inputs.collect([str(measured)])
+        inputs.read_detection_csv(str(measured / "detection_power.csv"))
+    (skip,) = inputs.collect([str(measured)]).skipped  # among other inputs: left out, named
+    assert skip.startswith(f"{measured} — ") and "not a detection_power.csv" in skip

@@ -2,14 +2,15 @@
 
 RESULTS may be suite JSON files (`pytest properties --attnspec-json`), asv results folders
 (one subfolder per machine) and earlier report folders (their raw/ copy); all are merged,
-which is how a CPU box's and a GPU box's results end up on one page.
+which is how a CPU box's and a GPU box's results end up on one page.  An input that cannot be
+read is left out and named ("skipped: path — why"); the rest is written and the exit status is 1.
 """
 from __future__ import annotations
 
 import os
+import sys
 
 from attnspec.errors import UserError
-
 
 
 def add_parser(sub):
@@ -42,8 +43,14 @@ def run(args) -> int:
         summary = build.build(inputs.collect(paths), args.out)
     except inputs.ReportInputError as e:
         raise UserError(str(e)) from None
+    for skip in summary["skipped"]:
+        print(f"attnspec report: skipped: {skip}", file=sys.stderr)
     machines = ", ".join(summary["machines"]) or "no benchmarks"
     print(f"attnspec report: wrote {os.path.join(summary['out'], 'index.html')} "
           f"({summary['backends']} backends, {summary['conformance_rows']} conformance rows, "
           f"{summary['benchmark_rows']} benchmark rows from {machines})")
+    if summary["skipped"]:  # written, but not all of it: a script must not take it for the whole
+        print(f"attnspec report: the report is incomplete: {len(summary['skipped'])} input(s) could not be read",
+              file=sys.stderr)
+        return 1
     return 0

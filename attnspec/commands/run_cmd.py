@@ -11,16 +11,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 
-from attnspec import benchrun, procs, suites
+from attnspec import asvtool, benchrun, files, procs, suites
 from attnspec.errors import UserError
 from attnspec.properties import profiles  # imports nothing heavy (no Hypothesis until a profile loads)
 
-# one backend's whole suite: a safety net (a hung call is ended after ATTNSPEC_CALL_TIMEOUT); the
-# slowest here, jax-dpa with its programs not yet compiled, takes ~2 min on 2 cores
+# one backend's whole suite: a safety net (a hung call is ended after ATTNSPEC_CALL_TIMEOUT), well
+# above the slowest built-in's suite (jax-dpa with its programs not yet compiled: docs/measurements.md)
 SUITE_TIMEOUT = {"quick": 1200, "default": 1200, "full": 2400}
 DEFAULT_OUT = os.path.join("reports", "out")  # under the current folder
 # What a run of named backends is benchmarked beside (benchmarked only, never checked): NumPy,
@@ -37,7 +39,8 @@ def add_parser(sub):
                        description="Run the conformance suite once per backend (each in its own process), the "
                        "asv benchmark sweep, and write the HTML and CSV report.  Exit status: 0 all "
                        "selected backends conform, 1 some do not (or crashed/timed out, or a backend named "
-                       "with --backend was not tested), 2 bad input.")
+                       "with --backend was not tested, or a result could not be read: the report is "
+                       "incomplete), 2 bad input (or another attnspec run is running in this folder).")
     p.add_argument("--backend", action="append", metavar="NAME", help="a built-in name or package.module:attr "
                    "(repeatable; default: ATTNSPEC_BACKENDS, else every built-in whose framework is installed)")
     p.add_argument("--out", default=DEFAULT_OUT, help="report folder (default: ./reports/out, under the current folder)")
@@ -68,8 +71,8 @@ def _require_tools(args) -> None:
     except writer.OutDirError as e:
         raise UserError(str(e)) from None
     build.require_modules()
-    if not args.no_bench and shutil.which("asv") is None:
-        raise UserError("asv is not installed (pip install -e \".[bench]\"); or pass --no-bench to skip the benchmarks")
+    if not args.no_bench and (why := asvtool.missing()):
+        raise UserError(why)
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {args.jobs}")
     if args.suite_timeout is not None and not args.suite_timeout > 0:
@@ -151,13 +154,29 @@ def select_backends(args) -> tuple[list[tuple], list[dict], list[tuple]]:
     return chosen, skipped, beside
 
 
+LOCK = os.path.join(".attnspec", "run.lock")  # under the current folder, beside asv's folders
+
+
 def run(args) -> int:
     from attnspec.reports import build, inputs
 
-    try:
-        return _run(args, build, inputs)
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    previous = signal.signal(signal.SIGTERM, _interrupted) if main else None  # SIGTERM ends the run as Ctrl-C does
+    try:  # one run at a time in a folder: two would write the same asv folders and report
+        with files.run_lock(LOCK):
+            return _run(args, build, inputs)
+    except files.RunLocked as e:
+        raise UserError(str(e)) from None
     except inputs.ReportInputError as e:
         raise UserError(str(e)) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(signum, frame):
+    """SIGTERM: unwind as Ctrl-C does - children killed, the lock released, no report swapped in."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _run(args, build, inputs) -> int:
@@ -186,10 +205,13 @@ def _run(args, build, inputs) -> int:
         collected.detection = inputs.read_detection_csv(measured)
     asv_rc = 0
     if not args.no_bench:
-        results_dir, asv_rc = benchrun.run_benchmarks(chosen + beside, args.mode, commit)
-        if os.path.isdir(results_dir):
-            collected.asv_dirs.append(results_dir)
+        results_dirs, asv_rc, not_merged = benchrun.run_benchmarks(chosen + beside, args.mode, commit)
+        collected.asv_dirs += results_dirs
+        for skip in not_merged:  # the report names them too, as it reads the same files
+            print(f"attnspec run: not merged into the grid's asv database: {skip}", file=sys.stderr)
     summary = build.build(collected, args.out, asv_commit=commit)
+    for skip in summary["skipped"]:
+        print(f"attnspec run: skipped: {skip}", file=sys.stderr)
     untested = summary["not_tested"]
     print(f"attnspec run: report written to {os.path.join(summary['out'], 'index.html')} "
           f"({summary['backends']} backends, {summary['problems']} problem(s), {len(untested)} not tested; "
@@ -200,4 +222,7 @@ def _run(args, build, inputs) -> int:
     asked_untested = untested if named(args) else {}
     for backend, why in asked_untested.items():
         print(f"attnspec run: {backend} was asked for but not tested: {why or 'every check was skipped'}", file=sys.stderr)
-    return 1 if summary["problems"] or asv_rc or asked_untested else 0
+    if summary["skipped"]:
+        print(f"attnspec run: the report is incomplete: {len(summary['skipped'])} input(s) could not be read",
+              file=sys.stderr)
+    return 1 if summary["problems"] or asv_rc or asked_untested or summary["skipped"] else 0
