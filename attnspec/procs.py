@@ -183,19 +183,16 @@ def _why(line: str) -> str | None:
     return found.group(1).strip() if found else None
 
 
-def stream(cmd, env=None, prefix="", quiet_every: float = 30.0, started=None) -> int:
+def stream(cmd, env=None, prefix="", quiet_every: float = 30.0) -> int:
     """Run cmd, echoing its output's headlines (asv's progress lines) and, once each, the reasons
     benchmarks failed (from asv's --show-stderr); return its exit status.
 
     asv prints a parameterised benchmark's line only when all its combinations are done, so
-    a line saying it is still running comes every `quiet_every` seconds of silence.  `started`
-    (a threading.Event) is set at the first line of output, or when cmd ends without one."""
+    a line saying it is still running comes every `quiet_every` seconds of silence."""
     start = last = [time.monotonic()] * 2
     said = set()
 
     def on_line(line):
-        if started is not None:
-            started.set()
         now = time.monotonic()
         why = _why(line) if line.endswith("\n") else None
         if why and why not in said:
@@ -209,11 +206,7 @@ def stream(cmd, env=None, prefix="", quiet_every: float = 30.0, started=None) ->
             print(f"{prefix}... still running ({now - start[1]:.0f} s)", flush=True)
             last[0] = now
 
-    try:
-        return watch(cmd, float("inf"), on_line, env).rc
-    finally:
-        if started is not None:
-            started.set()
+    return watch(cmd, float("inf"), on_line, env).rc
 
 
 def git_head() -> str:

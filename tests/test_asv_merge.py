@@ -39,7 +39,7 @@ def _write_slowly(path, text, pieces=4, pause=0.01):
             time.sleep(pause)
 
 
-def _fake_asv(cmd, env=None, prefix="", started=None):
+def _fake_asv(cmd, env=None, prefix="", **kw):
     """asv run, stubbed: rewrites HOME's machine file and results_dir/benchmarks.json as it starts
     (both non-atomically, as asv does), then writes one results file for its backends."""
     config = _json(cmd[cmd.index("--config") + 1])
@@ -220,7 +220,7 @@ def test_an_interrupted_benchmark_phase_kills_asv_and_merges_nothing(monkeypatch
     killed = []
     monkeypatch.setattr(procs, "kill_all", lambda: killed.append(True))
 
-    def interrupted(cmd, env=None, prefix="", started=None):
+    def interrupted(cmd, env=None, prefix="", **kw):
         if "^bench_machine" not in cmd and "a" in env["ATTNSPEC_BACKENDS"].split(","):
             raise KeyboardInterrupt
         return _fake_asv(cmd, env=env)
