@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.specs.fields import FEATURE_TEXT, FEATURES, FIELDS
+from attnspec.specs.fields import FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
 from attnspec.specs.problem import causal_mask, validate  # the definition; never the reference
 
 class Unsupported(Exception):
@@ -148,8 +148,7 @@ class Backend:
         missing = sorted(needed - caps.features, key=FEATURES.index)
         if missing:
             raise Unsupported(f"{self.name} does not support {', '.join(FEATURE_TEXT[m] for m in missing)} natively")
-        if problem is not None and problem.Lq != problem.Lk and (
-                problem.is_causal or problem.window is not None or problem.alibi_slopes is not None):
+        if problem is not None and problem.Lq != problem.Lk and on_diagonal(problem):
             if problem.causal_alignment not in self.causal_alignments():
                 raise Unsupported(f"{self.name} aligns its causal mask {self.causal_alignments()[0]} only "
                                   f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
@@ -298,7 +297,3 @@ class Backend:
 def _overrides(backend, hook: str) -> bool:
     return getattr(type(backend), hook) is not getattr(Backend, hook)
 
-
-def _out_shape(q, k, v) -> tuple:
-    batch = np.broadcast_shapes(np.shape(q)[:-2], np.shape(k)[:-2], np.shape(v)[:-2])
-    return tuple(batch) + (np.shape(q)[-2], np.shape(v)[-1])

@@ -165,8 +165,7 @@ class FunctionBackend(Backend):
         feats = self.capabilities.features
         for f in FIELDS:  # the fields it declares through its parameters, when the problem uses them
             value = getattr(call, f.name)
-            if f.name != "bias" and f.feature in feats and not (value is None or value is f.off or (
-                    not hasattr(value, "shape") and value == f.off)):
+            if f.name != "bias" and f.feature in feats and value is not None and not f.is_off(value):
                 kw[f.name] = value
         if call.return_lse:
             kw["return_lse"] = True

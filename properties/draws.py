@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from attnspec.properties import variants as V
 from attnspec.properties.case import Case
+from attnspec.specs import fields as F
 from attnspec.specs.plain import round_to
 
 LOW_PRECISION = ("float16", "bfloat16")
@@ -313,6 +314,6 @@ def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=S
     env = V.Drawing(shape=s, fmt=fmt, score=score_terms(q, k, used_scale, group), cap=SCORE_CAP[fmt],
                     compiled=target.compiled, config=config, allow_empty_rows=allow_empty_rows,
                     hides=allow_empty_rows or kind != "none", need=need)
-    positional = kind in ("causal", "causal_mask") or bool({"window", "alibi"} & use)
-    fields = V.draw_fields(draw, env, use, target.alignments if positional else ())
+    diagonal = kind in ("causal", "causal_mask") or bool(F.DIAGONAL & use)  # the alignment moves them
+    fields = V.draw_fields(draw, env, use, target.alignments if diagonal else ())
     return Case(q, k, arrays["v"], mask, kind in ("causal", "causal_mask"), scale, fields)

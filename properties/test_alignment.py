@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, zero_weights
+from attnspec.specs import fields as F
 
 
-@prop(needs=("causal",), draw=dict(kinds=("causal",), probe=True, avoid=frozenset({"window", "alibi"})),
+@prop(needs=("causal",), draw=dict(kinds=("causal",), probe=True, avoid=F.DIAGONAL),
       keep=lambda c: c.dims["Lq"] != c.dims["Lk"])
 def test_causal_alignment_as_asked(target, case, params):
     """V = identity, Lq != Lk: the weights are zero exactly where the asked alignment hides keys.

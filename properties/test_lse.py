@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import output_tolerance, require, rule_of, verdict, with_full_index, worst
 from attnspec.specs import error_budget, reference
+from attnspec.specs import fields as F
 
 # chunks of keys cannot carry fields tied to key positions (causal, windows, ALiBi, lengths)
-_POSITIONAL = frozenset({"window", "alibi", "seq_lengths"})
+_POSITIONAL = F.POSITIONAL  # no permutation keeps their pairs
 
 
 @prop(requires=("lse",))

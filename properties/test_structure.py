@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import output_tolerance, require, unchanged, verdict, worst
+from attnspec.specs import fields as F
 
 
 def _slice(draw, case, target) -> dict:
@@ -35,7 +36,7 @@ def test_batch_head_independence(target, case, params):
 
 
 # fields tied to positions (a window, ALiBi distances, lengths) do not permute with the rows
-_POSITIONAL = frozenset(("window", "alibi", "seq_lengths"))
+_POSITIONAL = F.POSITIONAL  # no permutation keeps their pairs
 
 
 def _kinds(target) -> dict:

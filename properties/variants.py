@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from attnspec.specs import fields as F
 from attnspec.specs.masks import alibi_slopes
 
-# features a draw may add, each at DRAW_RATE where the backend takes it natively; the bottom-right
-# alignment is drawn with the positional fields it moves, and the LSE is a call option
-OPTIONAL = ("gqa", "bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")
+# features a draw may add, each at DRAW_RATE where the backend takes it natively (the field table's
+# ``drawn`` rows); the bottom-right alignment is drawn with the diagonal fields it moves, and the
+# LSE is a call option
+OPTIONAL = F.DRAWN
 DRAW_RATE = 0.25
-PER_SEQUENCE = frozenset({"seq_lengths", "segment_ids"})  # a value per sequence: drawn on a batch of 2+
+PER_SEQUENCE = F.PER_SEQUENCE  # a value per sequence: drawn on a batch of 2+
 WINDOW_LEFT, WINDOW_RIGHT = (None, 1, 2, 3, 8), (None, 0, 1, 2)  # (0, 0) would leave one key a row
 COMPILED_WINDOWS = ((2, 1), (None, 0), (3, None))
 # (Hq, Hkv); Hypothesis favours the first: a group of 2 with 2 KV heads (MQA, Hkv = 1, hides a
@@ -45,26 +46,44 @@ class Config(NamedTuple):
     grouped: bool    # fewer KV heads than query heads, where the backend takes them
 
 
-def compiled_configs(rows: int = 24, seed: int = 779) -> tuple:
+def _codes(n: int) -> tuple:
+    """(m, n codes): distinct vectors of GF(2)^m (as ints) outside the span of the two lowest bits
+    (the counters' bits) and of the two highest (the grouping's), m the least that has n of them."""
+    m = 4
+    while True:
+        low, high = {0, 1, 2, 3}, {0, 2**(m - 1), 2**(m - 2), 2**(m - 1) + 2**(m - 2)}
+        codes = tuple(c for c in range(1, 2**m) if c not in low and c not in high)
+        if len(codes) >= n:
+            return m, codes[:n]
+        m += 1
+
+
+def _parity(r: int, code: int) -> bool:
+    return bin(r & code).count("1") % 2 == 1
+
+
+def compiled_configs(features: tuple | None = None) -> tuple:
     """A fixed table of static configurations for backends that compile per static argument.
 
     Drawn field by field, jax-dpa's static combinations (mask kind x scale x window x which of
     bias and lengths are given, per shape, dtype and call) made a new set of programs in every run;
     from a table, the programs a run builds repeat from run to run, while every array's values stay
-    drawn.  Each field is in about half the rows and every pair of fields shares some, so a test
-    that needs (or avoids) fields draws among the rows that have (or lack) them.  Seed 779: the
-    first whose table has each field in 9-15 of the 24 rows, every pair of fields together in 3 or
-    more, rows with none of jax-dpa's fields and rows with none at all, and every mask kind, window
-    and scale in several rows (tests/test_suite_strategies.py checks it).
+    drawn.  Built, not searched (a covering array of strength 2 over any number of fields): the
+    rows are r = 0 .. 2^m - 1; each field gets a distinct code c in GF(2)^m and row r uses it when
+    r & c has odd parity.  For two distinct nonzero codes the pair of parities takes each of its four
+    values in a quarter of the rows, so every field is in half the rows, every pair of fields
+    together (and apart) in a quarter, and row 0 has none.  The grouping is the two highest bits of r
+    (a quarter of the rows) and the mask kind and scale count with the lowest ones (kind r, scale
+    r // 2); no code lies in the span of either pair, so each field is in half of the grouped rows
+    and half of each kind's and scale's.  A new field takes the next code, doubling the rows when
+    they run out; nothing here names a field.
     """
-    rng = np.random.default_rng(seed)
-    fields = OPTIONAL[1:]  # grouping is the table's own column
-    table = []
-    for _ in range(rows):
-        kind, scale, window = (int(x) for x in rng.integers(0, 60, 3))
-        table.append(Config(kind, scale, window, frozenset(f for f in fields if rng.random() < 0.5), 0, False))
-    shapes = np.random.default_rng(seed + 1)  # the shape and grouping from a generator of their own
-    return tuple(c._replace(shape=int(shapes.integers(0, 60)), grouped=bool(shapes.random() < 0.25)) for c in table)
+    fields = tuple(f for f in (OPTIONAL if features is None else features) if f not in F.IN_SHAPE)
+    m, codes = _codes(len(fields))
+    top = 3 << (m - 2)
+    return tuple(Config(kind=r, scale=r // 2, window=r + r // 4, shape=r + r // 2,
+                        features=frozenset(f for f, c in zip(fields, codes) if _parity(r, c)),
+                        grouped=r & top == top) for r in range(2**m))
 
 
 COMPILED_CONFIGS = compiled_configs()

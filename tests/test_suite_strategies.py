@@ -169,7 +169,7 @@ def _feature_bytes(drawn: dict) -> bytes:
 def test_a_case_uses_exactly_the_features_its_draw_chose():
     """One byte a feature, 192 and up = used: the case carries exactly those features (grouped heads
     included) - none dropped on the way, none added - for a backend that takes them all."""
-    assert OPTIONAL == ("gqa", "bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")
+    assert OPTIONAL == tuple(dict.fromkeys(f.feature for f in F.FIELDS if f.drawn))  # the table's drawn rows
     assert set(OPTIONAL) <= resolve("numpy-naive").capabilities.features
     for case, drawn in every_feature_sample():
         raw = _feature_bytes(drawn)
@@ -275,29 +275,45 @@ def test_draws_keep_no_memoised_values():
 
 # ---- compiling backends: a bounded set of static configurations ---------------------------------
 
-def test_the_compiled_configurations_cover_each_field_pair_kind_window_and_scale():
-    """The fixed table a compiling backend's static choices come from (properties/variants.py); grouping
-    is the table's own column."""
-    C = variants.COMPILED_CONFIGS
-    fields = OPTIONAL[1:]
-    assert OPTIONAL[0] == "gqa" and len(C) == 24
+def _check_covering(C, fields):
+    """The compiled table's guarantees (variants.compiled_configs' docstring), for any fields."""
+    n = len(C)
+    assert n & (n - 1) == 0 and n >= 16  # 2^m rows
     assert all(not c.features - set(fields) for c in C)
     for f in fields:
-        assert 9 <= sum(f in c.features for c in C) <= 15, f
-    for a, b in itertools.combinations(fields, 2):
-        assert sum({a, b} <= c.features for c in C) >= 3, (a, b)
-    assert 4 <= sum(c.grouped for c in C) <= 12
-    for f in fields:  # a test that needs grouped heads and a field draws among several rows
-        assert sum(c.grouped and f in c.features for c in C) >= 3, f
+        assert sum(f in c.features for c in C) == n // 2, f
+        assert sum(c.grouped and f in c.features for c in C) == n // 8, f  # a test needing both has rows
+        for i in range(4):  # every mask kind of four (and each scale) sees each field half the time
+            assert sum(c.kind % 4 == i and f in c.features for c in C) == n // 8, (f, i)
+    for a, b in itertools.combinations(fields, 2):  # a covering array of strength 2: all four combinations
+        for want_a, want_b in itertools.product((True, False), repeat=2):
+            assert sum((a in c.features) == want_a and (b in c.features) == want_b for c in C) == n // 4, (a, b)
+    assert sum(c.grouped for c in C) == n // 4
     assert any(not c.features for c in C)
-    assert sum(not c.features & {"bias", "window", "seq_lengths"} for c in C) >= 3  # jax-dpa's
-    for n, least in ((5, 3), (4, 4), (3, 6), (2, 10)):  # any number of mask kinds a test allows
-        assert min(collections.Counter(c.kind % n for c in C)[i] for i in range(n)) >= least
-    assert min(collections.Counter(c.window % 3 for c in C)[i] for i in range(3)) >= 6
-    assert min(collections.Counter(c.scale % 2 for c in C)[i] for i in range(2)) >= 10
+
+
+def test_the_compiled_configurations_cover_each_field_pair_kind_window_and_scale():
+    """The fixed table a compiling backend's static choices come from (properties/variants.py), built
+    as a covering array over the table's fields; grouping is the table's own column."""
+    C = variants.COMPILED_CONFIGS
+    fields = [f for f in OPTIONAL if f not in F.IN_SHAPE]
+    _check_covering(C, fields)
+    assert variants.compiled_configs() == C  # built, not drawn: the same every time
+    assert sum(not c.features & {"bias", "window", "seq_lengths"} for c in C) >= 2  # jax-dpa's
+    for n in (5, 4, 3, 2):  # any number of mask kinds a test allows
+        assert min(collections.Counter(c.kind % n for c in C)[i] for i in range(n)) >= len(C) // n - 1
+    assert min(collections.Counter(c.window % 3 for c in C)[i] for i in range(3)) >= len(C) // 3 - 1
+    assert min(collections.Counter(c.scale % 2 for c in C)[i] for i in range(2)) == len(C) // 2
     for n in (5, 4):  # the shape menus: 5 shapes, 4 without the large one
-        assert min(collections.Counter(c.shape % n for c in C)[i] for i in range(n)) >= 3
-    assert min(collections.Counter(c.shape % 2 for c in C if c.grouped)[i] for i in range(2)) >= 3  # 2 grouped
+        assert min(collections.Counter(c.shape % n for c in C)[i] for i in range(n)) >= len(C) // n - 1
+    assert min(collections.Counter(c.shape % 2 for c in C if c.grouped)[i] for i in range(2)) >= 2  # 2 grouped
+
+
+@pytest.mark.parametrize("count", [1, 2, 9, 14, 30])
+def test_the_compiled_table_covers_every_pair_for_any_number_of_fields(count):
+    """A new field needs no new seed: the construction covers any number of fields."""
+    fields = tuple(f"field{i}" for i in range(count))
+    _check_covering(variants.compiled_configs(fields), fields)
 
 
 def _static(case) -> tuple:
@@ -309,8 +325,8 @@ def _static(case) -> tuple:
 
 
 def test_a_compiling_backend_draws_a_bounded_set_of_static_configurations(monkeypatch):
-    """jax-dpa's programs repeat from run to run: every static choice comes from one of the 24 rows
-    (with the shape menu's 7 shapes, at most 24 x 7 configurations); drawn field by field (no row
+    """jax-dpa's programs repeat from run to run: every static choice comes from one of the table's rows
+    (with the shape menu's 7 shapes, at most rows x 7 configurations); drawn field by field (no row
     of the table fits), the same number of draws make far more.  Measured (300 draws each, through
     explore): 22 static configurations from the table, 87 field by field."""
     backend = resolve("jax-dpa")
@@ -325,6 +341,6 @@ def test_a_compiling_backend_draws_a_bounded_set_of_static_configurations(monkey
         seen[bool(table)] = {_static(c) for c in suite_sample(t, 300)}
     menu = set(draws.COMPILED_SHAPES) | set(draws.COMPILED_GQA_SHAPES)
     assert {(s[0][0], s[0][1], s[1][1], s[0][2], s[1][2], s[0][3], s[2][3]) for s in seen[True]} <= menu
-    assert len(seen[True]) <= 24 * len(menu)
+    assert len(seen[True]) <= len(variants.COMPILED_CONFIGS) * len(menu)
     print(len(seen[True]), len(seen[False]))
     assert len(seen[False]) > 2 * len(seen[True]), (len(seen[False]), len(seen[True]))
