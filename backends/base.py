@@ -48,9 +48,26 @@ from attnspec.backends.declarations import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOI
 
 
 class Backend:
+    """The contract: every attribute the suite and the benchmarks read is declared here, with its default."""
+
     name: str = "unnamed"
-    capabilities: Capabilities = Capabilities()
-    semantics: Semantics = Semantics()
+    capabilities: Capabilities = Capabilities()  # what it takes (dtypes, masks, features, declared limits)
+    semantics: Semantics = Semantics()           # what it does where the spec leaves a choice
+    # a call at a new shape or static argument compiles (JAX, compiled flex): the suite draws from
+    # bounded menus so a run builds a bounded set of programs, and benchmarks time a warm call
+    compiles_per_shape: bool = False
+    # seconds one call may take before the suite calls it hung, when longer than the suite's
+    # limit (ATTNSPEC_CALL_TIMEOUT): a first call that compiles.  0: the suite's limit
+    call_timeout: float = 0.0
+    # deal the edge-shape grid out over the dtypes (each shape once, in one dtype) as for a
+    # compiling backend, though it runs eagerly (properties/test_edges.py)
+    edge_grid_over_dtypes: bool = False
+    # eager flex: one kernel for every field's hooks (benchmarks switch it off, to time hooks as
+    # users write them, one kernel per static field)
+    uniform_hooks: bool = False
+    # the jax.Device a JAX backend places its arrays on (benchmarks read its memory statistics);
+    # None: not a JAX backend
+    jax_device: object = None
 
     # -- hooks for adapters -------------------------------------------------------
     def load(self) -> None:
@@ -232,6 +249,17 @@ class Backend:
                                             "expected (output, lse)")
         lse = self._check("lse", y[1], p.batch_shape + (p.Lq,), None)
         return self._check("forward output", y[0], out_shape, self.output_dtype(dtype)), lse.astype(np.float64)
+
+    def forward_as_returned(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
+        """(output as NumPy, the dtype name it came back in): `forward` without the output-dtype check,
+        for the semantics profile's question of which dtype a backend returns."""
+        p = validate(q, k, v, mask, is_causal, scale, **fields)
+        self.check_supported(dtype, "forward", problem=p)
+        self._check_shapes(q, v)
+        qn, kn, vn = self._natives(dtype, q, k, v)
+        y = self._call("forward", self.native_attention, qn, kn, vn, self._call_of(p, dtype, False, scale))
+        out = self._check("forward output", y, p.batch_shape + (p.Lq, p.Ev), None)
+        return out, self.native_dtype(y)
 
     def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
         """(dQ, dK, dV) as NumPy, each shaped like its input; plus dBias when the backend declares

@@ -292,7 +292,7 @@ def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=S
     config = V.compiled_config(draw, need, avoid) if target.compiled else None
     use = V.chosen_features(draw, caps.features, need, avoid, config)
     batched = bool(V.PER_SEQUENCE & use)
-    multiple = getattr(caps, "head_dim_multiple", 1)
+    multiple = caps.head_dim_multiple
     s = draw_shape(draw, target.compiled, regimes, target.equal_head_dims, probe, "gqa" in use, "alibi" in use,
                    multiple, batched, None if config is None else config.shape)
     if s.H == s.Hkv:

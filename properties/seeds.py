@@ -31,7 +31,7 @@ SEED_CASES = (
 def seed_examples(prop, target) -> list:
     """(case rounded to the target's dtype, the property's seed params) for each seed that suits it."""
     probe = prop.constraints(target).get("probe", False)
-    m = getattr(target.caps, "head_dim_multiple", 1)
+    m = target.caps.head_dim_multiple
     out = []
     for case in SEED_CASES:
         d = case.dims

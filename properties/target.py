@@ -70,7 +70,7 @@ class Session:
     def call(self, what: str, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the worker thread; BackendFailure if it has not returned in time."""
         # a backend that compiles on first sight of a shape may say how long a call can take
-        limit = max(call_timeout(), float(getattr(self.backend, "call_timeout", 0) or 0))
+        limit = max(call_timeout(), float(self.backend.call_timeout))
         if self.hung:
             raise BackendFailure(self.backend.name, f"{what} not attempted: an earlier call ({self.hung}) did not "
                                                     f"return within {limit:g} s")
@@ -101,11 +101,8 @@ def signature(kind: str, case, dtype: str, return_lse: bool = False, layout: str
 
 
 def is_compiled(backend: Backend) -> bool:
-    """Backends that compile per shape (JAX, compiled flex) get a bounded shape menu."""
-    flag = getattr(backend, "compiles_per_shape", None)
-    if flag is not None:
-        return bool(flag)
-    return "jax" in type(backend).__module__ or backend.name.startswith("jax")
+    """Backends that compile per shape (JAX, compiled flex) get a bounded shape menu (as declared)."""
+    return bool(backend.compiles_per_shape)
 
 
 @dataclass(eq=False)
@@ -153,7 +150,7 @@ class Target:
         (jax-dpa's float32 softmax for float64 input), or a declared narrower output dtype,
         replaces a wider input dtype."""
         out = self.dtype
-        for narrower in (getattr(self.backend.semantics, "effective_precision", None),
+        for narrower in (self.backend.semantics.effective_precision,
                          self.backend.output_dtype(self.dtype)):
             if narrower in BUDGETS and BUDGETS[narrower].unit_roundoff > BUDGETS[out].unit_roundoff:
                 out = narrower
@@ -163,10 +160,10 @@ class Target:
     def equal_head_dims(self) -> bool:
         """Whether the backend declines Ev != E (jax.nn.dot_product_attention does): asked once a run."""
         s = self.session
-        if getattr(self.caps, "equal_head_dims", False):
+        if self.caps.equal_head_dims:
             return True
         if s.equal_dims is None:
-            m = getattr(self.caps, "head_dim_multiple", 1)
+            m = self.caps.head_dim_multiple
             q, k, v = (np.zeros(d) for d in ((1, 1, 2, 2 * m), (1, 1, 3, 2 * m), (1, 1, 3, 3 * m)))
             from attnspec.properties.case import Case
             self._record("forward", Case(q, k, v), self.dtype)
@@ -205,6 +202,14 @@ class Target:
         extra = {} if layout == "contiguous" else {"layout": layout}
         return self._guarded("forward", self.backend.forward, case.q, case.k, case.v, dtype=dtype,
                              return_lse=return_lse, **extra, **case.call_kwargs)
+
+    def forward_as_returned(self, case, dtype: str | None = None):
+        """(output as float64 NumPy, the dtype it came back in): no output-dtype check (Backend.forward_as_returned)."""
+        dtype = dtype or self.dtype
+        self._record("forward", case, dtype)
+        out, returned = self._guarded("forward", self.backend.forward_as_returned, case.q, case.k, case.v, dtype=dtype,
+                                      **case.call_kwargs)
+        return np.asarray(out, dtype=np.float64), returned
 
     def backward(self, case, grad_out, dtype: str | None = None):
         """(dq, dk, dv[, dbias]) of sum(output * grad_out)."""

@@ -46,7 +46,7 @@ def grid_case(label, B, H, Lq, Lk, E, is_causal, dtype: str, seed: int) -> Case:
 
 
 def _mine(target, i: int) -> bool:
-    if not (target.compiled or getattr(target.backend, "edge_grid_over_dtypes", False)):
+    if not (target.compiled or target.backend.edge_grid_over_dtypes):
         return True
     dtypes = [d for d in FLOAT_DTYPE_NAMES if d in target.caps.dtypes]
     return target.dtype in dtypes and dtypes.index(target.dtype) == i % len(dtypes)
