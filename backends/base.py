@@ -150,6 +150,9 @@ class Backend:
         caps = self.capabilities
         if dtype not in caps.dtypes:
             raise Unsupported(f"{self.name} does not support dtype {dtype} (supports {', '.join(caps.dtypes)})")
+        if dtype not in caps.dtypes_for(op):
+            raise Unsupported(f"{self.name} runs {op} in {', '.join(caps.dtypes_for(op)) or 'no dtype'} only "
+                              f"(declared limits; asked: {dtype})")
         if op == "forward_backward" and not caps.gradients:
             raise Unsupported(f"{self.name} computes no gradients")
         if problem is not None:
@@ -170,13 +173,17 @@ class Backend:
                 raise Unsupported(f"{self.name} aligns its causal mask {self.causal_alignments()[0]} only "
                                   f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
 
-    def _check_shapes(self, q, v) -> None:
-        E, Ev = np.shape(q)[-1], np.shape(v)[-1]
-        if self.capabilities.equal_head_dims and Ev != E:
+    def _check_shapes(self, p) -> None:
+        """Unsupported for a problem outside the declared shape limits (Capabilities.outside), naming them."""
+        caps, E, Ev = self.capabilities, p.E, p.Ev
+        if caps.equal_head_dims and Ev != E:
             raise Unsupported(f"{self.name} needs value's last dimension equal to query's (Ev == E); got E={E}, Ev={Ev}")
-        m = self.capabilities.head_dim_multiple
+        m = caps.head_dim_multiple
         if E % m or Ev % m:
             raise Unsupported(f"{self.name} needs head dims that are multiples of {m}; got E={E}, Ev={Ev}")
+        broken = caps.outside(E, Ev, p.Lq, p.Lk, p.is_causal)
+        if broken:
+            raise Unsupported(f"{self.name}: outside the declared limits ({'; '.join(broken)})")
 
     def _natives(self, dtype, *arrays):
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
@@ -235,7 +242,7 @@ class Backend:
         """
         p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
         self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
-        self._check_shapes(q, v)
+        self._check_shapes(p)
         if layout not in self.capabilities.layouts:
             raise Unsupported(f"{self.name} cannot be handed {layout} inputs (declares {self.capabilities.layouts})")
         qn, kn, vn = (self.relayout(x, layout) for x in self._natives(dtype, q, k, v))
@@ -255,7 +262,7 @@ class Backend:
         for the semantics profile's question of which dtype a backend returns."""
         p = validate(q, k, v, mask, is_causal, scale, **fields)
         self.check_supported(dtype, "forward", problem=p)
-        self._check_shapes(q, v)
+        self._check_shapes(p)
         qn, kn, vn = self._natives(dtype, q, k, v)
         y = self._call("forward", self.native_attention, qn, kn, vn, self._call_of(p, dtype, False, scale))
         out = self._check("forward output", y, p.batch_shape + (p.Lq, p.Ev), None)
@@ -269,7 +276,7 @@ class Backend:
         if np.shape(grad_out) != out_shape:
             raise ValueError(f"grad_out must be shaped like the output {out_shape}; got {np.shape(grad_out)}")
         self.check_supported(dtype, "forward_backward", problem=p)
-        self._check_shapes(q, v)
+        self._check_shapes(p)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
         call = self._call_of(p, dtype, False, scale)
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn, call)
@@ -289,7 +296,7 @@ class Backend:
         """Convert once; return a no-argument callable that runs the native call and syncs."""
         p = validate(q, k, v, mask, is_causal, scale, **fields)
         self.check_supported(dtype, op, problem=p)
-        self._check_shapes(q, v)
+        self._check_shapes(p)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, np.ones(p.batch_shape + (p.Lq, p.Ev)))
         call = self._call_of(p, dtype, False, scale)
         if op == "forward":
@@ -310,6 +317,10 @@ class Backend:
         return {"name": self.name, "available": ok, "reason": why, "device": c.device,
                 "dtypes": list(c.dtypes), "gradients": c.gradients, "masks": c.masks, "causal": c.causal,
                 "equal_head_dims": c.equal_head_dims, "head_dim_multiple": c.head_dim_multiple,
+                "limits": {"head_dims": list(c.head_dims), "max_head_dim": c.max_head_dim,
+                           "head_dim_power_of_two": c.head_dim_power_of_two, "length_multiple": c.length_multiple,
+                           "max_length": c.max_length, "causal_equal_lengths": c.causal_equal_lengths,
+                           "op_dtypes": {op: list(d) for op, d in c.op_dtypes}},
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
                 "layouts": list(c.layouts),

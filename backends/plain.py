@@ -59,11 +59,14 @@ class Declaration:
     notes: tuple = field(default_factory=tuple)
     head_dim_multiple: int = 1  # E and Ev must be multiples of it (a kernel's tile width)
     deviations: tuple = ()      # Deviation(property, why): known departures, reported as such
+    limits: dict = field(default_factory=dict)  # the other declared shape limits: Capabilities' fields
 
 
 def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_masked=None, padded_rows=None,
             causal_alignment=None, effective_precision=None, output_dtypes=None, mask_with_causal=False,
-            masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None):
+            masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
+            head_dims=(), max_head_dim=0, head_dim_power_of_two=False, length_multiple=1, max_length=0,
+            causal_equal_lengths=False, op_dtypes=None):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -78,6 +81,12 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
     head_dim_multiple: the head dims E and Ev it takes are multiples of this (a kernel's tile width;
     the suite draws only those).  deviations: {property name: why} for known departures (an
     upstream bug, a documented limit): where that property fails the result is `deviation`.
+
+    The shapes its kernel takes (the suite draws only those, and counts what a limit leaves out of a
+    fixed grid): head_dims, a set of the head dims it takes; max_head_dim; head_dim_power_of_two;
+    length_multiple, for Lq and Lk; max_length; causal_equal_lengths, causal only with Lq == Lk;
+    op_dtypes, {"forward" or "forward_backward": dtypes} narrowing dtypes per op.  E.g. a Triton
+    kernel: ``declare(max_head_dim=128, head_dim_power_of_two=True, dtypes=("float16",))``.
     """
     for name, value, allowed in (("fully_masked", fully_masked, FULLY_MASKED_CHOICES),
                                  ("padded_rows", padded_rows, FULLY_MASKED_CHOICES),
@@ -99,6 +108,13 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in (deviations or {}).items()):
         raise ValueError(f"declare: deviations must map property names to the reason, both non-empty strings; "
                          f"got {deviations!r}")
+    limits = dict(head_dims=tuple(head_dims), max_head_dim=max_head_dim, head_dim_power_of_two=bool(head_dim_power_of_two),
+                  length_multiple=length_multiple, max_length=max_length, causal_equal_lengths=bool(causal_equal_lengths),
+                  op_dtypes=tuple((op, tuple(d)) for op, d in (op_dtypes or {}).items()))
+    try:
+        Capabilities(dtypes=tuple(dtypes), **limits)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"declare: {e}".replace("Capabilities.", "")) from None
     pairs = tuple(sorted((output_dtypes or {}).items()))
     for src, dst in pairs:
         if src not in _NUMPY_DTYPES or dst not in _NUMPY_DTYPES:
@@ -106,7 +122,7 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
     decl = Declaration(tuple(dtypes), backward, fully_masked, padded_rows, causal_alignment, effective_precision,
                        pairs, bool(mask_with_causal), bool(masks), bool(causal),
                        None if features is None else tuple(features), tuple(notes), head_dim_multiple,
-                       tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()))
+                       tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()), limits)
 
     def attach(f):
         f.__attnspec__ = decl
@@ -150,7 +166,7 @@ class FunctionBackend(Backend):
         self.capabilities = Capabilities(dtypes=decl.dtypes, device="cpu", gradients=decl.backward is not None,
                                          features=features, mask_with_causal=decl.mask_with_causal,
                                          masks=decl.masks, causal=decl.causal,
-                                         head_dim_multiple=decl.head_dim_multiple)
+                                         head_dim_multiple=decl.head_dim_multiple, **decl.limits)
         self.semantics = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                                    effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
                                    output_dtypes=decl.output_dtypes, deviations=decl.deviations,
