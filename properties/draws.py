@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.backends.declarations import Capabilities
 from attnspec.properties import variants as V
 from attnspec.properties.case import Case
 from attnspec.specs import fields as F
@@ -66,6 +67,10 @@ SCALES = (None, 0.5, 0.125, 1.0, 2.0, 4.0, 0.25)
 VALUE_DISTS, QK_DISTS = ("normal", "ties"), ("needle", "normal", "aligned", "needle", "ties")
 _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 SEEDS = st.integers(0, 2**31 - 1)
+NO_LIMITS = Capabilities()
+# kinds whose hidden pairs are a boolean mask (a backend without masks gets them as a -inf bias, or not
+# at all), and kinds that are causal
+MASK_BUILT, CAUSAL_KINDS = ("mask", "empty_rows", "causal_mask"), ("causal", "causal_mask")
 
 
 def pick(draw, choices: tuple, label: str):
@@ -73,25 +78,35 @@ def pick(draw, choices: tuple, label: str):
     return choices[draw(st.integers(0, len(choices) - 1), label=label)]
 
 
-def _up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+def fitted(s: Shape, caps: Capabilities, probe: bool = False, equal_dims: bool = False) -> Shape:
+    """The shape moved to the nearest sizes the backend's declared limits take (Capabilities.fit_*):
+    head dims, lengths; with the weight probe (V = identity: Ev = Lk) Lk is a head dim too."""
+    E, Ev = caps.fit_head_dim(s.E), caps.fit_head_dim(s.Ev)
+    Lq, Lk = (caps.fit_length(L) if L else L for L in (s.Lq, s.Lk))
+    if probe:  # Lk is a length and a head dim: the nearest that is both
+        for _ in range(8):
+            Lk = caps.fit_length(caps.fit_head_dim(Lk))
+            if caps.takes_head_dim(Lk):
+                break
+    if equal_dims:
+        Ev = E = (Lk if probe else E)
+    return s._replace(E=E, Ev=Ev, Lq=Lq, Lk=Lk)
 
 
 def draw_shape(draw, compiled=False, regimes=REGIMES, equal_dims=False, probe=False, grouped=False,
-               odd_heads=False, head_multiple=1, batched=False, menu_index=None) -> Shape:
+               odd_heads=False, caps: Capabilities = NO_LIMITS, batched=False, menu_index=None) -> Shape:
     """A Shape; small ones first so shrinking goes there.
 
     equal_dims: the backend needs Ev == E; with probe (V = identity, so Ev becomes Lk) also E == Lk.
     grouped: fewer KV heads than query heads (Hq % Hkv == 0).  odd_heads: mostly head counts that
-    are not powers of two (ALiBi's slopes interpolate there).  head_multiple: the backend takes head
-    dims that are multiples of it only (cuDNN: 8).  batched: two or more sequences, so that a field
-    with a value per sequence (lengths, segment ids) differs across the batch.
+    are not powers of two (ALiBi's slopes interpolate there).  batched: two or more sequences, so that a field
+    with a value per sequence (lengths, segment ids) differs across the batch.  caps: the backend's
+    declared shape limits (head dims - a multiple, cuDNN's 8 -, lengths), honoured by construction (`fitted`).
     """
     if compiled:
         menu = compiled_menu(grouped, regimes, batched)
         s = menu[menu_index % len(menu)] if menu_index is not None else pick(draw, menu, "shape (menu)")
-        return s if head_multiple == 1 else s._replace(Lk=_up(s.Lk, head_multiple), E=_up(s.E, head_multiple),
-                                                       Ev=_up(s.Ev, head_multiple))
+        return fitted(s, caps, probe=True, equal_dims=equal_dims)  # the menu's E = Ev = Lk stay equal
     if grouped:
         B = pick(draw, (2, 3) if batched else (1, 2), "batch")
         H, Hkv = pick(draw, V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS, "query heads, KV heads")
@@ -128,16 +143,14 @@ def draw_shape(draw, compiled=False, regimes=REGIMES, equal_dims=False, probe=Fa
         return draw(dims, label=label) if dims is not None else pick(
             draw, MEDIUM_DIMS if regime == "medium" else LARGE_DIMS, label)
 
-    if probe:  # V = identity makes Ev = Lk: a head dim too
-        Lk = _up(Lk, head_multiple)
     if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
-        return Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
-    E = _up(head_dim("E"), head_multiple)
-    Ev = E if equal_dims else _up(head_dim("Ev"), head_multiple)
+        return fitted(Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk), caps, probe, equal_dims)
+    E = head_dim("E")
+    Ev = E if equal_dims else head_dim("Ev")
     if regime == "large" and Lq * Lk * max(E, Ev) * H * B > LARGE_WORK:  # keep a realistic size quick
         E, Ev = min(E, 64), min(Ev, 64)
         Lk = Lk if Lq * Lk * max(E, Ev) * H * B <= LARGE_WORK else 64
-    return Shape(B, H, Hkv, Lq, Lk, E, Ev)
+    return fitted(Shape(B, H, Hkv, Lq, Lk, E, Ev), caps, probe, equal_dims)
 
 
 def compiled_menu(grouped: bool, regimes, batched: bool = False) -> tuple:
@@ -239,14 +252,16 @@ def _mask(draw, kind, s: Shape, compiled, allow_empty_rows, small):
         raw = np.frombuffer(draw(st.binary(min_size=n, max_size=n), label="hidden pairs"), dtype=np.uint8)
         mask = ~np.isin(raw % 8, (3, 4)).reshape(dims)
     else:
-        p = pick(draw, (0.9, 0.5), "visible fraction")
-        mask = np.random.default_rng(draw(SEEDS, label="mask seed")).random(dims) < p
+        mask = ~V.hidden_pairs(draw, dims, "mask")
     if kind == "empty_rows" and s.Lq:
         rows = draw(st.lists(st.integers(0, s.Lq - 1), min_size=1, max_size=max(1, s.Lq // 2), unique=True),
                     label="fully masked rows")
         mask[..., sorted(rows), :] = False
     if not allow_empty_rows and s.Lk:
-        mask[..., :, 0] = True  # every row sees key 0
+        if kind == "causal_mask":
+            mask[..., :, 0] = True  # every row sees key 0, the one the causal triangle leaves it
+        else:
+            mask[..., :, 0] |= ~mask.any(axis=-1)  # a row hidden whole sees key 0 (a leading run keeps its tail)
     return mask
 
 
@@ -292,18 +307,18 @@ def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=S
     config = V.compiled_config(draw, need, avoid) if target.compiled else None
     use = V.chosen_features(draw, caps.features, need, avoid, config)
     batched = bool(V.PER_SEQUENCE & use)
-    multiple = caps.head_dim_multiple
     s = draw_shape(draw, target.compiled, regimes, target.equal_head_dims, probe, "gqa" in use, "alibi" in use,
-                   multiple, batched, None if config is None else config.shape)
+                   caps, batched, None if config is None else config.shape)
     if s.H == s.Hkv:
         use = use - {"gqa"}
-    kinds = tuple(k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)
-                  and (allow_empty_rows or k != "empty_rows"))
+    kinds = drawable_kinds(target, kinds, allow_empty_rows, avoid)
     menu = (tuple(x for x in scales if x in (None, 0.5)) or (0.5,)) if target.compiled else tuple(scales)
     if config is not None:  # a compile per static choice: from the table
         kind, scale = kinds[config.kind % len(kinds)], menu[config.scale % len(menu)]
     else:
         kind, scale = pick(draw, kinds, "mask kind"), pick(draw, menu, "scale")
+    if kind in CAUSAL_KINDS and caps.causal_equal_lengths:  # declared: causal only with Lq == Lk
+        s = s._replace(Lq=s.Lk)
     small = _is_small(s)
     arrays = _values_small(draw, s, fmt) if small else _values_large(draw, s, fmt)
     mask = _mask(draw, kind, s, target.compiled, allow_empty_rows, small)
@@ -316,4 +331,24 @@ def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=S
                     hides=allow_empty_rows or kind != "none", need=need)
     diagonal = kind in ("causal", "causal_mask") or bool(F.DIAGONAL & use)  # the alignment moves them
     fields = V.draw_fields(draw, env, use, target.alignments if diagonal else ())
-    return Case(q, k, arrays["v"], mask, kind in ("causal", "causal_mask"), scale, fields)
+    if mask is not None and as_bias(draw, target, avoid):  # the same hidden keys, as a -inf bias
+        fields["bias"] = np.where(mask, fields.get("bias", 0.0), -np.inf)
+        mask = None
+    return Case(q, k, arrays["v"], mask, kind in CAUSAL_KINDS, scale, fields)
+
+
+def drawable_kinds(target, kinds, allow_empty_rows: bool = True, avoid=frozenset()) -> tuple:
+    """The mask kinds a backend can be given: a mask-built kind needs boolean masks or a bias it can
+    go in as -inf (not avoided); a causal kind a causal mode."""
+    caps = target.caps
+    hides = caps.masks or (target.supports("bias") and "bias" not in avoid)
+    return tuple(k for k in kinds if (hides or k not in MASK_BUILT) and (caps.causal or k not in CAUSAL_KINDS)
+                 and (allow_empty_rows or k != "empty_rows"))
+
+
+def as_bias(draw, target, avoid) -> bool:
+    """Whether a drawn mask goes in as a -inf bias: always for a backend that takes a bias and no
+    mask; a quarter of the time for one that takes both (a kernel's -inf path is not its mask path)."""
+    if not target.supports("bias") or "bias" in avoid:
+        return False
+    return not target.caps.masks or draw(st.integers(0, 3), label="hidden keys as a -inf bias (0 = yes)") == 0

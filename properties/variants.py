@@ -32,6 +32,7 @@ GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2))
 # head counts that are not powers of two, where ALiBi's standard slopes interpolate
 ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
 BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)")
+HIDDEN_STRUCTURES = ("leading run", "scattered", "middle block", "leading run", "whole rows")  # see hidden_pairs
 SOFTCAP_STEPS = (-2, -1, 0, 1)  # log2 of the cap against the largest score: below, near, above it
 
 
@@ -134,17 +135,54 @@ def _grid_values(draw, dims, fmt: str, amplitude: float, label: str) -> np.ndarr
     return raw.astype(np.float32).astype(np.float64) if fmt == "float32" else raw
 
 
+def _lead(Lk: int) -> tuple:
+    """Lengths of a leading run of hidden keys: a key block's width (and one more), longer runs, half."""
+    return tuple(dict.fromkeys([t for t in (64, 65, 128, 129, 256, 257) if t < Lk] + [Lk - 1, max(1, Lk // 2)]))
+
+
+def hidden_pairs(draw, dims: tuple, label: str) -> np.ndarray:
+    """Which pairs a mask or a -inf bias hides (dims (..., Lq, Lk)): scattered, or the structures at
+    which kernels' key blocks switch paths.
+
+    A leading run of hidden keys as long as a key block (64: flash-attention's and Triton's tutorial
+    BLOCK_N at some head dims; 128: FlexAttention's block, flash-attention 2/3's; 256) or longer, in
+    about half the rows - those rows see keys only past the first block, whose running max stays
+    -inf (the bug the issue's Triton kernel had); a hidden block in the middle of every row; some
+    rows hidden whole.  Leading runs come first: Hypothesis favours them.
+    """
+    Lk = dims[-1]
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1), label=f"{label}: hidden pairs seed"))
+    structure = HIDDEN_STRUCTURES[draw(st.integers(0, len(HIDDEN_STRUCTURES) - 1), label=f"{label}: hidden structure")]
+    if structure == "scattered":
+        share = (0.1, 0.5)[draw(st.integers(0, 1), label=f"{label}: hidden share")]
+        return rng.random(dims) < share
+    hidden = np.zeros(dims, dtype=bool)
+    if structure == "leading run":
+        runs = _lead(Lk)
+        t = runs[draw(st.integers(0, len(runs) - 1), label=f"{label}: leading hidden run")]
+        hidden[..., :t] = (rng.random(dims[:-1]) < 0.5)[..., None]  # about half the rows
+    elif structure == "middle block":
+        width = max(1, min(next((t for t in (128, 64) if 2 * t < Lk), Lk // 3), Lk - 2))
+        at = 1 + int(rng.integers(0, max(1, Lk - width - 1)))  # key 0 and the last key stay
+        hidden[..., at:at + width] = True
+    else:  # whole rows
+        hidden[rng.random(dims[:-1]) < 0.25] = True
+    return hidden
+
+
 def draw_bias(draw, env: Drawing) -> dict:
     """A broadcastable float bias, |bias| <= what the scores leave of the cap (a power of two, at least
-    1/4), sometimes with -inf entries (key 0 always stays)."""
+    1/4), sometimes with -inf entries (`hidden_pairs`' structures; where a row must stay whole, key
+    0 stays)."""
     B, H, _, Lq, Lk = env.shape[:5]
     room = min(env.cap / 4, env.cap - env.score)
     dims = {"(Lq, Lk)": (Lq, Lk), "(B, H, Lq, Lk)": (B, H, Lq, Lk), "(1, H, 1, Lk)": (1, H, 1, Lk),
             "(B, 1, Lq, Lk)": (B, 1, Lq, Lk)}[BIAS_SHAPES[draw(st.integers(0, len(BIAS_SHAPES) - 1), label="bias shape")]]
     bias = _grid_values(draw, dims, env.fmt, float(2.0 ** np.floor(np.log2(max(room, 0.25)))), "bias")
     if env.hides and draw(st.booleans(), label="bias hides keys (-inf)"):
-        hidden = np.random.default_rng(draw(st.integers(0, 2**31 - 1), label="hidden seed")).random(dims) < 0.15
-        hidden[..., 0] = False  # key 0 stays
+        hidden = hidden_pairs(draw, dims, "bias")
+        if not env.allow_empty_rows:
+            hidden[..., 0] = False  # key 0 stays: a row the test needs whole (causal rows see key 0)
         bias[hidden] = -np.inf
     return {"bias": bias}
 
