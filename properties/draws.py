@@ -29,7 +29,8 @@ from attnspec.specs.plain import round_to
 
 LOW_PRECISION = ("float16", "bfloat16")
 SMALL_MAX_LEN, SMALL_MAX_DIM = 5, 4  # element-wise up to these (at most 40 entries an array)
-MEDIUM_LENGTHS, MEDIUM_DIMS = (7, 8, 9, 16, 17, 31, 32, 33, 64, 65), (7, 8, 16, 32, 64)  # block edges +-1
+# block edges +-1 (64 and 128: key blocks of flash-attention, FlexAttention, Triton kernels)
+MEDIUM_LENGTHS, MEDIUM_DIMS = (7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 127, 129), (7, 8, 16, 32, 64)
 LARGE_LENGTHS, LARGE_DIMS = (100, 127, 128, 129, 200, 256, 257, 300), (64, 80, 128, 256)  # the seeds' d_k
 LARGE_WORK = 257 * 257 * 64  # Lq * Lk * max(E, Ev) cap: 257 x 257 x 64 or 257 x 64 x 256, not 300 x 300 x 256
 REGIMES = ("small", "small", "small", "medium", "medium", "large")  # element-wise half the time

@@ -32,7 +32,7 @@ GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2))
 # head counts that are not powers of two, where ALiBi's standard slopes interpolate
 ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
 BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)")
-HIDDEN_STRUCTURES = ("leading run", "scattered", "middle block", "leading run", "whole rows")  # see hidden_pairs
+HIDDEN_STRUCTURES = ("leading run", "scattered", "leading run", "middle block", "leading run", "whole rows")  # hidden_pairs
 SOFTCAP_STEPS = (-2, -1, 0, 1)  # log2 of the cap against the largest score: below, near, above it
 
 
@@ -160,7 +160,9 @@ def hidden_pairs(draw, dims: tuple, label: str) -> np.ndarray:
     if structure == "leading run":
         runs = _lead(Lk)
         t = runs[draw(st.integers(0, len(runs) - 1), label=f"{label}: leading hidden run")]
-        hidden[..., :t] = (rng.random(dims[:-1]) < 0.5)[..., None]  # about half the rows
+        rows = rng.random(dims[:-1]) < 0.5  # about half the rows, and the first
+        rows[..., 0] = True
+        hidden[..., :t] = rows[..., None]
     elif structure == "middle block":
         width = max(1, min(next((t for t in (128, 64) if 2 * t < Lk), Lk // 3), Lk - 2))
         at = 1 + int(rng.integers(0, max(1, Lk - width - 1)))  # key 0 and the last key stay
