@@ -31,13 +31,12 @@ SEED_CASES = (
 def seed_examples(prop, target) -> list:
     """(case rounded to the target's dtype, the property's seed params) for each seed that suits it."""
     probe = prop.constraints(target).get("probe", False)
-    m = target.caps.head_dim_multiple
     out = []
     for case in SEED_CASES:
         d = case.dims
         ev = d["Lk"] if probe else d["Ev"]  # the probe's V = identity makes Ev = Lk
-        if target.equal_head_dims and d["E"] != ev or d["E"] % m or ev % m:
-            continue
+        if target.equal_head_dims and d["E"] != ev or target.caps.outside(d["E"], ev, d["Lq"], d["Lk"], case.is_causal):
+            continue  # outside what the backend declares it takes
         if case.is_causal and not target.caps.causal:
             continue
         params = prop.seed_params(case) if callable(prop.seed_params) else dict(prop.seed_params)

@@ -113,6 +113,9 @@ class Target:
     dtype: str
     rule: str = "attnspec"  # the error budget's rule (specs.error_budget.RULES)
     examples: int = 0
+    declined: int = 0  # calls the backend declined (Unsupported) in the current test
+    left_out: int = 0  # fixed-grid problems the backend's declared limits left out of the current test
+    outside_limits: dict = field(default_factory=dict)  # limit broken -> how many of them break it
     earlier: list = field(default_factory=list, repr=False)  # call configurations before this example
     answers: list = field(default_factory=list, repr=False)  # semantics answers the current test gave
 
@@ -186,10 +189,24 @@ class Target:
         self.session.calls.pop(sig, None)
         self.session.calls[sig] = True
 
+    def reset_counts(self) -> None:
+        """A new test: no problem checked, declined or left out yet."""
+        self.examples, self.declined, self.left_out, self.outside_limits = 0, 0, 0, {}
+
+    def coverage(self) -> dict:
+        """What the current test's counts say beyond its problems, for its JSON row: calls declined, and
+        fixed-grid problems its declared limits left out ("12 outside the declared limits (E > 128)")."""
+        out = {"declined": self.declined}
+        if self.left_out:
+            out["outside_limits"] = (f"{self.left_out} outside the declared limits ("
+                                     + "; ".join(f"{why}: {k}" for why, k in sorted(self.outside_limits.items())) + ")")
+        return out
+
     def _guarded(self, what: str, fn, *args, **kwargs):
         try:
             return self.session.call(what, fn, *args, **kwargs)
         except Unsupported as e:
+            self.declined += 1
             raise Declined(f"{self.name}: {e}") from None
         except BackendFailure as e:  # it raised ("backend_raised"), or returned something wrong or hung
             name = "backend_raised" if e.what.startswith(f"{what} raised") else "backend_call"
