@@ -108,8 +108,9 @@ def declare(fn=None, *, dtypes=("float64", "float32"), backward=None, fully_mask
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in (deviations or {}).items()):
         raise ValueError(f"declare: deviations must map property names to the reason, both non-empty strings; "
                          f"got {deviations!r}")
-    limits = dict(head_dims=tuple(head_dims), max_head_dim=max_head_dim, head_dim_power_of_two=bool(head_dim_power_of_two),
-                  length_multiple=length_multiple, max_length=max_length, causal_equal_lengths=bool(causal_equal_lengths),
+    limits = dict(head_dims=tuple(head_dims), max_head_dim=max_head_dim,
+                  head_dim_power_of_two=bool(head_dim_power_of_two), length_multiple=length_multiple,
+                  max_length=max_length, causal_equal_lengths=bool(causal_equal_lengths),
                   op_dtypes=tuple((op, tuple(d)) for op, d in (op_dtypes or {}).items()))
     try:
         Capabilities(dtypes=tuple(dtypes), **limits)

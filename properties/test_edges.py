@@ -20,6 +20,8 @@ outside the declared limits (E > 128: 3; ...)"): never run, so never reported as
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.case import Case
@@ -27,6 +29,9 @@ from attnspec.properties.draws import in_format
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement
 from attnspec.specs.problem import FLOAT_DTYPE_NAMES
+
+if TYPE_CHECKING:
+    from attnspec.properties.target import Target
 
 HEAD_DIMS = (8, 16, 32, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256)
 LENGTHS = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
@@ -49,7 +54,7 @@ def grid_case(label, B, H, Lq, Lk, E, is_causal, dtype: str, seed: int) -> Case:
     return Case(q, k, v, None, is_causal, None, label=label)
 
 
-def _mine(target, i: int) -> bool:
+def _mine(target: Target, i: int) -> bool:
     if not (target.compiled or target.backend.edge_grid_over_dtypes):
         return True
     dtypes = [d for d in FLOAT_DTYPE_NAMES if d in target.caps.dtypes]
@@ -62,7 +67,7 @@ def _limit(why: str) -> str:
     return f"{name} {rest.split(' ', 1)[1]}" if " " in rest else why
 
 
-def grid_problems(target) -> list:
+def grid_problems(target: Target) -> list:
     """The grid's problems this target runs; those its declared limits exclude (Capabilities.outside)
     are left out by construction and counted on the target, by the limit (its JSON row says so)."""
     out, left, n = [], {}, 0
@@ -81,6 +86,6 @@ def grid_problems(target) -> list:
 
 
 @prop(grid=grid_problems)
-def test_edge_shapes_match_reference(target, case, params):
+def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
     """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, decode)."""
     agreement(target, case)

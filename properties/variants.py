@@ -32,7 +32,8 @@ GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2))
 # head counts that are not powers of two, where ALiBi's standard slopes interpolate
 ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
 BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)")
-HIDDEN_STRUCTURES = ("leading run", "scattered", "leading run", "middle block", "leading run", "whole rows")  # hidden_pairs
+# hidden_pairs' structures; leading runs half of them
+HIDDEN_STRUCTURES = ("leading run", "scattered", "leading run", "middle block", "leading run", "whole rows")
 SOFTCAP_STEPS = (-2, -1, 0, 1)  # log2 of the cap against the largest score: below, near, above it
 
 

@@ -85,8 +85,9 @@ def test_the_draws_hide_a_first_key_block_behind_a_neg_inf_bias_at_a_stated_rate
     draws: medium lengths 65, 127, 129 and the large regime) and the leading-run structure (half of
     the structures, a run of 64 or more in most).  Measured (400 derandomized draws, float32): 5.5 %
     and 6.5 % (before and after weighting the leading runs to half); none before hidden_pairs, by
-    construction (a -inf bias always kept key 0, and no mask reached a bias-only backend).  The default kinds of most properties include the mask-built ones, so a
-    suite run of a bias-only backend draws several such problems per dtype."""
+    construction (a -inf bias always kept key 0, and no mask reached a bias-only backend).  The
+    default kinds of most properties include the mask-built ones, so a suite run of a bias-only
+    backend draws several such problems per dtype."""
     t = _target()
     cases = _sample(t, 400, **masking.test_masked_keys_get_zero_weight.property.constraints(t))
     rate = np.mean([_triggers(c) for c in cases])
