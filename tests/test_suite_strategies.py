@@ -166,6 +166,18 @@ def _feature_bytes(drawn: dict) -> bytes:
     return found[0]
 
 
+AS_BIAS_LABEL = "hidden keys as a -inf bias (0 = yes)"  # draws.as_bias: a drawn mask that became a -inf bias
+
+
+def _drawn_features(case, drawn) -> frozenset:
+    """The optional features the feature draw chose, as the case carries them: a bias that is a drawn
+    mask made a -inf bias (draws.as_bias) is the mask kind's, not the feature draw's."""
+    if drawn.get(AS_BIAS_LABEL) != 0:
+        return case.features
+    chosen_bias = any(b >= (1 - DRAW_RATE) * 256 for f, b in zip(OPTIONAL, _feature_bytes(drawn)) if f == "bias")
+    return case.features - ({"bias"} - ({"bias"} if chosen_bias else set()))
+
+
 def test_a_case_uses_exactly_the_features_its_draw_chose():
     """One byte a feature, 192 and up = used: the case carries exactly those features (grouped heads
     included) - none dropped on the way, none added - for a backend that takes them all."""
@@ -174,7 +186,7 @@ def test_a_case_uses_exactly_the_features_its_draw_chose():
     for case, drawn in every_feature_sample():
         raw = _feature_bytes(drawn)
         chosen = {f for f, b in zip(OPTIONAL, raw) if b >= (1 - DRAW_RATE) * 256}
-        assert case.features & set(OPTIONAL) == chosen, (raw, case)
+        assert _drawn_features(case, drawn) & set(OPTIONAL) == chosen, (raw, case)
 
 
 def test_each_optional_feature_is_drawn_at_the_draw_rate():
@@ -189,13 +201,12 @@ def test_each_optional_feature_is_drawn_at_the_draw_rate():
     (4 sd: +-0.18; pooled 0.25 +-0.07).  Per example, repeats counted, the rates are 0.14-0.23:
     about a quarter of the examples draw the feature bytes all zero (no optional feature).
     """
-    distinct = {_feature_bytes(drawn): case for case, drawn in every_feature_sample()}
+    distinct = {_feature_bytes(drawn): _drawn_features(case, drawn) for case, drawn in every_feature_sample()}
     n = len(distinct)
     assert n >= 60, f"only {n} distinct feature draws in {len(every_feature_sample())} examples"
     sd = np.sqrt(DRAW_RATE * (1 - DRAW_RATE) / n)
-    rates = {f: sum(f in case.features for case in distinct.values()) / n for f in OPTIONAL}
-    print(n, rates, {f: round(float(np.mean([f in c.features for c, _ in every_feature_sample()])), 3)
-                     for f in OPTIONAL})
+    rates = {f: sum(f in features for features in distinct.values()) / n for f in OPTIONAL}
+    print(n, rates)
     for f, rate in rates.items():
         assert abs(rate - DRAW_RATE) <= 4 * sd, (f, rate, 4 * sd, rates)
     pooled = np.mean(list(rates.values()))  # 7 n features: a tighter bound on the rate itself
@@ -328,19 +339,20 @@ def test_a_compiling_backend_draws_a_bounded_set_of_static_configurations(monkey
     """jax-dpa's programs repeat from run to run: every static choice comes from one of the table's rows
     (with the shape menu's 7 shapes, at most rows x 7 configurations); drawn field by field (no row
     of the table fits), the same number of draws make far more.  Measured (300 draws each, through
-    explore): 22 static configurations from the table, 87 field by field."""
+    explore): 24 static configurations from the 16-row table, 83 field by field (22 and 87 with the
+    earlier 24-row searched table)."""
     backend = resolve("jax-dpa")
     ok, why = backend.availability()
     if not ok:
         pytest.skip(f"jax-dpa unavailable: {why}")
     t = target("float32", backend)
     assert t.compiled
-    seen = {}
+    seen, rows = {}, len(variants.COMPILED_CONFIGS)
     for table in (variants.COMPILED_CONFIGS, ()):  # () : no row fits, every field drawn on its own
         monkeypatch.setattr(variants, "COMPILED_CONFIGS", table)
         seen[bool(table)] = {_static(c) for c in suite_sample(t, 300)}
     menu = set(draws.COMPILED_SHAPES) | set(draws.COMPILED_GQA_SHAPES)
     assert {(s[0][0], s[0][1], s[1][1], s[0][2], s[1][2], s[0][3], s[2][3]) for s in seen[True]} <= menu
-    assert len(seen[True]) <= len(variants.COMPILED_CONFIGS) * len(menu)
+    assert len(seen[True]) <= rows * len(menu)
     print(len(seen[True]), len(seen[False]))
     assert len(seen[False]) > 2 * len(seen[True]), (len(seen[False]), len(seen[True]))
