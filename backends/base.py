@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.specs.fields import FEATURE_TEXT, FEATURES, FIELDS
+from attnspec.specs.fields import FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
 from attnspec.specs.problem import causal_mask, validate  # the definition; never the reference
 
 class Unsupported(Exception):
@@ -48,9 +48,29 @@ from attnspec.backends.declarations import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOI
 
 
 class Backend:
+    """The contract: every attribute the suite and the benchmarks read is declared here, with its default."""
+
     name: str = "unnamed"
-    capabilities: Capabilities = Capabilities()
-    semantics: Semantics = Semantics()
+    capabilities: Capabilities = Capabilities()  # what it takes (dtypes, masks, features, declared limits)
+    semantics: Semantics = Semantics()           # what it does where the spec leaves a choice
+    # a call at a new shape or static argument compiles (JAX, compiled flex): the suite draws from
+    # bounded menus so a run builds a bounded set of programs, and benchmarks time a warm call
+    compiles_per_shape: bool = False
+    # seconds one call may take before the suite calls it hung, when longer than the suite's
+    # limit (ATTNSPEC_CALL_TIMEOUT): a first call that compiles.  0: the suite's limit
+    call_timeout: float = 0.0
+    # deal the edge-shape grid out over the dtypes (each shape once, in one dtype) as for a
+    # compiling backend, though it runs eagerly (properties/test_edges.py)
+    edge_grid_over_dtypes: bool = False
+    # eager flex: one kernel for every field's hooks (benchmarks switch it off, to time hooks as
+    # users write them, one kernel per static field)
+    uniform_hooks: bool = False
+    # the jax.Device a JAX backend places its arrays on (benchmarks read its memory statistics);
+    # None: not a JAX backend
+    jax_device: object = None
+    # names of environment variables its behaviour depends on (TRITON_INTERPRET): reproducers
+    # record them with the run's values and restore them (properties/run_context.py)
+    env_vars: tuple = ()
 
     # -- hooks for adapters -------------------------------------------------------
     def load(self) -> None:
@@ -133,6 +153,9 @@ class Backend:
         caps = self.capabilities
         if dtype not in caps.dtypes:
             raise Unsupported(f"{self.name} does not support dtype {dtype} (supports {', '.join(caps.dtypes)})")
+        if dtype not in caps.dtypes_for(op):
+            raise Unsupported(f"{self.name} runs {op} in {', '.join(caps.dtypes_for(op)) or 'no dtype'} only "
+                              f"(declared limits; asked: {dtype})")
         if op == "forward_backward" and not caps.gradients:
             raise Unsupported(f"{self.name} computes no gradients")
         if problem is not None:
@@ -148,19 +171,22 @@ class Backend:
         missing = sorted(needed - caps.features, key=FEATURES.index)
         if missing:
             raise Unsupported(f"{self.name} does not support {', '.join(FEATURE_TEXT[m] for m in missing)} natively")
-        if problem is not None and problem.Lq != problem.Lk and (
-                problem.is_causal or problem.window is not None or problem.alibi_slopes is not None):
+        if problem is not None and problem.Lq != problem.Lk and on_diagonal(problem):
             if problem.causal_alignment not in self.causal_alignments():
                 raise Unsupported(f"{self.name} aligns its causal mask {self.causal_alignments()[0]} only "
                                   f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
 
-    def _check_shapes(self, q, v) -> None:
-        E, Ev = np.shape(q)[-1], np.shape(v)[-1]
-        if self.capabilities.equal_head_dims and Ev != E:
+    def _check_shapes(self, p) -> None:
+        """Unsupported for a problem outside the declared shape limits (Capabilities.outside), naming them."""
+        caps, E, Ev = self.capabilities, p.E, p.Ev
+        if caps.equal_head_dims and Ev != E:
             raise Unsupported(f"{self.name} needs value's last dimension equal to query's (Ev == E); got E={E}, Ev={Ev}")
-        m = self.capabilities.head_dim_multiple
+        m = caps.head_dim_multiple
         if E % m or Ev % m:
             raise Unsupported(f"{self.name} needs head dims that are multiples of {m}; got E={E}, Ev={Ev}")
+        broken = caps.outside(E, Ev, p.Lq, p.Lk, p.is_causal)
+        if broken:
+            raise Unsupported(f"{self.name}: outside the declared limits ({'; '.join(broken)})")
 
     def _natives(self, dtype, *arrays):
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
@@ -219,7 +245,7 @@ class Backend:
         """
         p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
         self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
-        self._check_shapes(q, v)
+        self._check_shapes(p)
         if layout not in self.capabilities.layouts:
             raise Unsupported(f"{self.name} cannot be handed {layout} inputs (declares {self.capabilities.layouts})")
         qn, kn, vn = (self.relayout(x, layout) for x in self._natives(dtype, q, k, v))
@@ -234,6 +260,17 @@ class Backend:
         lse = self._check("lse", y[1], p.batch_shape + (p.Lq,), None)
         return self._check("forward output", y[0], out_shape, self.output_dtype(dtype)), lse.astype(np.float64)
 
+    def forward_as_returned(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
+        """(output as NumPy, the dtype name it came back in): `forward` without the output-dtype check,
+        for the semantics profile's question of which dtype a backend returns."""
+        p = validate(q, k, v, mask, is_causal, scale, **fields)
+        self.check_supported(dtype, "forward", problem=p)
+        self._check_shapes(p)
+        qn, kn, vn = self._natives(dtype, q, k, v)
+        y = self._call("forward", self.native_attention, qn, kn, vn, self._call_of(p, dtype, False, scale))
+        out = self._check("forward output", y, p.batch_shape + (p.Lq, p.Ev), None)
+        return out, self.native_dtype(y)
+
     def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
         """(dQ, dK, dV) as NumPy, each shaped like its input; plus dBias when the backend declares
         `bias_gradient` and a bias is given."""
@@ -242,7 +279,7 @@ class Backend:
         if np.shape(grad_out) != out_shape:
             raise ValueError(f"grad_out must be shaped like the output {out_shape}; got {np.shape(grad_out)}")
         self.check_supported(dtype, "forward_backward", problem=p)
-        self._check_shapes(q, v)
+        self._check_shapes(p)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
         call = self._call_of(p, dtype, False, scale)
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn, call)
@@ -262,7 +299,7 @@ class Backend:
         """Convert once; return a no-argument callable that runs the native call and syncs."""
         p = validate(q, k, v, mask, is_causal, scale, **fields)
         self.check_supported(dtype, op, problem=p)
-        self._check_shapes(q, v)
+        self._check_shapes(p)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, np.ones(p.batch_shape + (p.Lq, p.Ev)))
         call = self._call_of(p, dtype, False, scale)
         if op == "forward":
@@ -283,6 +320,10 @@ class Backend:
         return {"name": self.name, "available": ok, "reason": why, "device": c.device,
                 "dtypes": list(c.dtypes), "gradients": c.gradients, "masks": c.masks, "causal": c.causal,
                 "equal_head_dims": c.equal_head_dims, "head_dim_multiple": c.head_dim_multiple,
+                "limits": {"head_dims": list(c.head_dims), "max_head_dim": c.max_head_dim,
+                           "head_dim_power_of_two": c.head_dim_power_of_two, "length_multiple": c.length_multiple,
+                           "max_length": c.max_length, "causal_equal_lengths": c.causal_equal_lengths,
+                           "op_dtypes": {op: list(d) for op, d in c.op_dtypes}},
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
                 "layouts": list(c.layouts),
@@ -298,7 +339,3 @@ class Backend:
 def _overrides(backend, hook: str) -> bool:
     return getattr(type(backend), hook) is not getattr(Backend, hook)
 
-
-def _out_shape(q, k, v) -> tuple:
-    batch = np.broadcast_shapes(np.shape(q)[:-2], np.shape(k)[:-2], np.shape(v)[:-2])
-    return tuple(batch) + (np.shape(q)[-2], np.shape(v)[-1])

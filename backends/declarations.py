@@ -19,8 +19,19 @@ OPS = ("forward", "forward_backward")
 
 
 
+def _positive_int(name: str, m, zero: bool = False) -> None:
+    if isinstance(m, bool) or not isinstance(m, int) or m < (0 if zero else 1):
+        raise ValueError(f"Capabilities.{name} must be a {'non-negative' if zero else 'positive'} int; got {m!r}")
+
+
 @dataclass(frozen=True)
 class Capabilities:
+    """What a backend takes: dtypes, masks, optional features, and the shapes its kernel takes.
+
+    The declared limits (head dims, lengths, causal with Lq = Lk, dtypes per op) are honoured by the
+    suite's draws and fixed grids by construction (`fit_head_dim`, `fit_length`), and a problem
+    outside them is declined by `Backend.check_supported` with the limit it breaks (`outside`)."""
+
     dtypes: tuple = ("float64", "float32")
     device: str = "cpu"
     gradients: bool = False
@@ -32,15 +43,89 @@ class Capabilities:
     bias_gradient: bool = False    # the backward returns dBias too (with gradients and "bias")
     mask_with_causal: bool = True  # takes a mask together with is_causal (PyTorch's SDPA does not)
     layouts: tuple = ("contiguous",)  # memory layouts `relayout` can produce (LAYOUTS)
+    head_dims: tuple = ()          # the head dims E, Ev it takes, when a set (a kernel's templates); () any
+    max_head_dim: int = 0          # E, Ev at most this (a Triton kernel's "head dim <= 128"); 0: no maximum
+    head_dim_power_of_two: bool = False  # E, Ev powers of two only (tl.arange needs them)
+    length_multiple: int = 1       # Lq and Lk multiples of this (a kernel without a masked tail block)
+    max_length: int = 0            # Lq, Lk at most this; 0: no maximum
+    causal_equal_lengths: bool = False  # causal only with Lq == Lk (no alignment question asked)
+    op_dtypes: tuple = ()          # (op, dtypes) pairs narrowing `dtypes` for an op (OPS), e.g. a backward in fp16 only
 
     def __post_init__(self):
         unknown = sorted(set(self.features) - set(FEATURES))
         if unknown:
             raise ValueError(f"Capabilities.features: unknown {unknown}; known: {', '.join(FEATURES)}")
         object.__setattr__(self, "features", frozenset(self.features))
-        m = self.head_dim_multiple
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"Capabilities.head_dim_multiple must be a positive int; got {m!r}")
+        _positive_int("head_dim_multiple", self.head_dim_multiple)
+        _positive_int("length_multiple", self.length_multiple)
+        _positive_int("max_head_dim", self.max_head_dim, zero=True)
+        _positive_int("max_length", self.max_length, zero=True)
+        for d in self.head_dims:
+            _positive_int("head_dims entries", d)
+        object.__setattr__(self, "head_dims", tuple(sorted(set(self.head_dims))))
+        for op, dtypes in self.op_dtypes:
+            if op not in OPS or isinstance(dtypes, str):
+                raise ValueError(f"Capabilities.op_dtypes: pairs of an op ({', '.join(OPS)}) and a tuple of dtypes; "
+                                 f"got {(op, dtypes)!r}")
+        if not any(self.takes_head_dim(E) for E in range(1, 1025)):
+            raise ValueError("Capabilities: the declared head-dim limits leave no head dim up to 1024")
+
+    # ---- the declared limits -------------------------------------------------------------------
+    def dtypes_for(self, op: str) -> tuple:
+        """The dtypes an op (forward, forward_backward) runs in."""
+        narrowed = dict(self.op_dtypes).get(op)
+        return self.dtypes if narrowed is None else tuple(d for d in self.dtypes if d in narrowed)
+
+    def head_dim_limits(self, E: int) -> list:
+        """The head-dim limits E breaks, in words ("E=160 > 128")."""
+        out = []
+        if E % self.head_dim_multiple:
+            out.append(f"{E} not a multiple of {self.head_dim_multiple}")
+        if self.max_head_dim and E > self.max_head_dim:
+            out.append(f"{E} > {self.max_head_dim}")
+        if self.head_dim_power_of_two and E & (E - 1):
+            out.append(f"{E} not a power of two")
+        if self.head_dims and E not in self.head_dims:
+            out.append(f"{E} not in {{{', '.join(map(str, self.head_dims))}}}")
+        return out
+
+    def takes_head_dim(self, E: int) -> bool:
+        return not self.head_dim_limits(E)
+
+    def fit_head_dim(self, E: int) -> int:
+        """The head dim nearest E that it takes: the least at or above E, else the largest below."""
+        up = next((d for d in range(max(E, 1), 4 * max(E, 1) + 1024) if self.takes_head_dim(d)), None)
+        down = next((d for d in range(E - 1, 0, -1) if self.takes_head_dim(d)), None)
+        if up is not None and (down is None or not self.max_head_dim or up <= self.max_head_dim):
+            return up
+        return down if down is not None else up
+
+    def length_limits(self, L: int) -> list:
+        out = []
+        if L % self.length_multiple:
+            out.append(f"{L} not a multiple of {self.length_multiple}")
+        if self.max_length and L > self.max_length:
+            out.append(f"{L} > {self.max_length}")
+        return out
+
+    def fit_length(self, L: int) -> int:
+        """The length nearest L that it takes (a multiple at or above L, within the maximum); 0 stays 0."""
+        m = self.length_multiple
+        up = -(-L // m) * m
+        if self.max_length and up > self.max_length:
+            up = self.max_length // m * m
+        return up
+
+    def outside(self, E: int, Ev: int, Lq: int, Lk: int, is_causal: bool = False) -> list:
+        """The declared shape limits a problem breaks, each in words naming the size ("E=160 > 128")."""
+        out = [f"E={w}" for w in self.head_dim_limits(E)]
+        out += [f"Ev={w}" for w in self.head_dim_limits(Ev) if Ev != E]
+        if self.equal_head_dims and Ev != E:
+            out.append(f"Ev={Ev} != E={E}")
+        out += [f"Lq={w}" for w in self.length_limits(Lq)] + [f"Lk={w}" for w in self.length_limits(Lk)]
+        if is_causal and self.causal_equal_lengths and Lq != Lk:
+            out.append(f"causal with Lq={Lq} != Lk={Lk}")
+        return out
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,10 @@ import warnings
 
 from attnspec.backends.base import BackendUnavailable, Capabilities, Deviation, Semantics
 from attnspec.backends.torch_backends import TorchBackend, _fold
+from attnspec.specs.fields import EVERY_FEATURE
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
-_EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
-                            "softcap", "alibi", "lse"))
+_EVERY_FEATURE = EVERY_FEATURE  # the whole definition (specs.fields)
 _EAGER_WARNING = "flex_attention called without torch.compile"
 # torch 2.13, CPU; both found by the suite (reproducers in the report)
 _DEVIATIONS = (

@@ -31,11 +31,11 @@ import numpy as np
 
 from attnspec.backends import jax_programs
 from attnspec.backends.base import Backend, BackendUnavailable, Capabilities, Deviation, Semantics, Unsupported
+from attnspec.specs.fields import EVERY_FEATURE, FIELDS
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
-_EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
-                            "softcap", "alibi", "lse"))
-_ARRAYS = ("mask", "bias", "q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids", "alibi_slopes")
+_EVERY_FEATURE = EVERY_FEATURE  # the whole definition (specs.fields)
+_ARRAYS = ("mask",) + tuple(f.name for f in FIELDS if f.cast != "value")  # traced, not static (specs.fields)
 
 
 class JaxBackend(Backend):

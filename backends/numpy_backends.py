@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends.base import LAYOUTS, Backend, Capabilities, Semantics
+from attnspec.specs.fields import EVERY_FEATURE
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
-_ALL_FEATURES = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
-                           "softcap", "alibi", "lse"))
+_ALL_FEATURES = EVERY_FEATURE  # the whole definition (specs.fields)
 _ROW_BLOCK = 128  # rows per index-masking step: bounds the bool temporary to 128*Lk
 
 

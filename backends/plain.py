@@ -75,13 +75,15 @@ class Declaration:
     lse_padding: int | None = None  # its rows rounded up to a multiple of this (cut to Lq)
     env: tuple = ()             # environment variables its behaviour depends on (reproducers carry them)
     bias_gradient: bool = False  # torch/jax: the backward gives dBias too (autograd through the bias)
+    limits: dict = field(default_factory=dict)  # the other declared shape limits: Capabilities' fields
 
 
 def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_rows=None,
             causal_alignment=None, effective_precision=None, output_dtypes=None, mask_with_causal=False,
             masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
             framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=(),
-            bias_gradient=False):
+            bias_gradient=False, head_dims=(), max_head_dim=0, head_dim_power_of_two=False, length_multiple=1,
+            max_length=0, causal_equal_lengths=False, op_dtypes=None):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -105,6 +107,12 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     multiple of m, cut to Lq) say how a returned LSE is laid out.  env: names of environment
     variables the function depends on (``TRITON_INTERPRET``): reproducers record and restore them.
     bias_gradient: a torch/jax function's autograd gives the bias gradient too (checked then).
+
+    The shapes its kernel takes (the suite draws only those, and counts what a limit leaves out of a
+    fixed grid): head_dims, a set of the head dims it takes; max_head_dim; head_dim_power_of_two;
+    length_multiple, for Lq and Lk; max_length; causal_equal_lengths, causal only with Lq == Lk;
+    op_dtypes, {"forward" or "forward_backward": dtypes} narrowing dtypes per op.  E.g. a Triton
+    kernel: ``declare(max_head_dim=128, head_dim_power_of_two=True, dtypes=("float16",))``.
     """
     from attnspec.backends.layout4d import LAYOUTS_4D, LSE_LAYOUTS
 
@@ -155,6 +163,14 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in (deviations or {}).items()):
         raise ValueError(f"declare: deviations must map property names to the reason, both non-empty strings; "
                          f"got {deviations!r}")
+    limits = dict(head_dims=tuple(head_dims), max_head_dim=max_head_dim,
+                  head_dim_power_of_two=bool(head_dim_power_of_two), length_multiple=length_multiple,
+                  max_length=max_length, causal_equal_lengths=bool(causal_equal_lengths),
+                  op_dtypes=tuple((op, tuple(d)) for op, d in (op_dtypes or {}).items()))
+    try:
+        Capabilities(dtypes=tuple(dtypes), **limits)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"declare: {e}".replace("Capabilities.", "")) from None
     pairs = tuple(sorted((output_dtypes or {}).items()))
     for src, dst in pairs:
         if src not in allowed_dtypes or dst not in allowed_dtypes:
@@ -163,7 +179,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
                        pairs, bool(mask_with_causal), bool(masks), bool(causal),
                        None if features is None else tuple(features), tuple(notes), head_dim_multiple,
                        tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()),
-                       framework, device, layout, lse_layout, lse_padding, tuple(env), bool(bias_gradient))
+                       framework, device, layout, lse_layout, lse_padding, tuple(env), bool(bias_gradient),
+                       limits)
 
     def attach(f):
         f.__attnspec__ = decl
@@ -201,7 +218,7 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
     features = frozenset(decl.features) if decl.features is not None else signature_features(fn)
     caps = Capabilities(dtypes=decl.dtypes, device=decl.device, gradients=gradients, features=features,
                         mask_with_causal=decl.mask_with_causal, masks=decl.masks, causal=decl.causal,
-                        head_dim_multiple=decl.head_dim_multiple,
+                        head_dim_multiple=decl.head_dim_multiple, **decl.limits,
                         bias_gradient=gradients and decl.bias_gradient and "bias" in features)
     sem = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                     effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
@@ -238,8 +255,7 @@ class FunctionBackend(Backend):
         feats = self.capabilities.features
         for f in FIELDS:  # the fields it declares through its parameters, when the problem uses them
             value = getattr(call, f.name)
-            if f.name != "bias" and f.feature in feats and not (value is None or value is f.off or (
-                    not hasattr(value, "shape") and value == f.off)):
+            if f.name != "bias" and f.feature in feats and value is not None and not f.is_off(value):
                 kw[f.name] = value
         if call.return_lse:
             kw["return_lse"] = True

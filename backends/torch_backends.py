@@ -25,11 +25,11 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.backends.base import LAYOUTS, Backend, BackendUnavailable, Call, Capabilities, Deviation, Semantics, Unsupported
+from attnspec.specs.fields import EVERY_FEATURE
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")
-_EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids",
-                            "softcap", "alibi", "lse"))
+_EVERY_FEATURE = EVERY_FEATURE  # the whole definition (specs.fields)
 _SDPA_FEATURES = frozenset(("gqa", "bias", "causal_bottom_right"))
 
 

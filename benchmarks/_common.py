@@ -160,7 +160,7 @@ def get_backend(name: str):
         except Exception as e:  # said on stderr, where attnspec run (asv --show-stderr) finds it
             print(f"{LOAD_ERROR} {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             raise
-        if getattr(backend, "uniform_hooks", False):
+        if backend.uniform_hooks:
             # eager torch-flex: the suite's trace-reusing hooks cost more a call than the call itself at
             # small sizes (docs/measurements.md); a timed call pays for the hooks users write
             backend.uniform_hooks = False
@@ -194,7 +194,7 @@ def _declines(backend, w: Workload, op: str, dtype: str) -> str | None:
         if used and feature not in caps.features and not (
                 feature == "causal_bottom_right" and backend.semantics.causal_alignment == "bottom_right"):
             return f"{backend.name} does not declare {feature!r}"
-        broken = next((d for d in getattr(backend.semantics, "deviations", ()) if used and d.feature == feature
+        broken = next((d for d in backend.semantics.deviations if used and d.feature == feature
                        and (not d.dtypes or dtype in d.dtypes)), None)
         if broken is not None:  # the library fails there, as declared: nothing to time
             return f"{backend.name} declares a deviation with {feature!r}: {broken.why}"
@@ -228,7 +228,7 @@ def prepared(name: str, w: Workload, op: str, dtype: str, time_warm_call: bool =
     spent = call_seconds
     # the first call may hold one-off init: time a warm one - always where it compiled (its time sizes
     # asv's samples and is charged for them: torch.compile'd flex's compile was once taken for its call)
-    if time_warm_call and (call_seconds < 1.0 or getattr(backend, "compiles_per_shape", False)):
+    if time_warm_call and (call_seconds < 1.0 or backend.compiles_per_shape):
         call_seconds = _first_call(run)
         spent += call_seconds
     spend(name, spent)

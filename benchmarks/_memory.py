@@ -111,7 +111,7 @@ def cuda_peak(run) -> int:
 
 
 def jax_device_peak(backend, run) -> int | None:
-    device = getattr(backend, "jax_device", None)
+    device = backend.jax_device
     stats = device.memory_stats() if device is not None else None
     if not stats or "peak_bytes_in_use" not in stats:
         return None

@@ -42,8 +42,7 @@ class Case:
             raise ValueError(f"Case.replace: unknown field(s) {unknown}; fields: {', '.join(F.NAMES)}")
         fields = dict(self.fields)
         for name, value in changes.items():
-            off = F.OFF[name]
-            if value is off or (not isinstance(value, np.ndarray) and value == off):
+            if F.is_off(name, value):
                 fields.pop(name, None)
             else:
                 fields[name] = value
@@ -112,29 +111,25 @@ class Case:
         tri = causal_mask(d["Lq"], d["Lk"], self.alignment)  # (Lq, Lk)
         return self.replace(mask=tri if self.mask is None else self.mask & tri, is_causal=False)
 
+    def _along(self, side: str, take) -> dict:
+        """The mask and every field with an axis on `side` (specs.fields: a field's ``axes``), taken."""
+        moved = F.along(self.fields, side, take)
+        axis = {"query": -2, "key": -1}[side]  # the mask's axis of that side
+        if self.mask is not None and self.mask.shape[axis] > 1:
+            moved["mask"] = take(self.mask, axis)
+        return moved
+
     def permuted(self, axis: str, perm) -> "Case":
         """Queries (axis "q") or keys with their values ("k") reordered, with every field tied to them."""
         perm = list(perm)
-        col = -2 if axis == "q" else -1  # the mask's and bias's axis of that side
-        moved = {}
-        for name, x in (("mask", self.mask), ("bias", self.fields.get("bias"))):
-            if x is not None and x.shape[col] > 1:
-                moved[name] = np.take(x, perm, axis=col)
-        seg = "q_segment_ids" if axis == "q" else "kv_segment_ids"
-        if seg in self.fields:
-            moved[seg] = np.take(self.fields[seg], perm, axis=-1)
+        moved = self._along("query" if axis == "q" else "key", lambda x, ax: np.take(x, perm, axis=ax))
         if axis == "q":
             return self.replace(q=self.q[..., perm, :], **moved)
         return self.replace(k=self.k[..., perm, :], v=self.v[..., perm, :], **moved)
 
     def keys(self, lo: int, hi: int) -> "Case":
-        """Keys lo..hi-1 and their values, with the mask's, bias's and segment ids' columns."""
-        cut = {}
-        for name, x in (("mask", self.mask), ("bias", self.fields.get("bias"))):
-            if x is not None and x.shape[-1] > 1:
-                cut[name] = x[..., lo:hi]
-        if "kv_segment_ids" in self.fields:
-            cut["kv_segment_ids"] = self.fields["kv_segment_ids"][..., lo:hi]
+        """Keys lo..hi-1 and their values, with every field's key columns (the mask's, bias's, segment ids')."""
+        cut = self._along("key", lambda x, ax: np.take(x, range(lo, hi), axis=ax))
         return self.replace(k=self.k[..., lo:hi, :], v=self.v[..., lo:hi, :], **cut)
 
     def rounded(self, dtype: str) -> "Case":

@@ -16,42 +16,24 @@ every dtype.  Each optional field is drawn at `variants.DRAW_RATE` when the back
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING
+
 
 import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties import variants as V
+from attnspec.properties.shapes import (  # noqa: F401 - the sizes' names, public here too
+    COMPILED_GQA_SHAPES, COMPILED_SHAPES, LARGE_DIMS, LARGE_LENGTHS, MEDIUM_DIMS, MEDIUM_LENGTHS, NO_LIMITS, REGIMES,
+    SMALL_MAX_DIM, SMALL_MAX_LEN, Shape, _is_small, compiled_menu, draw_shape, fitted, pick)
 from attnspec.properties.case import Case
+from attnspec.specs import fields as F
 from attnspec.specs.plain import round_to
 
+if TYPE_CHECKING:
+    from attnspec.properties.target import Target
+
 LOW_PRECISION = ("float16", "bfloat16")
-SMALL_MAX_LEN, SMALL_MAX_DIM = 5, 4  # element-wise up to these (at most 40 entries an array)
-MEDIUM_LENGTHS, MEDIUM_DIMS = (7, 8, 9, 16, 17, 31, 32, 33, 64, 65), (7, 8, 16, 32, 64)  # block edges +-1
-LARGE_LENGTHS, LARGE_DIMS = (100, 127, 128, 129, 200, 256, 257, 300), (64, 80, 128, 256)  # the seeds' d_k
-LARGE_WORK = 257 * 257 * 64  # Lq * Lk * max(E, Ev) cap: 257 x 257 x 64 or 257 x 64 x 256, not 300 x 300 x 256
-REGIMES = ("small", "small", "small", "medium", "medium", "large")  # element-wise half the time
-BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3))
-SMALL_GQA_HEADS = ((4, 2), (2, 1), (3, 1))
-SMALL_LENGTHS = (2, 3, 4, 5)  # Hypothesis favours the first: a row of two keys, not one (the edge grid's)
-
-
-class Shape(NamedTuple):
-    B: int
-    H: int
-    Hkv: int
-    Lq: int
-    Lk: int
-    E: int
-    Ev: int
-
-
-# Compiling backends (JAX, compiled flex) get a fixed menu so a run compiles a bounded set of
-# programs; Ev == Lk so the weight probe (V = identity) reuses the same shapes, and
-# E == Ev == Lk also suits backends that need Ev == E.
-COMPILED_SHAPES = (Shape(1, 1, 1, 1, 1, 1, 1), Shape(2, 3, 3, 5, 3, 3, 3), Shape(1, 2, 2, 3, 6, 6, 6),
-                   Shape(1, 1, 1, 17, 64, 64, 64), Shape(1, 1, 1, 129, 256, 256, 256))
-COMPILED_GQA_SHAPES = (Shape(1, 4, 2, 3, 6, 6, 6), Shape(2, 2, 1, 5, 3, 3, 3))
 # The largest score term S = max scale |q|.|k| a dtype's draws may reach.  float32/float64: deep
 # saturation (gaps of hundreds; exp overflows past 88 in float32 without the max subtraction)
 # yet far from overflow.  The 16-bit formats hold the scores themselves (XLA, PyTorch's math
@@ -65,89 +47,9 @@ SCALES = (None, 0.5, 0.125, 1.0, 2.0, 4.0, 0.25)
 VALUE_DISTS, QK_DISTS = ("normal", "ties"), ("needle", "normal", "aligned", "needle", "ties")
 _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 SEEDS = st.integers(0, 2**31 - 1)
-
-
-def pick(draw, choices: tuple, label: str):
-    """One of `choices` (shrinking toward the first): an index, so no strategy object per tuple."""
-    return choices[draw(st.integers(0, len(choices) - 1), label=label)]
-
-
-def _up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def draw_shape(draw, compiled=False, regimes=REGIMES, equal_dims=False, probe=False, grouped=False,
-               odd_heads=False, head_multiple=1, batched=False, menu_index=None) -> Shape:
-    """A Shape; small ones first so shrinking goes there.
-
-    equal_dims: the backend needs Ev == E; with probe (V = identity, so Ev becomes Lk) also E == Lk.
-    grouped: fewer KV heads than query heads (Hq % Hkv == 0).  odd_heads: mostly head counts that
-    are not powers of two (ALiBi's slopes interpolate there).  head_multiple: the backend takes head
-    dims that are multiples of it only (cuDNN: 8).  batched: two or more sequences, so that a field
-    with a value per sequence (lengths, segment ids) differs across the batch.
-    """
-    if compiled:
-        menu = compiled_menu(grouped, regimes, batched)
-        s = menu[menu_index % len(menu)] if menu_index is not None else pick(draw, menu, "shape (menu)")
-        return s if head_multiple == 1 else s._replace(Lk=_up(s.Lk, head_multiple), E=_up(s.E, head_multiple),
-                                                       Ev=_up(s.Ev, head_multiple))
-    if grouped:
-        B = pick(draw, (2, 3) if batched else (1, 2), "batch")
-        H, Hkv = pick(draw, V.ODD_GQA_HEADS if odd_heads else V.GQA_HEADS, "query heads, KV heads")
-    elif odd_heads:
-        B, H = (2 if batched else 1), pick(draw, V.ODD_HEADS, "heads")
-        Hkv = H
-    else:
-        B, H = pick(draw, ((2, 1), (3, 2)) if batched else BATCH_HEADS, "batch, heads")
-        Hkv = H
-    regime = pick(draw, regimes, "regime")
-    if regime == "small":  # at most a few dozen entries an array: element-wise draws are slow
-        if grouped and not odd_heads:
-            H, Hkv = pick(draw, SMALL_GQA_HEADS, "small query heads, KV heads")
-            B = 2 if batched else 1
-        elif odd_heads:
-            B, H, Hkv = (2 if batched else 1), 3, (1 if grouped else 3)
-        else:
-            B = max(B, 2) if batched else B
-            H = Hkv = max(1, min(H, 3 - B))
-        # a field with a value per sequence needs room to differ across the batch: three or more
-        Lq = draw(st.integers(3 if batched else 1, SMALL_MAX_LEN), label="Lq")
-        Lk = pick(draw, SMALL_LENGTHS[1:] if batched else SMALL_LENGTHS, "Lk")
-        dims = st.integers(1, SMALL_MAX_DIM)
-    elif regime == "medium":
-        Lq, Lk = pick(draw, MEDIUM_LENGTHS, "Lq"), pick(draw, MEDIUM_LENGTHS, "Lk")
-        dims = None
-    else:  # realistic: one sequence keeps it quick (two where the batch matters)
-        B = 2 if batched else 1
-        Lq, Lk = pick(draw, LARGE_LENGTHS, "Lq"), pick(draw, LARGE_LENGTHS, "Lk")
-        H, Hkv = (H, Hkv) if grouped else (1, 1)
-        dims = None
-
-    def head_dim(label):
-        return draw(dims, label=label) if dims is not None else pick(
-            draw, MEDIUM_DIMS if regime == "medium" else LARGE_DIMS, label)
-
-    if probe:  # V = identity makes Ev = Lk: a head dim too
-        Lk = _up(Lk, head_multiple)
-    if equal_dims and probe:  # E = Ev = Lk; a long query side is what stays cheap
-        return Shape(B, H, Hkv, Lq if Lq * Lk * Lk <= LARGE_WORK else 16, Lk, Lk, Lk)
-    E = _up(head_dim("E"), head_multiple)
-    Ev = E if equal_dims else _up(head_dim("Ev"), head_multiple)
-    if regime == "large" and Lq * Lk * max(E, Ev) * H * B > LARGE_WORK:  # keep a realistic size quick
-        E, Ev = min(E, 64), min(Ev, 64)
-        Lk = Lk if Lq * Lk * max(E, Ev) * H * B <= LARGE_WORK else 64
-    return Shape(B, H, Hkv, Lq, Lk, E, Ev)
-
-
-def compiled_menu(grouped: bool, regimes, batched: bool = False) -> tuple:
-    """A compiling backend's shapes: the largest only where large problems are drawn at all;
-    two or more sequences where a field has a value per sequence."""
-    menu = COMPILED_GQA_SHAPES if grouped else (COMPILED_SHAPES if "large" in regimes else COMPILED_SHAPES[:-1])
-    return tuple(s for s in menu if s.B >= 2) if batched else menu
-
-
-def _is_small(s: Shape) -> bool:
-    return max(s.Lq, s.Lk) <= SMALL_MAX_LEN and max(s.E, s.Ev) <= SMALL_MAX_DIM
+# kinds whose hidden pairs are a boolean mask (a backend without masks gets them as a -inf bias, or not
+# at all), and kinds that are causal
+MASK_BUILT, CAUSAL_KINDS = ("mask", "empty_rows", "causal_mask"), ("causal", "causal_mask")
 
 
 def _zigzag(b: np.ndarray, n: int) -> np.ndarray:
@@ -238,14 +140,16 @@ def _mask(draw, kind, s: Shape, compiled, allow_empty_rows, small):
         raw = np.frombuffer(draw(st.binary(min_size=n, max_size=n), label="hidden pairs"), dtype=np.uint8)
         mask = ~np.isin(raw % 8, (3, 4)).reshape(dims)
     else:
-        p = pick(draw, (0.9, 0.5), "visible fraction")
-        mask = np.random.default_rng(draw(SEEDS, label="mask seed")).random(dims) < p
+        mask = ~V.hidden_pairs(draw, dims, "mask")
     if kind == "empty_rows" and s.Lq:
         rows = draw(st.lists(st.integers(0, s.Lq - 1), min_size=1, max_size=max(1, s.Lq // 2), unique=True),
                     label="fully masked rows")
         mask[..., sorted(rows), :] = False
     if not allow_empty_rows and s.Lk:
-        mask[..., :, 0] = True  # every row sees key 0
+        if kind == "causal_mask":
+            mask[..., :, 0] = True  # every row sees key 0, the one the causal triangle leaves it
+        else:
+            mask[..., :, 0] |= ~mask.any(axis=-1)  # a row hidden whole sees key 0 (a leading run keeps its tail)
     return mask
 
 
@@ -278,7 +182,7 @@ def amplitude(draw, dtype, q, k, scale, group) -> int:
     return j
 
 
-def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=SCALES, regimes=REGIMES,
+def draw_case(draw, target: Target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=SCALES, regimes=REGIMES,
               probe=False, need=frozenset(), avoid=frozenset()) -> Case:
     """A Case for the target's dtype within its backend's capabilities (masks, causal, features).
 
@@ -291,18 +195,18 @@ def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=S
     config = V.compiled_config(draw, need, avoid) if target.compiled else None
     use = V.chosen_features(draw, caps.features, need, avoid, config)
     batched = bool(V.PER_SEQUENCE & use)
-    multiple = getattr(caps, "head_dim_multiple", 1)
     s = draw_shape(draw, target.compiled, regimes, target.equal_head_dims, probe, "gqa" in use, "alibi" in use,
-                   multiple, batched, None if config is None else config.shape)
+                   caps, batched, None if config is None else config.shape)
     if s.H == s.Hkv:
         use = use - {"gqa"}
-    kinds = tuple(k for k in kinds if (caps.masks or "mask" not in k) and (caps.causal or "causal" not in k)
-                  and (allow_empty_rows or k != "empty_rows"))
+    kinds = drawable_kinds(target, kinds, allow_empty_rows, avoid)
     menu = (tuple(x for x in scales if x in (None, 0.5)) or (0.5,)) if target.compiled else tuple(scales)
     if config is not None:  # a compile per static choice: from the table
         kind, scale = kinds[config.kind % len(kinds)], menu[config.scale % len(menu)]
     else:
         kind, scale = pick(draw, kinds, "mask kind"), pick(draw, menu, "scale")
+    if kind in CAUSAL_KINDS and caps.causal_equal_lengths:  # declared: causal only with Lq == Lk
+        s = s._replace(Lq=s.Lk)
     small = _is_small(s)
     arrays = _values_small(draw, s, fmt) if small else _values_large(draw, s, fmt)
     mask = _mask(draw, kind, s, target.compiled, allow_empty_rows, small)
@@ -313,6 +217,26 @@ def draw_case(draw, target, *, kinds=MASK_KINDS, allow_empty_rows=True, scales=S
     env = V.Drawing(shape=s, fmt=fmt, score=score_terms(q, k, used_scale, group), cap=SCORE_CAP[fmt],
                     compiled=target.compiled, config=config, allow_empty_rows=allow_empty_rows,
                     hides=allow_empty_rows or kind != "none", need=need)
-    positional = kind in ("causal", "causal_mask") or bool({"window", "alibi"} & use)
-    fields = V.draw_fields(draw, env, use, target.alignments if positional else ())
-    return Case(q, k, arrays["v"], mask, kind in ("causal", "causal_mask"), scale, fields)
+    diagonal = kind in ("causal", "causal_mask") or bool(F.DIAGONAL & use)  # the alignment moves them
+    fields = V.draw_fields(draw, env, use, target.alignments if diagonal else ())
+    if mask is not None and as_bias(draw, target, avoid):  # the same hidden keys, as a -inf bias
+        fields["bias"] = np.where(mask, fields.get("bias", 0.0), -np.inf)
+        mask = None
+    return Case(q, k, arrays["v"], mask, kind in CAUSAL_KINDS, scale, fields)
+
+
+def drawable_kinds(target: Target, kinds, allow_empty_rows: bool = True, avoid=frozenset()) -> tuple:
+    """The mask kinds a backend can be given: a mask-built kind needs boolean masks or a bias it can
+    go in as -inf (not avoided); a causal kind a causal mode."""
+    caps = target.caps
+    hides = caps.masks or (target.supports("bias") and "bias" not in avoid)
+    return tuple(k for k in kinds if (hides or k not in MASK_BUILT) and (caps.causal or k not in CAUSAL_KINDS)
+                 and (allow_empty_rows or k != "empty_rows"))
+
+
+def as_bias(draw, target: Target, avoid) -> bool:
+    """Whether a drawn mask goes in as a -inf bias: always for a backend that takes a bias and no
+    mask; a quarter of the time for one that takes both (a kernel's -inf path is not its mask path)."""
+    if not target.supports("bias") or "bias" in avoid:
+        return False
+    return not target.caps.masks or draw(st.integers(0, 3), label="hidden keys as a -inf bias (0 = yes)") == 0

@@ -41,7 +41,7 @@ def run_property(node, run, prop, target) -> None:
     """Explore `prop` on `target` inside pytest test `node`; the outcome raised, the row left on the node."""
     declared = deviation_of(target, prop.name, feature=False)
     confined = confined_deviations(target, prop.name)
-    target.examples = 0
+    target.reset_counts()
     target.answers.clear()
     row = {"examples": 0}
     node.user_properties.append((results.ROW_KEY, row))
@@ -69,6 +69,7 @@ def run_property(node, run, prop, target) -> None:
             failure = explore(prop, target, run.options) or failure
     finally:
         row["examples"] = target.examples
+        row.update(target.coverage())  # declined calls; grid problems its declared limits left out
         row["hung"] = target.session.hung  # attnspec run ends a suite whose backend hung
     if failure is None:
         repro.forget(run.repro_dir, target.name, target.dtype, prop.name)

@@ -75,7 +75,8 @@ def row_of(report) -> dict | None:
         message = _longrepr_text(report)
     return dict(test[0], status=status, examples=part.get("examples", 0), seconds=round(report.duration or 0.0, 4),
                 counterexample=part.get("counterexample"), message=message, reproducer=part.get("reproducer"),
-                attribution=part.get("attribution", ""), hung=part.get("hung", ""))
+                attribution=part.get("attribution", ""), hung=part.get("hung", ""),
+                declined=part.get("declined", 0), outside_limits=part.get("outside_limits", ""))
 
 
 def _longrepr_text(report) -> str:

@@ -36,7 +36,7 @@ def run_versions() -> dict:
 
 def run_environment(backend) -> dict:
     """{name: value or None (unset)} of the environment variables the backend declares it depends on."""
-    return {name: os.environ.get(name) for name in getattr(backend, "env_vars", ()) or ()}
+    return {name: os.environ.get(name) for name in backend.env_vars}
 
 
 def restore_run(env: dict, versions: dict, out=None) -> None:

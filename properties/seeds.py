@@ -6,9 +6,14 @@ A property with ``seeds=True`` runs each that suits the backend before its drawn
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.case import seed_case
+
+if TYPE_CHECKING:
+    from attnspec.properties.target import Target
 
 _K000 = [[1.0, 0.0], [0.0, 1.0], [0.9, 0.1]]  # seed 000: key 0 = Q, key 1 perpendicular, key 2 close
 _V000 = [[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]]
@@ -28,16 +33,15 @@ SEED_CASES = (
 )
 
 
-def seed_examples(prop, target) -> list:
+def seed_examples(prop, target: Target) -> list:
     """(case rounded to the target's dtype, the property's seed params) for each seed that suits it."""
     probe = prop.constraints(target).get("probe", False)
-    m = getattr(target.caps, "head_dim_multiple", 1)
     out = []
     for case in SEED_CASES:
         d = case.dims
         ev = d["Lk"] if probe else d["Ev"]  # the probe's V = identity makes Ev = Lk
-        if target.equal_head_dims and d["E"] != ev or d["E"] % m or ev % m:
-            continue
+        if target.equal_head_dims and d["E"] != ev or target.caps.outside(d["E"], ev, d["Lq"], d["Lk"], case.is_causal):
+            continue  # outside what the backend declares it takes
         if case.is_causal and not target.caps.causal:
             continue
         params = prop.seed_params(case) if callable(prop.seed_params) else dict(prop.seed_params)

@@ -70,7 +70,7 @@ class Session:
     def call(self, what: str, fn, *args, **kwargs):
         """fn(*args, **kwargs) on the worker thread; BackendFailure if it has not returned in time."""
         # a backend that compiles on first sight of a shape may say how long a call can take
-        limit = max(call_timeout(), float(getattr(self.backend, "call_timeout", 0) or 0))
+        limit = max(call_timeout(), float(self.backend.call_timeout))
         if self.hung:
             raise BackendFailure(self.backend.name, f"{what} not attempted: an earlier call ({self.hung}) did not "
                                                     f"return within {limit:g} s")
@@ -101,11 +101,8 @@ def signature(kind: str, case, dtype: str, return_lse: bool = False, layout: str
 
 
 def is_compiled(backend: Backend) -> bool:
-    """Backends that compile per shape (JAX, compiled flex) get a bounded shape menu."""
-    flag = getattr(backend, "compiles_per_shape", None)
-    if flag is not None:
-        return bool(flag)
-    return "jax" in type(backend).__module__ or backend.name.startswith("jax")
+    """Backends that compile per shape (JAX, compiled flex) get a bounded shape menu (as declared)."""
+    return bool(backend.compiles_per_shape)
 
 
 @dataclass(eq=False)
@@ -116,6 +113,9 @@ class Target:
     dtype: str
     rule: str = "attnspec"  # the error budget's rule (specs.error_budget.RULES)
     examples: int = 0
+    declined: int = 0  # calls the backend declined (Unsupported) in the current test
+    left_out: int = 0  # fixed-grid problems the backend's declared limits left out of the current test
+    outside_limits: dict = field(default_factory=dict)  # limit broken -> how many of them break it
     earlier: list = field(default_factory=list, repr=False)  # call configurations before this example
     answers: list = field(default_factory=list, repr=False)  # semantics answers the current test gave
 
@@ -153,7 +153,7 @@ class Target:
         (jax-dpa's float32 softmax for float64 input), or a declared narrower output dtype,
         replaces a wider input dtype."""
         out = self.dtype
-        for narrower in (getattr(self.backend.semantics, "effective_precision", None),
+        for narrower in (self.backend.semantics.effective_precision,
                          self.backend.output_dtype(self.dtype)):
             if narrower in BUDGETS and BUDGETS[narrower].unit_roundoff > BUDGETS[out].unit_roundoff:
                 out = narrower
@@ -163,10 +163,10 @@ class Target:
     def equal_head_dims(self) -> bool:
         """Whether the backend declines Ev != E (jax.nn.dot_product_attention does): asked once a run."""
         s = self.session
-        if getattr(self.caps, "equal_head_dims", False):
+        if self.caps.equal_head_dims:
             return True
         if s.equal_dims is None:
-            m = getattr(self.caps, "head_dim_multiple", 1)
+            m = self.caps.head_dim_multiple
             q, k, v = (np.zeros(d) for d in ((1, 1, 2, 2 * m), (1, 1, 3, 2 * m), (1, 1, 3, 3 * m)))
             from attnspec.properties.case import Case
             self._record("forward", Case(q, k, v), self.dtype)
@@ -189,10 +189,24 @@ class Target:
         self.session.calls.pop(sig, None)
         self.session.calls[sig] = True
 
+    def reset_counts(self) -> None:
+        """A new test: no problem checked, declined or left out yet."""
+        self.examples, self.declined, self.left_out, self.outside_limits = 0, 0, 0, {}
+
+    def coverage(self) -> dict:
+        """What the current test's counts say beyond its problems, for its JSON row: calls declined, and
+        fixed-grid problems its declared limits left out ("12 outside the declared limits (E > 128)")."""
+        out = {"declined": self.declined}
+        if self.left_out:
+            out["outside_limits"] = (f"{self.left_out} outside the declared limits ("
+                                     + "; ".join(f"{why}: {k}" for why, k in sorted(self.outside_limits.items())) + ")")
+        return out
+
     def _guarded(self, what: str, fn, *args, **kwargs):
         try:
             return self.session.call(what, fn, *args, **kwargs)
         except Unsupported as e:
+            self.declined += 1
             raise Declined(f"{self.name}: {e}") from None
         except BackendFailure as e:  # it raised ("backend_raised"), or returned something wrong or hung
             name = "backend_raised" if e.what.startswith(f"{what} raised") else "backend_call"
@@ -205,6 +219,14 @@ class Target:
         extra = {} if layout == "contiguous" else {"layout": layout}
         return self._guarded("forward", self.backend.forward, case.q, case.k, case.v, dtype=dtype,
                              return_lse=return_lse, **extra, **case.call_kwargs)
+
+    def forward_as_returned(self, case, dtype: str | None = None):
+        """(output as float64 NumPy, the dtype it came back in): no output-dtype check (Backend.forward_as_returned)."""
+        dtype = dtype or self.dtype
+        self._record("forward", case, dtype)
+        out, returned = self._guarded("forward", self.backend.forward_as_returned, case.q, case.k, case.v, dtype=dtype,
+                                      **case.call_kwargs)
+        return np.asarray(out, dtype=np.float64), returned
 
     def backward(self, case, grad_out, dtype: str | None = None):
         """(dq, dk, dv[, dbias]) of sum(output * grad_out)."""

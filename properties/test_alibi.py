@@ -6,21 +6,27 @@ interpolate between two powers of two; using 2^(-8 h / H) instead is a common bu
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, close_outputs
 from attnspec.specs.masks import alibi_bias
+
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
 
 _SMALL = ("small", "medium")
 
 
 @prop(requires=("alibi",), draw=dict(regimes=_SMALL))
-def test_alibi_matches_reference(target, case, params):
+def test_alibi_matches_reference(target: Target, case: Case, params: dict):
     """Native ALiBi slopes, the head counts drawn including 3 and 6 (not powers of two)."""
     agreement(target, case)
 
 
 @prop(requires=("alibi", "bias"), draw=dict(avoid=frozenset({"bias"}), regimes=_SMALL))
-def test_alibi_equals_explicit_bias(target, case, params):
+def test_alibi_equals_explicit_bias(target: Target, case: Case, params: dict):
     """The backend's native slopes and the same ALiBi as an explicit bias give the same output."""
     d = case.dims
     explicit = case.replace(bias=alibi_bias(case.fields["alibi_slopes"], d["Lq"], d["Lk"], case.alignment),

@@ -6,6 +6,8 @@ stand-in for -inf that leaks (pytorch/pytorch#110213), dBias wrong or missing.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.draws import SEEDS
@@ -13,21 +15,25 @@ from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, check_gradients, close_outputs, grad_out
 from attnspec.properties.test_gradients import WHOLE_ROWS, grad_seed, whole_rows
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 _BIAS = ("bias",)
 
 
 @prop(requires=_BIAS, draw=dict(scales=(0.125, 0.25, 2.0, 4.0)))  # a scale != 1 shows a scaled bias
-def test_additive_bias_matches_reference(target, case, params):
+def test_additive_bias_matches_reference(target: Target, case: Case, params: dict):
     """softmax(scale * q k^T + bias) v: the bias is added after the scale, not scaled."""
     agreement(target, case)
 
 
-def _row_seed(draw, case, target) -> dict:
+def _row_seed(draw, case: Case, target: Target) -> dict:
     return {"seed": draw(SEEDS, label="row constants seed")}
 
 
 @prop(requires=_BIAS, params=_row_seed)
-def test_additive_bias_row_constant_changes_nothing(target, case, params):
+def test_additive_bias_row_constant_changes_nothing(target: Target, case: Case, params: dict):
     """The softmax is shift-invariant per row: bias + c_i (one constant per query row) changes nothing."""
     d = case.dims
     rows = (d["B"], d["H"], d["Lq"], 1)
@@ -38,7 +44,7 @@ def test_additive_bias_row_constant_changes_nothing(target, case, params):
 
 
 @prop(requires=_BIAS, needs=("masks",), draw=dict(kinds=("mask", "empty_rows"), avoid=_BIAS))
-def test_neg_inf_bias_equals_boolean_mask(target, case, params):
+def test_neg_inf_bias_equals_boolean_mask(target: Target, case: Case, params: dict):
     """A bias of 0 where a boolean mask is True and -inf where it is False is the same problem."""
     as_bias = case.replace(mask=None, bias=np.where(case.mask, 0.0, -np.inf))
     close_outputs("neg_inf_bias_equals_boolean_mask", target, case, target.forward(case), target.forward(as_bias),
@@ -46,7 +52,7 @@ def test_neg_inf_bias_equals_boolean_mask(target, case, params):
 
 
 @prop(requires=_BIAS, gradients=True, draw=WHOLE_ROWS, keep=whole_rows, params=grad_seed)
-def test_bias_gradient_matches_reference(target, case, params):
+def test_bias_gradient_matches_reference(target: Target, case: Case, params: dict):
     """dQ, dK, dV with a bias, and dBias = dS summed to the bias's shape (when the backend returns it)."""
     # (a backend declaring bias_gradient that returns no dBias fails in Backend.backward already)
     check_gradients("bias_gradient_matches_reference", target, case, grad_out(case, target.dtype, params["grad_seed"]))

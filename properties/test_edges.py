@@ -12,9 +12,15 @@ Sampling: backends that run eagerly get the whole grid in every dtype they decla
 that compile per shape (JAX, compiled flex) would spend minutes compiling it four times, so
 the grid is dealt out over their dtypes: problem i runs in dtype i mod (number of dtypes) -
 every grid shape still runs every run, in one dtype.  A backend may ask for the same
-(``edge_grid_over_dtypes = True``): eager flex, one dense path for every shape at ~20 ms a call.
+(``edge_grid_over_dtypes = True``): eager flex, one dense path for every shape.
+
+A backend's declared shape limits (`Capabilities`: head dims, lengths, causal with Lq = Lk) leave
+the problems outside them out of its grid, counted by the limit in the test's JSON row ("12
+outside the declared limits (E > 128: 3; ...)"): never run, so never reported as passed.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +29,9 @@ from attnspec.properties.draws import in_format
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement
 from attnspec.specs.problem import FLOAT_DTYPE_NAMES
+
+if TYPE_CHECKING:
+    from attnspec.properties.target import Target
 
 HEAD_DIMS = (8, 16, 32, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256)
 LENGTHS = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
@@ -45,19 +54,38 @@ def grid_case(label, B, H, Lq, Lk, E, is_causal, dtype: str, seed: int) -> Case:
     return Case(q, k, v, None, is_causal, None, label=label)
 
 
-def _mine(target, i: int) -> bool:
-    if not (target.compiled or getattr(target.backend, "edge_grid_over_dtypes", False)):
+def _mine(target: Target, i: int) -> bool:
+    if not (target.compiled or target.backend.edge_grid_over_dtypes):
         return True
     dtypes = [d for d in FLOAT_DTYPE_NAMES if d in target.caps.dtypes]
     return target.dtype in dtypes and dtypes.index(target.dtype) == i % len(dtypes)
 
 
-def grid_problems(target) -> list:
-    return [(grid_case(*shape, target.dtype, seed=i), {}) for i, shape in enumerate(grid())
-            if _mine(target, i) and (target.caps.causal or not shape[-1])]
+def _limit(why: str) -> str:
+    """A broken limit as a kind ("E=160 > 128" -> "E > 128"): the count groups the sizes it left out."""
+    name, _, rest = why.partition("=")
+    return f"{name} {rest.split(' ', 1)[1]}" if " " in rest else why
+
+
+def grid_problems(target: Target) -> list:
+    """The grid's problems this target runs; those its declared limits exclude (Capabilities.outside)
+    are left out by construction and counted on the target, by the limit (its JSON row says so)."""
+    out, left, n = [], {}, 0
+    for i, (label, B, H, Lq, Lk, E, causal) in enumerate(grid()):
+        if not _mine(target, i) or (causal and not target.caps.causal):
+            continue
+        broken = target.caps.outside(E, E, Lq, Lk, causal)
+        if broken:
+            n += 1
+            for why in dict.fromkeys(_limit(w) for w in broken):
+                left[why] = left.get(why, 0) + 1
+            continue
+        out.append((grid_case(label, B, H, Lq, Lk, E, causal, target.dtype, seed=i), {}))
+    target.left_out, target.outside_limits = n, left
+    return out
 
 
 @prop(grid=grid_problems)
-def test_edge_shapes_match_reference(target, case, params):
+def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
     """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, decode)."""
     agreement(target, case)

@@ -8,6 +8,8 @@ to 65 (block edges 16, 32, 64 +-1).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
 from hypothesis import strategies as st
@@ -18,6 +20,10 @@ from attnspec.properties.judge import check_gradients, grad_out, require, rule_o
 from attnspec.specs import error_budget
 from attnspec.specs.invariants import gradient_scaling
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 # whole rows only: bottom-right causal with Lq > Lk, lengths and windows can hide every key of a row
 WHOLE_ROWS = dict(allow_empty_rows=False, regimes=("small", "small", "medium"))
 
@@ -26,23 +32,23 @@ def whole_rows(case) -> bool:
     return bool(case.judged_rows().all())
 
 
-def grad_seed(draw, case, target) -> dict:
+def grad_seed(draw, case: Case, target: Target) -> dict:
     return {"grad_seed": draw(SEEDS, label="grad_out seed")}
 
 
 @prop(seeds=True, gradients=True, draw=WHOLE_ROWS, keep=whole_rows, params=grad_seed, seed_params={"grad_seed": 0})
-def test_gradients_match_reference(target, case, params):
+def test_gradients_match_reference(target: Target, case: Case, params: dict):
     check_gradients("gradients_match_reference", target, case, grad_out(case, target.dtype, params["grad_seed"]))
 
 
-def _scaling(draw, case, target) -> dict:
+def _scaling(draw, case: Case, target: Target) -> dict:
     log2c = 1 if target.compiled else (1, -1, 2)[draw(st.integers(0, 2), label="log2 c")]
     return {"log2c": log2c, **grad_seed(draw, case, target)}
 
 
 @prop(seeds=True, gradients=True, draw=WHOLE_ROWS, keep=whole_rows, params=_scaling,
       seed_params={"log2c": 1, "grad_seed": 0})
-def test_gradient_scaling_law(target, case, params):
+def test_gradient_scaling_law(target: Target, case: Case, params: dict):
     """Gradients at (q/c, k/c, scale*c^2) are (c dQ, c dK, dV) at (q, k, scale): same scores, dQ = dS K scale."""
     c = 2.0 ** params["log2c"]  # a power of two: q/c, k/c and scale*c^2 are exact
     g = grad_out(case, target.dtype, params["grad_seed"])

@@ -8,6 +8,8 @@ h % Hkv, every head reading KV head 0, dK/dV not summed over the group
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.explore import prop
@@ -16,9 +18,13 @@ from attnspec.properties.test_gradients import grad_seed, whole_rows
 from attnspec.specs import error_budget
 from attnspec.specs.reference import sum_groups
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 
 @prop(requires=("gqa",))
-def test_grouped_heads_match_repeated_kv(target, case, params):
+def test_grouped_heads_match_repeated_kv(target: Target, case: Case, params: dict):
     grouped = agreement(target, case)  # (B, Hq, Lq, Ev)
     flat = case.repeated_kv()
     close_outputs("grouped_heads_match_repeated_kv", target, case, grouped, target.forward(flat), flat,
@@ -30,7 +36,7 @@ def test_grouped_heads_match_repeated_kv(target, case, params):
 # zeros adds nothing to dK - a group sum that drops it looks right)
 @prop(requires=("gqa",), gradients=True, draw=dict(allow_empty_rows=False, regimes=("medium", "small", "medium")),
       keep=whole_rows, params=grad_seed)
-def test_grouped_heads_gradients_are_group_sums(target, case, params):
+def test_grouped_heads_gradients_are_group_sums(target: Target, case: Case, params: dict):
     name = "grouped_heads_gradients_are_group_sums"
     g = grad_out(case, target.dtype, params["grad_seed"])
     got = check_gradients(name, target, case, g)  # (dq, dk (B, Hkv, Lk, E), dv, [dbias])

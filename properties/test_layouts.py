@@ -8,16 +8,22 @@ K/V), Dao-AILab/flash-attention#2666.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import close_outputs
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 _OTHER_LAYOUTS = ("transposed", "offset", "permuted", "expanded")  # expanded last: it changes the values
 
 
 @prop(needs=("layouts",))
-def test_layout_independence(target, case, params):
+def test_layout_independence(target: Target, case: Case, params: dict):
     """Every declared layout on every example: one drawn layout an example missed a strides bug
     in a CI run (a transposed view of E = 1, or a permuted one of H = 1, reads the same bytes)."""
     contiguous = target.forward(case)  # (B, H, Lq, Ev)

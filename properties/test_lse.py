@@ -8,26 +8,33 @@ log2 instead of ln, an LSE of the wrong row (Dao-AILab/flash-attention#2388).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import output_tolerance, require, rule_of, verdict, with_full_index, worst
 from attnspec.specs import error_budget, reference
+from attnspec.specs import fields as F
+
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
 
 # chunks of keys cannot carry fields tied to key positions (causal, windows, ALiBi, lengths)
-_POSITIONAL = frozenset({"window", "alibi", "seq_lengths"})
+_POSITIONAL = F.POSITIONAL  # no permutation keeps their pairs
 
 
 @prop(requires=("lse",))
-def test_lse_matches_reference(target, case, params):
+def test_lse_matches_reference(target: Target, case: Case, params: dict):
     _, lse = target.forward(case, return_lse=True)  # (B, H, Lq, Ev), (B, H, Lq)
     rows = case.judged_rows()  # (B, H, Lq) rows with no visible key: the LSE is left open
     require(with_full_index(error_budget.check_lse(lse, case.problem, dtype=target.budget_dtype, rows=rows,
                                                    rule=rule_of(target)), rows))
 
 
-def _split(draw, case, target) -> dict:
+def _split(draw, case: Case, target: Target) -> dict:
     Lk = case.dims["Lk"]
     # a backend that compiles per shape splits in the middle: two chunk shapes per menu shape
     return {"c": Lk // 2 if target.compiled else draw(st.integers(1, Lk - 1), label="split after key")}
@@ -35,7 +42,7 @@ def _split(draw, case, target) -> dict:
 
 @prop(requires=("lse",), draw=dict(kinds=("none", "mask", "empty_rows"), avoid=_POSITIONAL),
       keep=lambda c: c.dims["Lk"] >= 2, params=_split)
-def test_split_merge_identity(target, case, params):
+def test_split_merge_identity(target: Target, case: Case, params: dict):
     """Attention over keys [0, c) and [c, Lk) merged through their LSEs equals attention over all keys."""
     c, Lk = params["c"], case.dims["Lk"]
     full, _ = target.forward(case, return_lse=True)  # (B, H, Lq, Ev)

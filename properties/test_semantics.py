@@ -11,7 +11,8 @@ float64 input still answers every other question.  A backend that raises gives t
 """
 from __future__ import annotations
 
-import contextlib
+from typing import TYPE_CHECKING
+
 import math
 import warnings
 
@@ -26,17 +27,20 @@ from attnspec.specs import error_budget
 from attnspec.specs.error_budget import BUDGETS, round_to
 from attnspec.specs.masks import CAUSAL_ALIGNMENTS
 
+if TYPE_CHECKING:
+    from attnspec.properties.target import Target
+
 _SHAPE = (1, 2, 3, 4)  # B, H, Lq (= 3), Lk (= 4)
 _E = 4  # E = Ev: suits backends that need Ev == E
 ALIGNMENT_SHAPES = ((1, 4), (3, 4), (5, 3))  # (Lq, Lk): a decode step, 1 < Lq < Lk, Lq > Lk
 
 
-def _problem(target, seed=0, value_offset=0.0, shape=_SHAPE):
+def _problem(target: Target, seed=0, value_offset=0.0, shape=_SHAPE):
     """q, k, v on a grid of k/8 (exact in every format); values offset so a mean is far from zero.
     E = Ev = 4, or the backend's head-dim multiple (cuDNN takes multiples of 8 only)."""
     rng = np.random.default_rng(seed)
     B, H, Lq, Lk = shape
-    m = getattr(target.caps, "head_dim_multiple", 1)
+    m = target.caps.head_dim_multiple
     E = -(-_E // m) * m
     q = np.round(rng.standard_normal((B, H, Lq, E)) * 8) / 8  # (B, H, Lq, E)
     k = np.round(rng.standard_normal((B, H, Lk, E)) * 8) / 8  # (B, H, Lk, E)
@@ -44,46 +48,25 @@ def _problem(target, seed=0, value_offset=0.0, shape=_SHAPE):
     return Case(q, k, v)
 
 
-@contextlib.contextmanager
-def _any_output_dtype(backend, seen: dict):
-    """Backend.forward without its dtype check, noting the dtype the output came back in."""
-    native_dtype = backend.native_dtype
-
-    def noting(y):
-        seen["dtype"] = native_dtype(y)
-        return seen["dtype"]
-    try:
-        backend.output_dtype, backend.native_dtype = (lambda dtype: None), noting
-    except AttributeError:  # __slots__: the dtype check stays (a mismatch is then an error)
-        yield
-        return
-    try:
-        yield
-    finally:
-        del backend.output_dtype, backend.native_dtype
-
-
-def _run(target, case):
+def _run(target: Target, case: Case):
     """(output as float64, the dtype it came back in), ("error", None) when the backend raised, or
     ("declined", reason).  Any other misbehaviour (a wrong shape, a hang) is a failure."""
-    seen: dict = {}
     try:
-        with _any_output_dtype(target.backend, seen), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # NaN and inf are fed on purpose
-            out = target.forward(case)
+            return target.forward_as_returned(case)
     except Failed as f:
         if f.verdict.name == "backend_raised":  # a choice some make for these inputs
             return "error", None
         raise
     except Declined as e:
         return "declined", str(e)
-    return np.asarray(out, dtype=np.float64), seen.get("dtype", target.dtype)
 
 
 JUDGE = object()  # _answer's default: the answer agrees when it equals the declared one
 
 
-def _answer(target, question: str, observed: str, declared, prop_name: str, agrees=JUDGE,
+def _answer(target: Target, question: str, observed: str, declared, prop_name: str, agrees=JUDGE,
             declaration: str | None = None) -> None:
     """Record the answer; a declared one that is contradicted fails (unless declared as a deviation).
     ``agrees``: the question's own judgement (None: not judged); ``declaration``: the declaration
@@ -102,7 +85,7 @@ def _answer(target, question: str, observed: str, declared, prop_name: str, agre
                     f"{'' if what == question else question.replace('_', ' ') + ' '}does {observed!r}"))
 
 
-def _row_answer(target, out, row: int, case, computed=None) -> str:
+def _row_answer(target: Target, out, row: int, case, computed=None) -> str:
     """What query `row` holds: nan, zeros, mean_of_values (uniform weights over every key),
     computed (the row as if nothing hid it), or other - each within the dtype's row budget."""
     got = out[..., row, :]  # (B, H, Ev)
@@ -129,14 +112,14 @@ def _probe(make):
 
 
 @prop(grid=_probe(_problem))
-def test_output_dtype(target, case, params):
+def test_output_dtype(target: Target, case: Case, params: dict):
     """The dtype results come back in: the input's, unless a policy is declared (output_dtypes)."""
     out, returned = _run(target, case)
     observed = returned if not isinstance(out, str) else out
     _answer(target, "output_dtype", observed, target.backend.output_dtype(target.dtype), "output_dtype")
 
 
-def _fully_masked_probe(target):
+def _fully_masked_probe(target: Target):
     case = _problem(target, value_offset=2.0)
     mask = np.ones(_SHAPE, dtype=bool)  # (B, H, Lq, Lk)
     mask[..., 1, :] = False  # query 1 sees nothing
@@ -144,7 +127,7 @@ def _fully_masked_probe(target):
 
 
 @prop(needs=("masks",), grid=_probe(_fully_masked_probe))
-def test_fully_masked_rows(target, case, params):
+def test_fully_masked_rows(target: Target, case: Case, params: dict):
     out, _ = _run(target, case)
     observed = out if isinstance(out, str) else _row_answer(target, out, 1, case)
     _answer(target, "fully_masked", observed, target.backend.semantics.fully_masked, "fully_masked_rows")
@@ -152,7 +135,7 @@ def test_fully_masked_rows(target, case, params):
 
 @prop(requires=("seq_lengths",), grid=_probe(lambda t: _problem(t, value_offset=2.0).replace(
     q_lengths=np.array([2]))))  # query 2 is padding
-def test_padded_rows(target, case, params):
+def test_padded_rows(target: Target, case: Case, params: dict):
     """A query row past q_lengths (backends that take sequence lengths): what it outputs."""
     out, _ = _run(target, case)
     if isinstance(out, str):
@@ -161,10 +144,10 @@ def test_padded_rows(target, case, params):
         unpadded = case.replace(q_lengths=None)
         computed = error_budget.forward_allowed_rows(unpadded.problem, dtype=target.budget_dtype)[1]  # (B, H, Lq, Ev)
         observed = _row_answer(target, out, 2, unpadded, computed)
-    _answer(target, "padded_rows", observed, getattr(target.backend.semantics, "padded_rows", None), "padded_rows")
+    _answer(target, "padded_rows", observed, target.backend.semantics.padded_rows, "padded_rows")
 
 
-def alignment_of(target, out, case) -> str:
+def alignment_of(target: Target, out, case) -> str:
     """The causal alignment the output follows: the one whose reference it meets within the budget of
     the backend's precision - or the first coarser budget that tells the two apart (a float64 call
     computed in float32 is top-left or bottom-right all the same); 'other' when it meets neither."""
@@ -180,14 +163,14 @@ def alignment_of(target, out, case) -> str:
     return "other"
 
 
-def _causal_probe(target, seed, Lq, Lk):
+def _causal_probe(target: Target, seed, Lq, Lk):
     """A causal problem asking for the alignment the backend takes (its declared one, else the spec's)."""
     return _problem(target, seed=seed, shape=(1, 2, Lq, Lk)).replace(is_causal=True,
                                                                      causal_alignment=target.alignments[0])
 
 
 @prop(needs=("causal",), grid=_probe(lambda t: _causal_probe(t, 0, *ALIGNMENT_SHAPES[0])))
-def test_causal_alignment(target, case, params):
+def test_causal_alignment(target: Target, case: Case, params: dict):
     """What is_causal does when Lq != Lk, at three shapes: a decode step (Lq = 1 < Lk = 4; top-left
     sees key 0 only, bottom-right every key), Lq = 3 < Lk = 4 and Lq = 5 > Lk = 3.  An answer that
     differs between them is its own answer ("changes with the shape": transformers' SDPA path drops
@@ -237,7 +220,7 @@ test_masked_inf_key = _masked_pair(math.inf, "key")
 test_masked_inf_value = _masked_pair(math.inf, "value")
 
 
-def _nan_query_probe(target):
+def _nan_query_probe(target: Target):
     case = _problem(target)
     q = case.q.copy()
     q[0, 0, 0, 0] = math.nan
@@ -245,7 +228,7 @@ def _nan_query_probe(target):
 
 
 @prop(grid=_probe(_nan_query_probe))
-def test_nan_in_unmasked_query(target, case, params):
+def test_nan_in_unmasked_query(target: Target, case: Case, params: dict):
     """NaN in query 0: only row 0 should be NaN; does it spread to other rows or vanish?"""
     out, _ = _run(target, case)
     if isinstance(out, str):
@@ -256,7 +239,7 @@ def test_nan_in_unmasked_query(target, case, params):
     _answer(target, "nan_query", observed, None, "nan_in_unmasked_query")
 
 
-def _precision_probe(target):
+def _precision_probe(target: Target):
     rng = np.random.default_rng(1)
     q, k, v = (np.asarray(round_to(rng.standard_normal((1, 2, 64, 64)), target.dtype), dtype=np.float64)
                for _ in range(3))  # (B, H, L, E), exact in the dtype
@@ -264,7 +247,7 @@ def _precision_probe(target):
 
 
 @prop(grid=_probe(_precision_probe))
-def test_effective_precision(target, case, params):
+def test_effective_precision(target: Target, case: Case, params: dict):
     """The widest format whose error budget the results meet (float64 input computed in float32: float32)."""
     out, _ = _run(target, case)
     observed = out if isinstance(out, str) else "worse than bfloat16"
@@ -275,7 +258,7 @@ def test_effective_precision(target, case, params):
                 observed = fmt
                 break
     semantics = target.backend.semantics
-    declared_any = getattr(semantics, "effective_precision", None) or target.backend.output_dtype(target.dtype) != target.dtype
+    declared_any = semantics.effective_precision or target.backend.output_dtype(target.dtype) != target.dtype
     declared = target.budget_dtype if declared_any else None
     # a declared precision is a floor on the error allowed, not a promise of that error: results
     # more accurate than declared agree with it; only worse ones contradict
@@ -307,12 +290,12 @@ def empty_answer(answers: dict, declared):
     return observed, (lk != "error" if declared == "mean_of_values" else lk == declared) and "error" not in rest
 
 
-def _empty_probe(target):
+def _empty_probe(target: Target):
     return _problem(target, shape=EMPTY_SIZES[0][1])
 
 
 @prop(grid=_probe(_empty_probe))
-def test_empty_sizes(target, case, params):
+def test_empty_sizes(target: Target, case: Case, params: dict):
     """Lk = 0, Lq = 0 and batch 0: the right (empty) shape back, and for Lk = 0 the rows that see
     nothing - or an error, which is an answer too (recorded when undeclared, judged when declared)."""
     answers = {}

@@ -10,14 +10,20 @@ xformers fills out-of-bounds with NaN in its tests).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, unchanged
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 
 @prop(requires=("segment_ids",))
-def test_other_segment_changes_nothing(target, case, params):
+def test_other_segment_changes_nothing(target: Target, case: Case, params: dict):
     """Changing the tokens of one segment leaves every row of the other segments bit-for-bit alone."""
     before = agreement(target, case)  # (B, H, Lq, Ev)
     seg = int(case.fields["kv_segment_ids"].max())
@@ -36,7 +42,7 @@ def _some_padding(case) -> bool:
 
 
 @prop(requires=("seq_lengths",), keep=_some_padding)
-def test_nan_in_padding_changes_nothing(target, case, params):
+def test_nan_in_padding_changes_nothing(target: Target, case: Case, params: dict):
     """NaN in the padding (keys past kv_lengths, queries past q_lengths) changes no real row."""
     before = agreement(target, case)  # (B, H, Lq, Ev)
     pad_k = np.arange(case.dims["Lk"]) >= case.fields["kv_lengths"][:, None, None]  # (B, 1, Lk)

@@ -7,6 +7,8 @@ catches: a dropped cap (sgl-project/sglang#33915), the cap applied after masking
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
 import numpy as np
@@ -16,16 +18,20 @@ from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, check_gradients, grad_out, output_tolerance, require, verdict
 from attnspec.properties.test_gradients import WHOLE_ROWS, grad_seed, whole_rows
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 _SOFTCAP = ("softcap",)
 CAPS = (0.5, 1.0, 2.0)
 
 
-def _cap(draw, case, target) -> dict:
+def _cap(draw, case: Case, target: Target) -> dict:
     return {"cap": CAPS[draw(st.integers(0, len(CAPS) - 1), label="cap")]}
 
 
 @prop(requires=_SOFTCAP, draw=dict(avoid=frozenset({"bias", "alibi"}), probe=True), params=_cap)
-def test_capped_scores_bounded(target, case, params):
+def test_capped_scores_bounded(target: Target, case: Case, params: dict):
     """V = identity, cap <= 2: two visible weights of a row are within exp(2 cap) of each other."""
     cap = params["cap"]
     case = case.replace(softcap=cap).with_identity_values()  # capped scores lie in (-cap, cap)
@@ -47,6 +53,6 @@ def test_capped_scores_bounded(target, case, params):
 
 
 @prop(requires=_SOFTCAP, gradients=True, draw=WHOLE_ROWS, keep=whole_rows, params=grad_seed)
-def test_softcap_gradient_matches_reference(target, case, params):
+def test_softcap_gradient_matches_reference(target: Target, case: Case, params: dict):
     """dQ and dK carry 1 - tanh^2(s / cap); dV does not."""
     check_gradients("softcap_gradient_matches_reference", target, case, grad_out(case, target.dtype, params["grad_seed"]))

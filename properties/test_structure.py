@@ -7,21 +7,28 @@ references, which are exact permutations of each other, hence 2 x the budget.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import output_tolerance, require, unchanged, verdict, worst
+from attnspec.specs import fields as F
+
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
 
 
-def _slice(draw, case, target) -> dict:
+def _slice(draw, case: Case, target: Target) -> dict:
     d = case.dims
     return {"b": draw(st.integers(0, d["B"] - 1), label="changed batch"),
             "h": draw(st.integers(0, d["Hkv"] - 1), label="changed KV head")}
 
 
 @prop(keep=lambda c: c.dims["B"] * c.dims["Hkv"] > 1, params=_slice, seed_params={"b": 0, "h": 0})
-def test_batch_head_independence(target, case, params):
+def test_batch_head_independence(target: Target, case: Case, params: dict):
     b, h, g = params["b"], params["h"], case.group  # query heads h*g .. h*g + g - 1 read KV head h
     before = target.forward(case)  # (B, H, Lq, Ev)
     q, k, v = case.q.copy(), case.k.copy(), case.v.copy()
@@ -35,10 +42,10 @@ def test_batch_head_independence(target, case, params):
 
 
 # fields tied to positions (a window, ALiBi distances, lengths) do not permute with the rows
-_POSITIONAL = frozenset(("window", "alibi", "seq_lengths"))
+_POSITIONAL = F.POSITIONAL  # no permutation keeps their pairs
 
 
-def _kinds(target) -> dict:
+def _kinds(target: Target) -> dict:
     kinds = ("none", "mask", "empty_rows") + (("causal", "causal_mask") if target.caps.masks else ())
     return dict(kinds=kinds, avoid=_POSITIONAL)
 
@@ -50,7 +57,7 @@ def _permutation(axis):
     return draw_perm
 
 
-def _check_permuted(target, case, perm, axis: str, name: str) -> None:
+def _check_permuted(target: Target, case, perm, axis: str, name: str) -> None:
     case = case.causal_as_mask()  # a permutation moves queries and keys off the diagonal
     before = target.forward(case)  # (B, H, Lq, Ev)
     moved = case.permuted(axis, perm)
@@ -68,10 +75,10 @@ def _check_permuted(target, case, perm, axis: str, name: str) -> None:
 
 
 @prop(draw=_kinds, params=_permutation("q"))
-def test_query_permutation_equivariance(target, case, params):
+def test_query_permutation_equivariance(target: Target, case: Case, params: dict):
     _check_permuted(target, case, params["perm"], "q", "query_permutation_equivariance")
 
 
 @prop(draw=_kinds, params=_permutation("k"))
-def test_key_value_permutation_invariance(target, case, params):
+def test_key_value_permutation_invariance(target: Target, case: Case, params: dict):
     _check_permuted(target, case, params["perm"], "k", "key_value_permutation_invariance")

@@ -6,24 +6,30 @@ add no rounding, so what we read is the backend's own weight matrix in its dtype
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import expected, output_tolerance, plain_output, reduction_length, require, rule_of, score_size
 from attnspec.specs import error_budget, invariants
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 _PROBE = dict(probe=True)  # V = identity: Ev = Lk, a head dim too
 
 
 @prop(seeds=True, draw=_PROBE)
-def test_weights_nonnegative(target, case, params):
+def test_weights_nonnegative(target: Target, case: Case, params: dict):
     case = case.with_identity_values()
     weights = target.forward(case)  # (B, H, Lq, Lk)
     require(invariants.weights_nonnegative(weights, case.visible()))  # exact: exp is never negative
 
 
 @prop(seeds=True, draw=_PROBE)
-def test_rows_sum_to_one(target, case, params):
+def test_rows_sum_to_one(target: Target, case: Case, params: dict):
     case = case.with_identity_values()
     weights = target.forward(case)  # (B, H, Lq, Lk)
     rows = case.judged_rows()  # (B, H, Lq) rows the spec judges
@@ -36,7 +42,7 @@ def test_rows_sum_to_one(target, case, params):
 
 
 @prop(seeds=True, draw=_PROBE)
-def test_order_preserved(target, case, params):
+def test_order_preserved(target: Target, case: Case, params: dict):
     case = case.with_identity_values()
     weights = target.forward(case)  # (B, H, Lq, Lk)
     # a weight may be off by the budget, so a near-tie may flip by that much and no more

@@ -8,17 +8,23 @@ on one path (jax-ml/jax#32300).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, close_outputs, zero_weights
 from attnspec.specs.masks import window_mask
 
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
 _WINDOW = ("window",)
 
 
 @prop(requires=_WINDOW, draw=dict(probe=True))
-def test_zero_weight_outside_window(target, case, params):
+def test_zero_weight_outside_window(target: Target, case: Case, params: dict):
     """V = identity: every key outside the window gets exactly zero weight; the rest matches the reference."""
     case = case.with_identity_values()
     weights = target.forward(case)  # (B, H, Lq, Lk)
@@ -31,7 +37,7 @@ def test_zero_weight_outside_window(target, case, params):
 
 
 @prop(requires=_WINDOW, needs=("masks",), draw=dict(kinds=("none", "mask")))
-def test_window_equals_its_mask(target, case, params):
+def test_window_equals_its_mask(target: Target, case: Case, params: dict):
     """A window is the same problem as the boolean mask that window_mask builds."""
     d = case.dims
     m = window_mask(d["Lq"], d["Lk"], case.fields["window"], case.alignment)  # (Lq, Lk)

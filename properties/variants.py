@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from attnspec.specs import fields as F
 from attnspec.specs.masks import alibi_slopes
 
-# features a draw may add, each at DRAW_RATE where the backend takes it natively; the bottom-right
-# alignment is drawn with the positional fields it moves, and the LSE is a call option
-OPTIONAL = ("gqa", "bias", "window", "seq_lengths", "segment_ids", "softcap", "alibi")
+# features a draw may add, each at DRAW_RATE where the backend takes it natively (the field table's
+# ``drawn`` rows); the bottom-right alignment is drawn with the diagonal fields it moves, and the
+# LSE is a call option
+OPTIONAL = F.DRAWN
 DRAW_RATE = 0.25
-PER_SEQUENCE = frozenset({"seq_lengths", "segment_ids"})  # a value per sequence: drawn on a batch of 2+
+PER_SEQUENCE = F.PER_SEQUENCE  # a value per sequence: drawn on a batch of 2+
 WINDOW_LEFT, WINDOW_RIGHT = (None, 1, 2, 3, 8), (None, 0, 1, 2)  # (0, 0) would leave one key a row
 COMPILED_WINDOWS = ((2, 1), (None, 0), (3, None))
 # (Hq, Hkv); Hypothesis favours the first: a group of 2 with 2 KV heads (MQA, Hkv = 1, hides a
@@ -31,6 +32,8 @@ GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2))
 # head counts that are not powers of two, where ALiBi's standard slopes interpolate
 ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
 BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)")
+# hidden_pairs' structures; leading runs half of them
+HIDDEN_STRUCTURES = ("leading run", "scattered", "leading run", "middle block", "leading run", "whole rows")
 SOFTCAP_STEPS = (-2, -1, 0, 1)  # log2 of the cap against the largest score: below, near, above it
 
 
@@ -45,26 +48,44 @@ class Config(NamedTuple):
     grouped: bool    # fewer KV heads than query heads, where the backend takes them
 
 
-def compiled_configs(rows: int = 24, seed: int = 779) -> tuple:
+def _codes(n: int) -> tuple:
+    """(m, n codes): distinct vectors of GF(2)^m (as ints) outside the span of the two lowest bits
+    (the counters' bits) and of the two highest (the grouping's), m the least that has n of them."""
+    m = 4
+    while True:
+        low, high = {0, 1, 2, 3}, {0, 2**(m - 1), 2**(m - 2), 2**(m - 1) + 2**(m - 2)}
+        codes = tuple(c for c in range(1, 2**m) if c not in low and c not in high)
+        if len(codes) >= n:
+            return m, codes[:n]
+        m += 1
+
+
+def _parity(r: int, code: int) -> bool:
+    return bin(r & code).count("1") % 2 == 1
+
+
+def compiled_configs(features: tuple | None = None) -> tuple:
     """A fixed table of static configurations for backends that compile per static argument.
 
     Drawn field by field, jax-dpa's static combinations (mask kind x scale x window x which of
     bias and lengths are given, per shape, dtype and call) made a new set of programs in every run;
     from a table, the programs a run builds repeat from run to run, while every array's values stay
-    drawn.  Each field is in about half the rows and every pair of fields shares some, so a test
-    that needs (or avoids) fields draws among the rows that have (or lack) them.  Seed 779: the
-    first whose table has each field in 9-15 of the 24 rows, every pair of fields together in 3 or
-    more, rows with none of jax-dpa's fields and rows with none at all, and every mask kind, window
-    and scale in several rows (tests/test_suite_strategies.py checks it).
+    drawn.  Built, not searched (a covering array of strength 2 over any number of fields): the
+    rows are r = 0 .. 2^m - 1; each field gets a distinct code c in GF(2)^m and row r uses it when
+    r & c has odd parity.  For two distinct nonzero codes the pair of parities takes each of its four
+    values in a quarter of the rows, so every field is in half the rows, every pair of fields
+    together (and apart) in a quarter, and row 0 has none.  The grouping is the two highest bits of r
+    (a quarter of the rows) and the mask kind and scale count with the lowest ones (kind r, scale
+    r // 2); no code lies in the span of either pair, so each field is in half of the grouped rows
+    and half of each kind's and scale's.  A new field takes the next code, doubling the rows when
+    they run out; nothing here names a field.
     """
-    rng = np.random.default_rng(seed)
-    fields = OPTIONAL[1:]  # grouping is the table's own column
-    table = []
-    for _ in range(rows):
-        kind, scale, window = (int(x) for x in rng.integers(0, 60, 3))
-        table.append(Config(kind, scale, window, frozenset(f for f in fields if rng.random() < 0.5), 0, False))
-    shapes = np.random.default_rng(seed + 1)  # the shape and grouping from a generator of their own
-    return tuple(c._replace(shape=int(shapes.integers(0, 60)), grouped=bool(shapes.random() < 0.25)) for c in table)
+    fields = tuple(f for f in (OPTIONAL if features is None else features) if f not in F.IN_SHAPE)
+    m, codes = _codes(len(fields))
+    top = 3 << (m - 2)
+    return tuple(Config(kind=r, scale=r // 2, window=r + r // 4, shape=r + r // 2,
+                        features=frozenset(f for f, c in zip(fields, codes) if _parity(r, c)),
+                        grouped=r & top == top) for r in range(2**m))
 
 
 COMPILED_CONFIGS = compiled_configs()
@@ -115,17 +136,56 @@ def _grid_values(draw, dims, fmt: str, amplitude: float, label: str) -> np.ndarr
     return raw.astype(np.float32).astype(np.float64) if fmt == "float32" else raw
 
 
+def _lead(Lk: int) -> tuple:
+    """Lengths of a leading run of hidden keys: a key block's width (and one more), longer runs, half."""
+    return tuple(dict.fromkeys([t for t in (64, 65, 128, 129, 256, 257) if t < Lk] + [Lk - 1, max(1, Lk // 2)]))
+
+
+def hidden_pairs(draw, dims: tuple, label: str) -> np.ndarray:
+    """Which pairs a mask or a -inf bias hides (dims (..., Lq, Lk)): scattered, or the structures at
+    which kernels' key blocks switch paths.
+
+    A leading run of hidden keys as long as a key block (64: flash-attention's and Triton's tutorial
+    BLOCK_N at some head dims; 128: FlexAttention's block, flash-attention 2/3's; 256) or longer, in
+    about half the rows - those rows see keys only past the first block, whose running max stays
+    -inf (the bug the issue's Triton kernel had); a hidden block in the middle of every row; some
+    rows hidden whole.  Leading runs come first: Hypothesis favours them.
+    """
+    Lk = dims[-1]
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1), label=f"{label}: hidden pairs seed"))
+    structure = HIDDEN_STRUCTURES[draw(st.integers(0, len(HIDDEN_STRUCTURES) - 1), label=f"{label}: hidden structure")]
+    if structure == "scattered":
+        share = (0.1, 0.5)[draw(st.integers(0, 1), label=f"{label}: hidden share")]
+        return rng.random(dims) < share
+    hidden = np.zeros(dims, dtype=bool)
+    if structure == "leading run":
+        runs = _lead(Lk)
+        t = runs[draw(st.integers(0, len(runs) - 1), label=f"{label}: leading hidden run")]
+        rows = rng.random(dims[:-1]) < 0.5  # about half the rows, and the first
+        rows[..., 0] = True
+        hidden[..., :t] = rows[..., None]
+    elif structure == "middle block":
+        width = max(1, min(next((t for t in (128, 64) if 2 * t < Lk), Lk // 3), Lk - 2))
+        at = 1 + int(rng.integers(0, max(1, Lk - width - 1)))  # key 0 and the last key stay
+        hidden[..., at:at + width] = True
+    else:  # whole rows
+        hidden[rng.random(dims[:-1]) < 0.25] = True
+    return hidden
+
+
 def draw_bias(draw, env: Drawing) -> dict:
     """A broadcastable float bias, |bias| <= what the scores leave of the cap (a power of two, at least
-    1/4), sometimes with -inf entries (key 0 always stays)."""
+    1/4), sometimes with -inf entries (`hidden_pairs`' structures; where a row must stay whole, key
+    0 stays)."""
     B, H, _, Lq, Lk = env.shape[:5]
     room = min(env.cap / 4, env.cap - env.score)
     dims = {"(Lq, Lk)": (Lq, Lk), "(B, H, Lq, Lk)": (B, H, Lq, Lk), "(1, H, 1, Lk)": (1, H, 1, Lk),
             "(B, 1, Lq, Lk)": (B, 1, Lq, Lk)}[BIAS_SHAPES[draw(st.integers(0, len(BIAS_SHAPES) - 1), label="bias shape")]]
     bias = _grid_values(draw, dims, env.fmt, float(2.0 ** np.floor(np.log2(max(room, 0.25)))), "bias")
     if env.hides and draw(st.booleans(), label="bias hides keys (-inf)"):
-        hidden = np.random.default_rng(draw(st.integers(0, 2**31 - 1), label="hidden seed")).random(dims) < 0.15
-        hidden[..., 0] = False  # key 0 stays
+        hidden = hidden_pairs(draw, dims, "bias")
+        if not env.allow_empty_rows:
+            hidden[..., 0] = False  # key 0 stays: a row the test needs whole (causal rows see key 0)
         bias[hidden] = -np.inf
     return {"bias": bias}
 

@@ -9,7 +9,9 @@ and how a backend's call carries it.  `specs.problem.validate` and `visible`, th
 ``Call`` and their feature checks, a plain function's keywords, ``attnspec backends``, the
 suite's draws and its reproducers iterate this table.
 
-Adding a field: its row here; its arithmetic in `specs/reference.py` when it changes the scores
+Adding a field: its row here (with where its values sit - ``axes`` - and whether it is
+positional: permuting and cutting a case, the draws' feature choice and the compiled-config
+table follow from the row); its arithmetic in `specs/reference.py` when it changes the scores
 (a field that only hides pairs needs nothing there); its draw (`properties/variants.py`) and its
 property (`properties/test_<family>.py`); the adapters that take it natively.
 """
@@ -58,11 +60,28 @@ class Field:
     check: Callable    # (value, Dims) -> the value validated; ValueError naming the field
     keeps: Callable | None = None  # (value, problem) -> bool broadcastable to (..., Lq, Lk): pairs kept
     uses: Callable | None = None   # (value, problem) -> whether the problem uses the feature (default: not off)
+    # Where its values sit, as (side, array axis) pairs: permuting or cutting the queries ("query")
+    # or the keys ("key") moves or cuts the field along that axis too.  () : no axis of its own
+    # (a flag, a per-head or per-sequence value).
+    axes: tuple = ()
+    positional: bool = False  # its pairs depend on where a query or key sits (no permutation keeps it)
+    diagonal: bool = False    # measured from the diagonal: the causal alignment moves it (window, ALiBi)
+    drawn: bool = True        # drawn on its own at the draw rate (False: drawn with the fields it modifies)
+    in_shape: bool = False    # changes the drawn shape (grouped heads): a column of its own in the draws
+    per_sequence: bool = False  # a value per batch element (before the head axis): drawn on a batch of 2+
+
+    def is_off(self, value) -> bool:
+        """Whether value is the field's off value (arrays never are)."""
+        return value is self.off or (not isinstance(value, np.ndarray) and value == self.off)
 
     def used(self, value, problem) -> bool:
         if self.uses is not None:
             return bool(self.uses(value, problem))
-        return not (value is self.off or (not isinstance(value, np.ndarray) and value == self.off))
+        return not self.is_off(value)
+
+    def axis_of(self, side: str) -> int | None:
+        """The array axis of the field on that side ("query" or "key"), or None."""
+        return dict(self.axes).get(side)
 
 
 def _dtype_name(x) -> str:
@@ -175,29 +194,32 @@ def _keeps_segments(q_ids, p):
 
 
 def _uses_bottom_right(alignment, p) -> bool:
-    return (alignment == "bottom_right" and p.Lq != p.Lk
-            and (p.is_causal or p.window is not None or p.alibi_slopes is not None))
+    return alignment == "bottom_right" and p.Lq != p.Lk and on_diagonal(p)
 
 
+_PAIR = (("query", -2), ("key", -1))  # (..., Lq, Lk)
 FIELDS = (
-    Field("bias", "bias", None, "input", "an additive float bias", _bias, keeps=_keeps_bias),
+    Field("bias", "bias", None, "input", "an additive float bias", _bias, keeps=_keeps_bias, axes=_PAIR),
     Field("enable_gqa", "gqa", False, "value", "grouped KV heads (enable_gqa)", _flag("enable_gqa"),
-          uses=lambda on, p: on and p.group > 1),
+          uses=lambda on, p: on and p.group > 1, in_shape=True),
     Field("causal_alignment", "causal_bottom_right", "top_left", "value", "bottom-right causal alignment",
-          _alignment, uses=_uses_bottom_right),
-    Field("window", "window", None, "value", "a sliding window", _window, keeps=_keeps_window),
+          _alignment, uses=_uses_bottom_right, drawn=False),
+    Field("window", "window", None, "value", "a sliding window", _window, keeps=_keeps_window,
+          positional=True, diagonal=True),
     Field("softcap", "softcap", None, "value", "a softcap", _softcap),
     Field("q_lengths", "seq_lengths", None, "int32", "per-sequence lengths (padding)",
           _ints("q_lengths", "one length per batch element, before the head axis", lambda d: (), lambda d: d.Lq),
-          keeps=_keeps_q_lengths),
+          keeps=_keeps_q_lengths, positional=True, per_sequence=True),
     Field("kv_lengths", "seq_lengths", None, "int32", "per-sequence lengths (padding)",
           _ints("kv_lengths", "one length per batch element, before the head axis", lambda d: (), lambda d: d.Lk),
-          keeps=_keeps_kv_lengths),
+          keeps=_keeps_kv_lengths, positional=True, per_sequence=True),
     Field("q_segment_ids", "segment_ids", None, "int32", "segment ids (packed sequences)",
-          _ints("q_segment_ids", "(..., Lq), one id per query", lambda d: (d.Lq,)), keeps=_keeps_segments),
+          _ints("q_segment_ids", "(..., Lq), one id per query", lambda d: (d.Lq,)), keeps=_keeps_segments,
+          axes=(("query", -1),), per_sequence=True),
     Field("kv_segment_ids", "segment_ids", None, "int32", "segment ids (packed sequences)",
-          _ints("kv_segment_ids", "(..., Lk), one id per key", lambda d: (d.Lk,))),
-    Field("alibi_slopes", "alibi", None, "wide", "ALiBi slopes", _slopes),
+          _ints("kv_segment_ids", "(..., Lk), one id per key", lambda d: (d.Lk,)), axes=(("key", -1),),
+          per_sequence=True),
+    Field("alibi_slopes", "alibi", None, "wide", "ALiBi slopes", _slopes, positional=True, diagonal=True),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 NAMES = tuple(BY_NAME)
@@ -210,6 +232,24 @@ PAIRS = (("q_segment_ids", "kv_segment_ids"),)
 FEATURES = tuple(dict.fromkeys(f.feature for f in FIELDS)) + ("lse",)
 FEATURE_TEXT = {**{f.feature: f.text for f in reversed(FIELDS)}, "lse": "returning the log-sum-exp"}
 FIELDS_OF = {feature: tuple(f.name for f in FIELDS if f.feature == feature) for feature in FEATURES}
+EVERY_FEATURE = frozenset(FEATURES)  # what an adapter implementing the whole definition declares
+
+
+def _features(test) -> tuple:
+    return tuple(dict.fromkeys(f.feature for f in FIELDS if test(f)))
+
+
+# features whose pairs depend on where a query or key sits: no permutation keeps them
+POSITIONAL = frozenset(_features(lambda f: f.positional))
+# features measured from the diagonal: the causal alignment moves them (drawn with them)
+DIAGONAL = frozenset(_features(lambda f: f.diagonal))
+# features the draws choose on their own, each at their rate, in the table's order
+DRAWN = _features(lambda f: f.drawn)
+# features that change the drawn shape (grouped heads)
+IN_SHAPE = frozenset(_features(lambda f: f.in_shape))
+# features that are one value per sequence (before the head axis): drawn on a batch of two or more
+# so a kernel reading the first sequence's value for all fails
+PER_SEQUENCE = frozenset(_features(lambda f: f.per_sequence))
 
 
 def check_pairs(values: dict) -> None:
@@ -218,10 +258,27 @@ def check_pairs(values: dict) -> None:
             raise ValueError(f"{a} and {b} go together; got only {a if values[b] is None else b}")
 
 
-def positional(problem) -> bool:
-    """Whether the problem's pairs depend on where the diagonal lies (causal, window, ALiBi)."""
-    return problem.is_causal or problem.window is not None or problem.alibi_slopes is not None
+def is_off(name: str, value) -> bool:
+    """Whether value is field `name`'s off value."""
+    return BY_NAME[name].is_off(value)
 
 
-__all__ = ["CAUSAL_ALIGNMENTS", "Dims", "FEATURES", "FEATURE_TEXT", "FIELDS", "FIELDS_OF", "Field", "NAMES", "OFF",
-           "BY_NAME", "check_pairs", "offset", "positional"]
+def on_diagonal(problem) -> bool:
+    """Whether the problem's pairs depend on where the diagonal lies (causal, window, ALiBi): then the
+    causal alignment matters when Lq != Lk."""
+    return problem.is_causal or any(f.diagonal and not f.is_off(problem.fields[f.name]) for f in FIELDS)
+
+
+def along(fields: dict, side: str, take) -> dict:
+    """The fields that have an axis on `side`, each as take(value, axis); broadcast axes (size 1) stay."""
+    out = {}
+    for name, value in fields.items():
+        axis = BY_NAME[name].axis_of(side)
+        if axis is not None and isinstance(value, np.ndarray) and value.ndim >= -axis and value.shape[axis] > 1:
+            out[name] = take(value, axis)
+    return out
+
+
+__all__ = ["CAUSAL_ALIGNMENTS", "DIAGONAL", "DRAWN", "Dims", "EVERY_FEATURE", "FEATURES", "FEATURE_TEXT", "FIELDS",
+           "FIELDS_OF", "Field", "IN_SHAPE", "NAMES", "OFF", "PER_SEQUENCE", "POSITIONAL", "BY_NAME", "along",
+           "check_pairs", "is_off", "offset", "on_diagonal"]

@@ -69,10 +69,6 @@ class Problem:
         """The optional features this problem uses (names from FEATURES; 'lse' is a call option)."""
         return frozenset(f.feature for f in F.FIELDS if f.used(self.fields[f.name], self))
 
-    def variant_fields(self) -> dict:
-        """The optional fields given (not at their off value): what to pass on to another call."""
-        return {n: v for n, v in self.fields.items() if not _is_off(v, F.OFF[n])}
-
     @property
     def offset(self) -> int:
         """Where query i's diagonal meets the keys: Lk - Lq bottom-right aligned, else 0."""
@@ -81,10 +77,6 @@ class Problem:
     @property
     def Hq(self) -> int:
         return self.batch_shape[-1] if self.batch_shape else 1
-
-
-def _is_off(value, off) -> bool:
-    return value is off or (not isinstance(value, np.ndarray) and value == off)
 
 
 def _dtype_name(x) -> str:
@@ -183,7 +175,7 @@ def validate(query, key, value, mask=None, is_causal=False, scale=None, **fields
     if not isinstance(is_causal, (bool, np.bool_)):
         raise ValueError(f"is_causal must be a bool; got {is_causal!r}")
     for f in F.FIELDS:
-        if not _is_off(values[f.name], f.off) or f.name in ("enable_gqa", "causal_alignment"):
+        if not f.is_off(values[f.name]) or f.name in ("enable_gqa", "causal_alignment"):
             values[f.name] = f.check(values[f.name], dims)
     F.check_pairs(values)
     return Problem(query, key, value, mask, bool(is_causal), _scale(scale, E), tuple(batch_shape), Lq, Lk, E, Ev,
@@ -201,15 +193,6 @@ def visible(problem: Problem) -> np.ndarray:
         vis = vis & causal_mask(p.Lq, p.Lk, p.causal_alignment)
     for f in F.FIELDS:
         value = p.fields[f.name]
-        if f.keeps is not None and not _is_off(value, f.off):
+        if f.keeps is not None and not f.is_off(value):
             vis = vis & f.keeps(value, p)
     return np.broadcast_to(vis, shape)
-
-
-def padded_query_rows(problem: Problem) -> np.ndarray:
-    """Boolean (..., Lq): query rows at or past q_lengths (padding; what they output is left open)."""
-    shape = problem.batch_shape + (problem.Lq,)
-    if problem.q_lengths is None:
-        return np.zeros(shape, dtype=bool)
-    lengths = np.asarray(problem.q_lengths)[..., None, None]  # (..., 1, 1): over heads and rows
-    return np.broadcast_to(np.arange(problem.Lq) >= lengths, shape)  # (..., Hq, Lq)

@@ -35,7 +35,7 @@ from attnspec.specs.plain import round_to
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 # fields tied to positions (a window, ALiBi distances, lengths) do not move with permuted or cut keys
-POSITIONAL = frozenset({"window", "alibi", "seq_lengths"})
+POSITIONAL = F.POSITIONAL
 # the float64 reference summing the same terms in another order (keys permuted or cut): measured at
 # most 9e-16 relative on 200 draws; a wrong permutation or cut is off by O(1)
 REORDERED = 1e-12

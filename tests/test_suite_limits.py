@@ -1,0 +1,93 @@
+"""Declared limits (Capabilities, or `declare(...)` for a plain function): the draws and the fixed
+grids honour them by construction, a problem outside them is declined naming the limit, and a grid
+that a limit cut says how much it left out."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnspec.backends.base import Capabilities, Unsupported
+from attnspec.backends.plain import FunctionBackend, declare
+from attnspec.properties import test_edges as edges  # a module: pytest collects no property here
+from attnspec.properties.draws import draw_case
+from attnspec.properties.judge import agreement
+from attnspec.properties.target import Session, Target
+from attnspec.specs import reference
+
+LIMITS = dict(max_head_dim=32, head_dim_power_of_two=True, length_multiple=4, max_length=128,
+              causal_equal_lengths=True)
+
+
+def _kernel(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """The reference, refusing loudly what its declaration excludes (a kernel without the base's check)."""
+    E, Ev, Lq, Lk = query.shape[-1], value.shape[-1], query.shape[-2], key.shape[-2]
+    assert not Capabilities(**LIMITS).outside(E, Ev, Lq, Lk, is_causal), (E, Ev, Lq, Lk, is_causal)
+    return reference.attention(query, key, value, attn_mask, is_causal, scale).astype(query.dtype)
+
+
+def _target(**limits) -> Target:
+    fn = declare(**(limits or LIMITS))(_kernel)
+    backend = FunctionBackend(fn, "limited")
+    return Target(Session(backend, "limited", equal_dims=False), "float32")
+
+
+@pytest.mark.parametrize("probe", [False, True])
+def test_draws_honour_every_declared_limit(probe):
+    """Head dims powers of two up to 32, lengths multiples of 4 up to 128, causal only with Lq = Lk:
+    every drawn problem is inside, and the kernel agrees with the reference on each (none declined)."""
+    t = _target()
+    seen = []
+
+    @settings(max_examples=60, database=None, derandomize=True, deadline=None)
+    @given(data=st.data())
+    def run(data):
+        case = draw_case(data.draw, t, probe=probe)
+        d = case.dims
+        seen.append(d)
+        assert not t.caps.outside(d["E"], d["Lk"] if probe else d["Ev"], d["Lq"], d["Lk"], case.is_causal), d
+        agreement(t, case.with_identity_values() if probe else case)
+
+    run()
+    assert any(d["E"] > 4 for d in seen) and any(d["Lk"] > 8 for d in seen)  # not only the smallest sizes
+
+
+def test_a_problem_outside_the_limits_is_declined_naming_them():
+    q = np.zeros((1, 1, 4, 48))  # E = 48: > 32 and not a power of two
+    with pytest.raises(Unsupported, match=r"outside the declared limits \(E=48 > 32; E=48 not a power of two\)"):
+        _target().backend.forward(q, q, q, dtype="float32")
+    k = np.zeros((1, 1, 8, 8))
+    with pytest.raises(Unsupported, match=r"causal with Lq=4 != Lk=8"):
+        _target().backend.forward(np.zeros((1, 1, 4, 8)), k, k, is_causal=True, dtype="float32")
+
+
+def test_dtypes_per_op_narrow_the_backward():
+    caps = Capabilities(dtypes=("float64", "float32"), gradients=True, op_dtypes=(("forward_backward", ("float64",)),))
+    assert caps.dtypes_for("forward") == ("float64", "float32") and caps.dtypes_for("forward_backward") == ("float64",)
+
+
+def test_the_edge_grid_leaves_out_what_the_limits_exclude_and_says_how_much():
+    """E > 128 leaves the head dims 160, 192 and 256 out: not run (so never passed), counted by limit."""
+    t = _target(max_head_dim=128)
+    problems = edges.grid_problems(t)
+    assert len(problems) == len(edges.grid()) - 3
+    assert all(c.dims["E"] <= 128 for c, _ in problems)
+    assert t.coverage()["outside_limits"] == "3 outside the declared limits (E > 128: 3)"
+    unlimited = _target(max_head_dim=0)
+    assert len(edges.grid_problems(unlimited)) == len(edges.grid()) and "outside_limits" not in unlimited.coverage()
+
+
+@pytest.mark.parametrize("bad", [dict(max_head_dim=-1), dict(length_multiple=0), dict(head_dims=(0,)),
+                                 dict(op_dtypes={"backward": ("float32",)}),
+                                 dict(head_dims=(48,), head_dim_power_of_two=True)])
+def test_declare_refuses_bad_limits_by_name(bad):
+    with pytest.raises(ValueError, match="declare: "):
+        declare(**bad)(_kernel)
+
+
+def test_fitting_moves_a_size_to_the_nearest_one_taken():
+    caps = Capabilities(max_head_dim=128, head_dim_power_of_two=True)
+    assert [caps.fit_head_dim(E) for E in (3, 72, 128, 160, 256)] == [4, 128, 128, 128, 128]
+    assert Capabilities(head_dims=(64, 96)).fit_head_dim(8) == 64
+    assert Capabilities(length_multiple=16, max_length=40).fit_length(33) == 32
