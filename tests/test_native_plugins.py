@@ -124,16 +124,17 @@ def test_a_jax_function_receives_jax_arrays_and_is_differentiated_by_vjp():
     import jax.numpy as jnp
     seen = []
 
-    @declare(framework="jax", dtypes=("bfloat16", "float32"))
-    def spy(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    @declare(framework="jax", dtypes=("bfloat16", "float32"), layout="BLHE")
+    def spy(query, key, value, attn_mask=None, is_causal=False, scale=None):  # (B, L, H, E)
         seen.append((isinstance(query, jax.Array), str(query.dtype), tuple(query.shape)))
-        s = query @ jnp.swapaxes(key, -1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
-        return jax.nn.softmax(s, axis=-1) @ value
+        q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H, L, E)
+        s = q @ jnp.swapaxes(k, -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        return jnp.swapaxes(jax.nn.softmax(s, axis=-1) @ v, 1, 2)  # (B, Lq, H, Ev)
 
     backend = resolve_function(spy)
     q, k, v = _problem()
     assert np.abs(backend.forward(q, k, v, dtype="bfloat16") - resolve("numpy-naive").forward(q, k, v)).max() < 5e-2
-    assert seen[-1] == (True, "bfloat16", (2, 3, 5, 8))
+    assert seen[-1] == (True, "bfloat16", (2, 5, 3, 8))
     g = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
     got, want = backend.backward(q, k, v, g, dtype="float32"), resolve("numpy-naive").backward(q, k, v, g)
     assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want))
