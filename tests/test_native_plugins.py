@@ -241,7 +241,7 @@ def test_fields_reach_a_torch_function_folded_to_its_batch():
             enable_gqa=enable_gqa)
 
     rng = np.random.default_rng(3)
-    q, k, v = rng.standard_normal((2, 3, 4, 5, 8)), rng.standard_normal((2, 3, 2, 7, 8)), rng.standard_normal((2, 3, 2, 7, 8))
+    q, k, v = (rng.standard_normal(s) for s in ((2, 3, 4, 5, 8), (2, 3, 2, 7, 8), (2, 3, 2, 7, 8)))  # Hq 4, Hkv 2
     bias = rng.standard_normal((4, 5, 7))  # (Hq, Lq, Lk): broadcast over the leading dims
     lengths = np.array([[7, 3, 1], [2, 7, 5]])  # (2, 3): one per sequence
     fields = dict(enable_gqa=True, bias=bias, kv_lengths=lengths)
