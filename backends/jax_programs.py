@@ -148,7 +148,10 @@ def _compile(full: str, path: str, jitted, args):
         payload, in_tree, out_tree = serialize_executable.serialize(program)
     except Exception:  # noqa: BLE001 - not serialisable: this process still has it in memory
         return program
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    except OSError:  # its folder went: another checkout's source of the class pruned it (_prune)
+        return program
     try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump((full, payload, in_tree, out_tree), f)

@@ -105,3 +105,15 @@ def test_programs_of_an_older_adapter_source_are_removed(kept):
     jax_programs.enable(str(kept))  # a new process
     _results(_fresh("jax-naive"))
     assert not stale.exists() and other.exists() and os.path.isdir(folder)
+
+
+def test_a_folder_another_checkout_pruned_is_no_error(kept):
+    """Two checkouts with different adapter sources share the folder: each prunes the other's folder
+    of the class, maybe while the other writes into it; the program still runs (kept in memory)."""
+    want = _results(_fresh("jax-naive"))
+    (folder,) = {os.path.dirname(p) for p in _programs(kept)}
+    jax_programs._loaded.clear()
+    import shutil
+    shutil.rmtree(folder)  # gone under this process, which believes it made it
+    got = _results(_fresh("jax-naive"))  # raised FileNotFoundError from tempfile.mkstemp before
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))

@@ -124,16 +124,17 @@ def test_a_jax_function_receives_jax_arrays_and_is_differentiated_by_vjp():
     import jax.numpy as jnp
     seen = []
 
-    @declare(framework="jax", dtypes=("bfloat16", "float32"))
-    def spy(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    @declare(framework="jax", dtypes=("bfloat16", "float32"), layout="BLHE")
+    def spy(query, key, value, attn_mask=None, is_causal=False, scale=None):  # (B, L, H, E)
         seen.append((isinstance(query, jax.Array), str(query.dtype), tuple(query.shape)))
-        s = query @ jnp.swapaxes(key, -1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
-        return jax.nn.softmax(s, axis=-1) @ value
+        q, k, v = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H, L, E)
+        s = q @ jnp.swapaxes(k, -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        return jnp.swapaxes(jax.nn.softmax(s, axis=-1) @ v, 1, 2)  # (B, Lq, H, Ev)
 
     backend = resolve_function(spy)
     q, k, v = _problem()
     assert np.abs(backend.forward(q, k, v, dtype="bfloat16") - resolve("numpy-naive").forward(q, k, v)).max() < 5e-2
-    assert seen[-1] == (True, "bfloat16", (2, 3, 5, 8))
+    assert seen[-1] == (True, "bfloat16", (2, 5, 3, 8))
     g = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
     got, want = backend.backward(q, k, v, g, dtype="float32"), resolve("numpy-naive").backward(q, k, v, g)
     assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want))
@@ -240,7 +241,7 @@ def test_fields_reach_a_torch_function_folded_to_its_batch():
             enable_gqa=enable_gqa)
 
     rng = np.random.default_rng(3)
-    q, k, v = rng.standard_normal((2, 3, 4, 5, 8)), rng.standard_normal((2, 3, 2, 7, 8)), rng.standard_normal((2, 3, 2, 7, 8))
+    q, k, v = (rng.standard_normal(s) for s in ((2, 3, 4, 5, 8), (2, 3, 2, 7, 8), (2, 3, 2, 7, 8)))  # Hq 4, Hkv 2
     bias = rng.standard_normal((4, 5, 7))  # (Hq, Lq, Lk): broadcast over the leading dims
     lengths = np.array([[7, 3, 1], [2, 7, 5]])  # (2, 3): one per sequence
     fields = dict(enable_gqa=True, bias=bias, kv_lengths=lengths)
@@ -253,3 +254,29 @@ def test_fields_reach_a_torch_function_folded_to_its_batch():
     ref = resolve("numpy-naive").backward(q, k, v, g, **fields)
     assert len(grads) == 4 and grads[3].shape == bias.shape
     assert all(np.abs(a - b).max() < 1e-4 for a, b in zip(grads, ref))  # float32, sums over 6 sequences
+
+
+def test_fold4d_round_trips_both_layouts_and_cuts_an_lse_in_either_axis_order():
+    """Framework-neutral (here NumPy's ops): (..., H, L, E) -> the declared layout -> back; an LSE laid
+    out (B, L, H) in a buffer padded to a multiple of 4 comes back (..., Lq)."""
+    from attnspec.backends.declarations import Call
+    from attnspec.backends.layout4d import Fold4D
+
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((2, 3, 4, 5, 8)), rng.standard_normal((1, 3, 4, 7, 8)), rng.standard_normal((4, 7, 6))
+    for layout, axes in (("BHLE", (6, 4, 5, 8)), ("BLHE", (6, 5, 4, 8))):
+        fold = Fold4D(q, k, v, Call(), np.broadcast_to, np.swapaxes, layout)
+        fq, fk, fv = fold.qkv(q, k, v)
+        assert fq.shape == axes and fk.shape[0] == 6 and fv.shape[-1] == 6
+        # an output in the layout's axis order (here q's first 6 columns) comes back exactly: only moved
+        np.testing.assert_array_equal(fold.output(fq[..., :6]), q[..., :6])
+    fold = Fold4D(q, k, v, Call(), np.broadcast_to, np.swapaxes, "BLHE")
+    lse = rng.standard_normal((2, 3, 4, 5))  # (..., H, Lq)
+    buf = np.full((6, 8, 4), np.nan)  # (B, rows rounded up to 8, H)
+    buf[:, :5] = np.swapaxes(lse.reshape(6, 4, 5), 1, 2)
+    np.testing.assert_array_equal(fold.lse(buf, "BLH", padding=4), lse)
+    with pytest.raises(ValueError, match=r"the lse has shape \(6, 5, 4\); lse_layout BLH with lse_padding=4 "
+                                         r"expects \(6, 8, 4\)"):
+        fold.lse(buf[:, :5], "BLH", padding=4)
+    with pytest.raises(ValueError, match=r"the output has shape \(6, 4, 5, 6\); layout BLHE expects \(6, 5, 4, 6\)"):
+        fold.output(np.zeros((6, 4, 5, 6)))
