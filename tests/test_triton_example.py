@@ -3,8 +3,9 @@
 TRITON_INTERPRET=1 runs the kernels on the CPU with NumPy, so the example is checked wherever
 triton is installed (the [triton] extra); on CUDA tools/gpu_check.sh runs the suite on it compiled.
 The interpreter's tl.dot multiplies bfloat16 bit patterns (Triton 3.9), so interpreted the
-example declares float16 and float32 only.  One subprocess, 2 problems a property (the draws
-are small: the interpreter runs each program's block operations one by one in Python).
+example declares float16 and float32 only.  One subprocess, 2 problems a property, every
+property but edge_shapes_match_reference: its fixed grid of 55 shapes (head dims to 256) is most
+of the interpreted run's time (~400 s of ~490 s on a loaded 2-core machine); CUDA runs it.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_the_suite_accepts_the_triton_example_interpreted(tmp_path):
                PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH")))))
     out = tmp_path / "triton.json"
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p", "no:cacheprovider",
-           "--backend", SPEC, "--attnspec-examples", "2", "--attnspec-no-shrink", "--attnspec-json", str(out)]
+           "--backend", SPEC, "--attnspec-examples", "2", "--attnspec-no-shrink", "-k", "not edge_shapes", "--attnspec-json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert out.exists(), done.stdout[-3000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())["conformance"]
