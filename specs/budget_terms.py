@@ -130,7 +130,8 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
     (its absolute error is ~2u, and 2 |t| times the tanh's own error: tanh_share = TANH_ULPS
     u_acc in units of sigma) and moves with the raw score's error, and dS_raw's own rounding adds
     tau (below tau the format's spacing is even).  dQ = scale dS K and dK = scale dS^T Q
-    carry it with |K|, |Q|; dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
+    carry it with |K|, |Q|, plus tau |K| and tau |Q| unscaled: a kernel may round dS * scale to the
+    dtype instead of dS (error_budget, step 5); dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
     """
     f, th = pair_terms(p, f, tanh_share)
     w = f.weights  # (..., Lq, Lk)
@@ -154,8 +155,11 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
         # 1 - t^2 shrinks (float16 keeps subnormals: a dS_raw below tau errs by u tau absolutely)
         ds = ds * (1.0 - t * t) + exact * (2.0 + 2.0 * t * tanh_share + 2.0 * t * (1.0 - t * t) * raw) \
             + tau * f.visible
-    dq = (ds @ np.abs(f.k)) * p.scale  # (..., Hq, Lq, E)
-    dk = (np.swapaxes(ds, -1, -2) @ np.abs(f.q)) * p.scale  # (..., Hq, Lk, E)
+    # dS * scale may be rounded to the input dtype before the products (error_budget step 5): its
+    # absolute rounding tau reaches dQ and dK times |K| and |Q| unscaled, beside dS's own times scale
+    seen = tau * f.visible.astype(np.float64)  # (..., Lq, Lk)
+    dq = (ds @ np.abs(f.k)) * p.scale + seen @ np.abs(f.k)  # (..., Hq, Lq, E)
+    dk = (np.swapaxes(ds, -1, -2) @ np.abs(f.q)) * p.scale + np.swapaxes(seen, -1, -2) @ np.abs(f.q)  # (..., Hq, Lk, E)
     dv = np.swapaxes(w * (1.0 + rel + lse) + tau * f.visible, -1, -2) @ ady  # (..., Hq, Lk, Ev)
     out = [sum_to(dq, np.shape(p.query)), sum_to(sum_groups(dk, p.group), np.shape(p.key)),
            sum_to(sum_groups(dv, p.group), np.shape(p.value))]

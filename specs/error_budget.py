@@ -51,6 +51,22 @@ the same steps through dA = dY V^T, dS = w (dA - rowsum(dA w)), dQ = scale dS K,
 scale dS^T Q, dV = w^T dY (`specs.budget_terms.backward_terms`, with the softcap's
 derivative).  The log-sum-exp: Phi_i = 1 + sum_j w_j (T_j + g_j), plus u |lse_i|.  Weight
 row sums: the log-sum-exp's floor (a kernel may write exp(s - lse)).
+(5) Intermediates a kernel rounds to the input dtype before the product that consumes them:
+P before P V (every flash forward) and before dV = P^T dY, dS before dQ and dK, or dS * scale
+(a Triton FlashAttention's float16 backward, "to reduce register pressure").  Rounding x errs
+by u (|x| + tau): its relative part is in the terms above; its absolute part u tau - half the
+subnormal spacing, all that an x below the subnormal range loses when it rounds to 0 - reaches
+the result times what multiplies x, and nothing shrinks it: u tau |V| in the output (the tau
+of (w + tau) |V|), u tau |dY| in dV, and for dS * scale u tau |Q| in dK and u tau |K| in dQ,
+not the scale u tau |Q| that rounding dS before the scale costs.  So a row's floor carries tau
+times the sum of what multiplies the intermediate over the pairs the row reads: dK row j
+tau sum_i |q_i| (visible i), dQ row i tau sum_j |k_j|, both beside the scaled term.  Issue 29's
+case (tests/broken/witnesses.ds_scale_underflow): float16, E = 128 (scale 0.088), 8 query
+rows with |q| = 20, dS = 1.5e-7 (a subnormal float16 keeps) but dS * scale = 1.3e-8, which
+rounds to 0: dK = 0 where the reference is 2.1e-6, against an allowance of 1.7e-6 without this
+term (the plain computation rounds dS and scales after: it errs 4e-7); the term adds
+2 sigma tau sum_i |q_i| = 2^-24 * 160 = 9.6e-6, twice the most such a row can lose (u tau *
+160).  Where kernels flush subnormals, tau / sigma stands for tau, as for the weights.
 
     dtype     u (unit roundoff)  u_acc (reductions)  factor  floor_ulps  tau (smallest normal)
     float16   2^-11 = 4.9e-4     2^-24 = 6.0e-8      2       2           2^-14

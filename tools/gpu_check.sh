@@ -5,7 +5,7 @@
 #   OUT=/some/folder bash tools/gpu_check.sh
 # asv may be missing there: wheels in .whl/ are installed first (pip download, as the device
 # README says).  Everything lands in $OUT: env.txt, probe.json, suites.log, bench.log, tests.log,
-# report.tgz.
+# triton.log, triton.json, report.tgz.
 set -u
 OUT=${OUT:-$PWD/gpu-check}
 mkdir -p "$OUT"
@@ -53,6 +53,16 @@ say "own tests with a GPU"
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_backends_errors.py tests/test_backends_contract.py \
   tests/test_bench_report.py > "$OUT/tests.log" 2>&1
 say "tests exit $?"
+say "the Triton example on CUDA (docs/examples/triton_attention.py; needs triton, in torch's CUDA wheels)"
+if python3 -c "import triton" 2>/dev/null; then
+  # compiled for the GPU, not interpreted: float16, bfloat16 and float32, every property, 6 problems each
+  env -u TRITON_INTERPRET ATTNSPEC_PROFILE=ci timeout "${TRITON_LIMIT:-240}" python3 -m pytest --pyargs attnspec.properties \
+    -q -p no:cacheprovider --backend docs.examples.triton_attention:TritonAttention \
+    --attnspec-json "$OUT/triton.json" > "$OUT/triton.log" 2>&1
+  say "triton exit $?"
+else
+  say "triton is not installed: the example was not checked" | tee "$OUT/triton.log"
+fi
 tar czf "$OUT/report.tgz" -C "$OUT" report suites 2>/dev/null
 rm -rf "$OUT/report" "$OUT/suites"  # only files come back from the device machine
 say "done"

@@ -1,22 +1,39 @@
 """What every reproducer here shares: exit statuses and the reference it compares with (NumPy only).
 
 Exit 0: the finding reproduces (it says what it saw); 1: it does not any more (the library
-changed: update docs/findings.md); 77: the library, or the device it needs, is missing here.
+changed: update docs/findings.md); 77: the library, or the device it needs, is missing here;
+2: the script itself failed (an uncaught exception: a traceback, never read as a verdict).
 """
+import os
 import sys
+import traceback
 
 import numpy as np
 
-REPRODUCED, GONE, MISSING = 0, 1, 77
+REPRODUCED, GONE, MISSING, CRASHED = 0, 1, 77, 2
+
+
+def _crash(kind, value, tb):
+    # Python exits 1 after an uncaught exception, which would read as GONE: a crash is no verdict
+    traceback.print_exception(kind, value, tb)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(CRASHED)
+
+
+sys.excepthook = _crash
 
 
 def need(module: str):
-    """Import `module` or exit 77 saying it is missing."""
+    """Import `module`, or exit 77 when `module` itself (not something it imports) is not installed."""
     import importlib
     try:
         return importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 - any import failure means: cannot run here
-        print(f"SKIPPED: {module} is not importable here ({type(e).__name__}: {e})")
+    except ImportError as e:
+        top = module.split(".")[0]
+        if e.name not in (module, top):
+            raise  # the library is there but broken (a dependency of it is missing): a crash, not a skip
+        print(f"SKIPPED: {module} is not installed here ({type(e).__name__}: {e})")
         sys.exit(MISSING)
 
 

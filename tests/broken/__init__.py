@@ -30,11 +30,11 @@ class Entry:
 
     @property
     def spec(self) -> str:
-           return f"{PKG}.{self.target}"
+        return f"{PKG}.{self.target}"
 
     @property
     def label(self) -> str:
-           return self.target.split(":")[1]
+        return self.target.split(":")[1]
 
 
 # property names of the suite (properties/test_*.py, without "test_"); any listed one suffices
@@ -92,6 +92,9 @@ BROKEN = (
           "Lk > 64 path drops the mask, pytorch/pytorch#107884", "online kernel"),
     Entry("kernel_bugs:LowPrecisionAccumulation", REF + ("edge_shapes",), w.long_float32,
           "fp16 accumulation for fp32, pytorch/executorch#20089", "online kernel"),
+    Entry("kernel_bugs:FirstTileBiasNaN", BIAS + MASKED + ("fully_masked_rows",) + WEIGHTS,
+          w.first_tile_bias_hidden, "no -inf guard for a tile a -inf bias hides, issue 29 (a Triton FlashAttention)",
+          "online kernel"),
     Entry("kernel_bugs:NaNForFullyMaskedDeclaredZeros", ("fully_masked_rows",), w.fully_masked_row,
           "NaN rows declared zeros, pytorch/pytorch#103963", "online kernel"),
     Entry("gradient_bugs:DqMissingScale", GRADS, w.gradient, "dQ without the scale", "gradients"),
@@ -137,4 +140,5 @@ CORRECT = (
     Entry("correct:Float32Internal", origin="16-bit in, float32 inside"),
     Entry("correct:GqaRepeatKv", origin="every field; GQA by repeating K/V; mask, window selected"),
     Entry("correct:GqaGroupedQueries", origin="every field; GQA by grouping queries; mask, window as -inf bias"),
+    Entry("correct:DsScaleRounded", origin="dS * scale rounded to the dtype before dQ and dK (issue 29)"),
 )

@@ -39,6 +39,16 @@ def store(y, dtype: str) -> np.ndarray:
     return np.asarray(y).astype(dtype, copy=False)
 
 
+def in_dtype(y, dtype: str) -> np.ndarray:
+    """y rounded to dtype's values and computed on as before (float32 for 16-bit): a kernel's
+    intermediate written to a 16-bit register or buffer."""
+    if dtype == "float16":
+        return np.asarray(y).astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        return round_bfloat16(y)
+    return np.asarray(y)
+
+
 def widened(*xs) -> list:
     """16-bit storage (float16, or float32 holding bfloat16) computed in float32; others as they are."""
     return [None if x is None else (x.astype(np.float32) if x.dtype == np.float16 else x) for x in xs]

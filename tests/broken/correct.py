@@ -1,6 +1,7 @@
 """Correct but different: other algorithms, orders and declared choices the suite must accept.
 
 Each runs in two dtypes (each one more pass of the suite); between them, every dtype is covered.
+DsScaleRounded runs in all four: the rounding it models must be accepted wherever it happens.
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 
 from attnspec.backends.base import Capabilities, Semantics
 
-from ._kernels import F64_F32, NumpyBackend, resolve_scale, sum_to, tiled_attention, visible
+from ._kernels import (ALL_DTYPES, F64_F32, NumpyBackend, attention_weights, in_dtype, resolve_scale,
+                       softmax_backward, store, sum_to, tiled_attention, visible, widened)
 from ._variants import EVERY_FEATURE, VariantKernel
 
 
@@ -144,3 +146,26 @@ class GqaGroupedQueries(VariantKernel):
     name = "ok-gqa-grouped-queries"
     gqa_by, hide_by = "group", "bias"
     capabilities = _everything("bfloat16", "float32")
+
+
+class DsScaleRounded(NumpyBackend):
+    """A backward that rounds dS * scale to the input dtype before dQ = (dS scale) K and
+    dK = (dS scale)^T Q, the products accumulated in float32: a common kernel choice (a Triton
+    FlashAttention's float16 backward, "to reduce register pressure").  A dS * scale below half
+    the format's smallest subnormal vanishes, so dK (and dQ) lose up to half a subnormal step
+    times |Q| (|K|) per entry: the error budget's floor carries it (specs/error_budget.py)."""
+
+    name = "ok-ds-scale-rounded"
+    capabilities = Capabilities(dtypes=ALL_DTYPES, device="cpu", gradients=True)
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        return attention_weights(q, k, mask, is_causal, scale) @ v  # (..., Lq, Ev)
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        q, k, v, grad_out = widened(q, k, v, grad_out)
+        a = attention_weights(q, k, call.mask, call.is_causal, call.scale)  # (..., Lq, Lk)
+        ds, dv = softmax_backward(a, v, grad_out)  # (..., Lq, Lk), (..., Lk, Ev)
+        ds = in_dtype(ds * resolve_scale(q, call.scale), call.dtype)  # (..., Lq, Lk) the rounding
+        dq = ds @ k  # (..., Lq, E)
+        dk = np.swapaxes(ds, -1, -2) @ q  # (..., Lk, E)
+        return tuple(store(sum_to(g, x.shape), call.dtype) for g, x in ((dq, q), (dk, k), (dv, v)))

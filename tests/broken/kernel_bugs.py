@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends.base import Semantics
+from attnspec.backends.base import Capabilities, Semantics
 
-from ._kernels import (NumpyBackend, masked_softmax, numpy_caps, resolve_scale, scores, tiled_attention,
-                       visible)
+from ._kernels import (NumpyBackend, masked_softmax, numpy_caps, resolve_scale, scores, store, tiled_attention,
+                       visible, widened)
+from ._variants import VariantKernel
 
 
 class OnlineNoRescale(NumpyBackend):
@@ -132,3 +133,39 @@ class ExplicitScaleIgnored(NumpyBackend):
     def native_forward(self, q, k, v, mask, is_causal, scale):
         s = scores(q, k, resolve_scale(q, None))  # (..., Lq, Lk) scale dropped here
         return masked_softmax(s, visible(q.shape[-2], k.shape[-2], mask, is_causal)) @ v  # (..., Lq, Ev)
+
+
+class FirstTileBiasNaN(VariantKernel):
+    """An online softmax over 64-key tiles (FlashAttention's block size) that skips the tiles a
+    row's boolean mask, causal or window hides entirely (block sparsity: those never produce a
+    -inf running max) but has no ``max == -inf ? 0 : max`` guard for the rest.  A -inf in an
+    additive bias is no structure the kernel knows of: a row whose first tile is hidden by a -inf
+    bias computes exp(-inf - (-inf)) = NaN there and keeps it, although later keys are visible.
+    Correct wherever no tile it processes leaves a row's running max at -inf.  The bug a Triton
+    FlashAttention showed (issue 29: its first block's running max is -inf)."""
+
+    name = "broken-first-tile-bias-nan"
+    capabilities = Capabilities(dtypes=("float16", "float32"), device="cpu", gradients=False,
+                                features=frozenset(("bias",)))
+    tile = 64
+
+    def native_attention(self, q, k, v, call):
+        q, k, v = widened(q, k, v)
+        s, _, _ = self.scores(q, k, call)  # (..., H, Lq, Lk) final scores, the mask's and the bias's -inf in
+        Lq, Lk = s.shape[-2:]
+        structural = self._visible(call, s.shape, Lq, Lk)  # (..., H, Lq, Lk) what the kernel skips by
+        dt = s.dtype
+        run_max = np.full(s.shape[:-1] + (1,), -np.inf, dtype=dt)  # (..., H, Lq, 1)
+        run_sum = np.zeros_like(run_max)  # (..., H, Lq, 1)
+        acc = np.zeros(np.broadcast_shapes(s.shape[:-1], v.shape[:-2] + (Lq,)) + (v.shape[-1],), dtype=dt)
+        with np.errstate(invalid="ignore"):
+            for start in range(0, Lk, self.tile):
+                st = s[..., start:start + self.tile]  # (..., H, Lq, t)
+                live = structural[..., start:start + self.tile].any(axis=-1, keepdims=True)  # (..., H, Lq, 1)
+                new_max = np.maximum(run_max, st.max(axis=-1, keepdims=True))  # (..., H, Lq, 1)
+                p = np.exp(st - new_max)  # the slip: no guard, NaN where new_max is -inf
+                alpha = np.exp(run_max - new_max)  # (..., H, Lq, 1)
+                run_sum = np.where(live, run_sum * alpha + p.sum(axis=-1, keepdims=True), run_sum)
+                acc = np.where(live, acc * alpha + p @ v[..., start:start + self.tile, :], acc)
+                run_max = np.where(live, new_max, run_max)
+        return store(acc / np.where(run_sum == 0, dt.type(1), run_sum), call.dtype)  # (..., H, Lq, Ev)

@@ -183,7 +183,32 @@ def alibi_6_heads(seed=0):
     return _problem(*_heads(6, 6, 6, 6, seed=seed), alibi_slopes=ALIBI_SLOPES_6)
 
 
+def first_tile_bias_hidden(seed=0):
+    """80 keys: row 0 sees keys 64.. only, its first 64-key tile hidden by a -inf bias; row 1 a
+    finite bias, row 2 every key (a tile kernel without a -inf guard: NaN in row 0 only)."""
+    q, k, v = _heads(2, 2, 3, 80, seed=seed)
+    bias = _grid((1, 2, 3, 80), seed + 3)  # (B, H, Lq, Lk)
+    bias[..., 0, :64] = -np.inf
+    bias[..., 2, :] = 0.0
+    return _problem(q, k, v, bias=bias)
+
+
+def ds_scale_underflow(seed=0):
+    """dS * scale below half float16's smallest subnormal (3e-8) while dS is above it, multiplied
+    by |q| = 20 in every one of 8 rows (issue 29): a kernel that rounds dS * scale to float16
+    before dK = (dS scale)^T Q loses both dK rows (~2e-6) where the plain computation keeps them.
+    E = 128 (scale 0.088); key 1 scores 15.7 below key 0 (weight 1.5e-7); V = (0, 1), dY = 1."""
+    sign = np.where(np.random.default_rng(seed).random(128) < 0.5, -1.0, 1.0)  # (E,)
+    q = np.broadcast_to(20.0 * sign, (1, 1, 8, 128)).copy()  # (B, H, Lq, E)
+    k = np.stack([np.zeros(128), -0.0694 * sign])[None, None]  # (B, H, 2, E)
+    v = np.array([[[[0.0], [1.0]]]])  # (B, H, 2, 1)
+    kw = _problem(q, k, v, op="backward")
+    kw["grad_out"] = np.ones((1, 1, 8, 1))  # (B, H, Lq, Ev)
+    return kw
+
+
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
-       window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads)
+       window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
+       first_tile_bias_hidden, ds_scale_underflow)
