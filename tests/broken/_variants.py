@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends.base import Capabilities, Semantics
+from attnspec.specs.fields import EVERY_FEATURE  # the definition's every feature: these kernels take all natively
 
 from ._kernels import ALL_DTYPES, NumpyBackend, store, sum_to, widened
 
-EVERY_FEATURE = frozenset(("gqa", "bias", "causal_bottom_right", "window", "seq_lengths", "segment_ids", "softcap",
-                           "alibi", "lse"))  # specs.problem.FEATURES, all natively
 SLIPS = (None, "kv_head_modulo", "kv_head_zero", "bias_scaled", "float_mask_as_bool", "causal_ignores_alignment",
          "lse_unscaled", "dk_first_of_group", "window_left_exclusive", "window_right_one_more",
          "window_top_left", "softcap_after_mask", "padded_rows_nan", "segment_end_inclusive", "alibi_pow2_slopes",
