@@ -33,6 +33,7 @@ import numpy as np
 
 from attnspec.backends.base import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, Backend, Capabilities, Deviation, Semantics,
                    Unsupported)
+from attnspec.backends.layout4d import LAYOUTS_4D, LSE_LAYOUTS
 from attnspec.specs.fields import FEATURES, FIELDS
 from attnspec.specs.problem import FLOAT_DTYPE_NAMES
 
@@ -114,8 +115,6 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     op_dtypes, {"forward" or "forward_backward": dtypes} narrowing dtypes per op.  E.g. a Triton
     kernel: ``declare(max_head_dim=128, head_dim_power_of_two=True, dtypes=("float16",))``.
     """
-    from attnspec.backends.layout4d import LAYOUTS_4D, LSE_LAYOUTS
-
     if framework not in FRAMEWORKS:
         raise ValueError(f"declare: framework must be one of {', '.join(FRAMEWORKS)}; got {framework!r}")
     allowed_dtypes, default_dtypes, devices = FRAMEWORKS[framework]
