@@ -65,7 +65,7 @@ def prop(**options):
         p = Property(name, family, check, doc=(check.__doc__ or "").strip(), **options)
 
         def test(target, attnspec_run):
-            attnspec_run.property(p, target)
+            attnspec_run(p, target)
 
         test.__name__ = test.__qualname__ = check.__name__
         test.__doc__ = check.__doc__
@@ -91,12 +91,21 @@ class Failure(Exception):
 
 
 def attempt(prop: Property, target, case, params: dict) -> None:
-    """One example: the check on case; Failure when it fails (Declined passes through)."""
+    """One example: the check on case; Failure when it fails (Declined passes through).
+
+    After a call of the backend hung, no example calls it again: each raises the failure in which
+    it hung (its problem, its reproducer), so shrinking and attribution cost nothing more."""
+    session = target.session
+    if session.hang is not None:
+        raise session.hang
     target.begin_example()
     try:
         prop.check(target, case, params)
     except Failed as f:
-        raise Failure(prop, target, f.verdict, case, params, list(target.earlier)) from None
+        failure = Failure(prop, target, f.verdict, case, params, list(target.earlier))
+        if session.hung:  # this example's call did not return
+            session.hang = failure
+        raise failure from None
 
 
 def failure_in(exc: BaseException) -> Failure | None:

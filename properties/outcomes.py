@@ -45,6 +45,10 @@ def run_property(node, run, prop, target) -> None:
     target.answers.clear()
     row = {"examples": 0}
     node.user_properties.append((results.ROW_KEY, row))
+    if target.session.hung:  # learned once: a backend whose call hung is not called again this run
+        message = hung_before(target)
+        row.update(failed=True, message=message, hung=target.session.hung)
+        pytest.fail(message, pytrace=False)
     try:  # a declared deviation is known: not shrunk, not attributed
         failure = explore(prop, target, run.options, shrink=declared is None)
         head = results.headline(failure) if failure is not None else ""
@@ -78,6 +82,15 @@ def run_property(node, run, prop, target) -> None:
     conclude(node, run, failure, row, declared)
 
 
+def hung_before(target) -> str:
+    """Why a test of a backend whose call hung earlier in the run fails at once: the call, where, the problem."""
+    hang, session = target.session.hang, target.session
+    where = (f" in {hang.prop.name}[{hang.target.dtype}] on the problem {hang.case!r} (that test's reproducer "
+             "replays it)") if hang is not None else ""
+    return (f"not attempted: an earlier {session.hung} call of {target.name} did not return within the per-call "
+            f"limit{where}; the backend is not called again in this run (ATTNSPEC_CALL_TIMEOUT sets the limit)")
+
+
 def conclude(node, run, failure, row: dict, declared=None, seen: str = "") -> None:
     """Report a failure: its reproducer written, its features attributed, its outcome raised."""
     if declared is None and run.options.attribute:
@@ -87,8 +100,9 @@ def conclude(node, run, failure, row: dict, declared=None, seen: str = "") -> No
     path = text = None
     try:
         known = declared is not None and declared.matches(head)  # a declared deviation: not checked again
+        hung = bool(failure.target.session.hung)  # a fresh process would hang too: not run to check
         path, text = repro.write(run.repro_dir, failure, head, failure.target.session.import_paths,
-                                 check_alone=run.options.shrink and not known)
+                                 check_alone=run.options.shrink and not known and not hung)
     except OSError:  # a read-only folder: the JSON still holds the script
         text = repro.script(failure, head, failure.target.session.import_paths)
     row.update(failed=True, message=head, counterexample=text, reproducer=path, attribution=failure.attribution)

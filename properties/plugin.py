@@ -13,6 +13,8 @@ called ``target``).  Public APIs of pytest and Hypothesis only.
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import sys
 
@@ -21,7 +23,13 @@ import pytest
 from attnspec.properties import cores, options, profiles, results
 
 INSTALLED = "__attnspec_backends__"   # set by attnspec.properties.install in a user's test module
-_ROWS: dict = {"conformance": [], "semantics": []}
+
+# the run's state, in pytest's own per-run store (pytest.main() may run twice in one process)
+RUN = pytest.StashKey["options.Run | None"]()      # what the run explores; None: not set up (a bad option)
+IN_SUITE = pytest.StashKey[bool]()                 # whether this run is the suite's (options.runs_suite)
+TARGETS = pytest.StashKey[dict]()                  # backend names -> their Targets, resolved once
+ROWS = pytest.StashKey[dict]()                     # {"conformance": [...], "semantics": [...]} of the run
+ROW_STREAM = pytest.StashKey["object | None"]()    # the open --attnspec-rows file, or None
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -35,62 +43,64 @@ def pytest_load_initial_conftests(early_config, parser, args):
     options.add_backend_alias(parser)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_cmdline_main(config):
-    """The suite over several backends uses the machine's cores by itself (properties/cores.py)."""
-    try:
-        cores.spread(config, len(options.backend_names(config)) if options.runs_suite(config) else 0)
-    except ValueError as e:
-        raise pytest.UsageError(str(e)) from None
-    yield
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_gradients: the test calls Backend.backward (skipped without)")
     config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker")
-    _ROWS["conformance"].clear()  # pytest.main() may run twice in one process
-    _ROWS["semantics"].clear()
-    config._attnspec_suite = options.runs_suite(config)
+    config.stash[ROWS] = {"conformance": [], "semantics": []}
+    config.stash[ROW_STREAM] = None
+    config.stash[TARGETS] = {}
+    config.pluginmanager.register(RowRecorder(config), "attnspec-rows")
+    in_suite = config.stash[IN_SUITE] = options.runs_suite(config)
     try:
-        config._attnspec = options.configure(config)
+        config.stash[RUN] = options.configure(config)
     except ValueError as e:
-        if config._attnspec_suite:
+        if in_suite:
             raise pytest.UsageError(str(e)) from None
-        config._attnspec = None  # not this run's business; install() says so if it runs
+        config.stash[RUN] = None  # not this run's business; install() says so if it runs
         return
-    if not config._attnspec_suite:
+    rows_path = config.getoption("attnspec_rows", None)
+    if rows_path and not hasattr(config, "workerinput"):  # an xdist worker's reports reach the controller
+        path = os.path.join(str(config.invocation_params.dir), rows_path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        config.stash[ROW_STREAM] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
+    if not in_suite:
         return
     _load_profile(config)
     if options.named(config):
         _targets(config, options.backend_names(config))  # a bad name is a usage error now, not per module
 
 
+def pytest_unconfigure(config):
+    recorder = config.pluginmanager.get_plugin("attnspec-rows")
+    if recorder is not None:
+        config.pluginmanager.unregister(recorder)
+    stream = config.stash.get(ROW_STREAM, None)
+    if stream is not None:
+        stream.close()
+        config.stash[ROW_STREAM] = None
+
+
 def _load_profile(config) -> None:
     """Our profile, unless Hypothesis was given one (then its example count is the run's, unless
     --attnspec-examples says)."""
+    import dataclasses
+
     if config.getoption("hypothesis_profile", None) and not config.getoption("attnspec_examples", None):
         from hypothesis import settings
-        run = config._attnspec
-        config._attnspec = options.Run(run.profile, options.Options(**{
-            **run.options.__dict__, "examples": settings.default.max_examples}), run.seed_from, run.repro_dir,
-            run.json_path, run.tb)
+        run = config.stash[RUN]
+        config.stash[RUN] = dataclasses.replace(
+            run, options=dataclasses.replace(run.options, examples=settings.default.max_examples))
     else:
-        profiles.load(config._attnspec.profile)
+        profiles.load(config.stash[RUN].profile)
 
 
 def pytest_report_header(config):
-    run = getattr(config, "_attnspec", None)
-    if not getattr(config, "_attnspec_suite", False) or run is None:
+    run = config.stash.get(RUN, None)
+    if not config.stash.get(IN_SUITE, False) or run is None:
         return None
     o = run.options
-    seeded = (f"; seed {o.seed} ({run.seed_from}; again: --hypothesis-seed={o.seed})" if o.seed is not None else "")
-    lines = [f"attnspec: profile {run.profile} ({o.examples} drawn problems a property{seeded}); "
-             f"reproducers in {results.shown_path(run.repro_dir)}"]
-    workers = getattr(config, "_attnspec_workers", 0)
-    if workers:
-        lines.append(f"attnspec: the backends spread over {workers} pytest-xdist workers, a CPU each "
-                     f"({cores.WORKERS_ENV}=1 or -n 0: one process)")
-    return lines
+    return [f"attnspec: profile {run.profile} ({o.examples} drawn problems a property; seed {o.seed} "
+            f"({run.seed_from}; again: --hypothesis-seed={o.seed})); reproducers in {results.shown_path(run.repro_dir)}"]
 
 
 # ---- targets ------------------------------------------------------------------------------------
@@ -131,13 +141,13 @@ def _targets(config, names) -> list:
     """Per backend, its Targets; resolved once per run."""
     from attnspec.backends import registry
 
-    cache = config.__dict__.setdefault("_attnspec_targets", {})
+    cache = config.stash[TARGETS]
     key = tuple(dict.fromkeys(names))
     if key not in cache:
         out = []
         for name in key:
             try:
-                out.append(make_targets(name, config._attnspec.options.rule))
+                out.append(make_targets(name, config.stash[RUN].options.rule))
             except registry.BackendSelectionError as e:
                 raise pytest.UsageError(f"--backend: {e}") from None
         cache[key] = out
@@ -175,14 +185,40 @@ def _target_of(item):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Each suite test names its backend, property and dtype in its reports; the longest backends first."""
+    """Each suite test names its backend, property and dtype in its reports; under pytest-xdist's
+    loadgroup the longest backends (as the last run recorded them) first."""
     for item in items:
         target = _target_of(item)
         if target is not None:
             item.user_properties.append((results.TEST_KEY, dict(
                 backend=target.name, property=item.originalname.removeprefix("test_"), dtype=target.dtype)))
-    if getattr(config, "_attnspec_workers", 0):
-        cores.longest_first(items, _target_of)
+    if config.getoption("dist", "no") == "loadgroup":
+        cores.longest_first(items, _target_of, cores.recorded_seconds(str(config.invocation_params.dir)))
+
+
+def pytest_collection_finish(session):
+    """The row stream starts with the tests the run collected (`attnspec run` shows progress from it)."""
+    _stream(session.config, {"collected": [item.nodeid for item in session.items if _target_of(item) is not None]})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under pytest-xdist the controller collects nothing itself: the first worker's test ids."""
+    config = node.config
+    if not config.stash.get(_COLLECTED_SENT, False):
+        config.stash[_COLLECTED_SENT] = True
+        _stream(config, {"collected": [i for i in ids if "[" in i]})
+
+
+_COLLECTED_SENT = pytest.StashKey[bool]()
+
+
+def _stream(config, entry: dict) -> None:
+    """One line of the --attnspec-rows file (JSON lines, flushed: a reader follows it while the run goes on)."""
+    stream = config.stash.get(ROW_STREAM, None)
+    if stream is not None:
+        stream.write(json.dumps(entry, default=str) + "\n")
+        stream.flush()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -203,27 +239,29 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture
 def attnspec_run(request):
-    """Runs a property on the test's target (properties/explore.py), inside this test."""
+    """Runs a property on the test's target (properties/outcomes.py), inside this test:
+    ``attnspec_run(prop, target)``."""
+    return functools.partial(run_in_test, request)
+
+
+def run_in_test(request, prop, target) -> None:
     from attnspec.properties.outcomes import run_property
 
-    class Runner:
-        @staticmethod
-        def property(prop, target):
-            reason = skip_reason(prop, target)
-            if reason:
-                pytest.skip(reason)
-            run, active = request.config._attnspec, contextlib.nullcontext()
-            installed = getattr(request.module, INSTALLED, None)
-            if installed and not request.config._attnspec_suite:  # in a user's own suite (install)
-                run = options.for_installed(request.config, run, len(installed))
-                active = profiles.active(run.profile)  # the suite's settings around its tests only
-            try:
-                with active:
-                    run_property(request.node, run, prop, target)
-            finally:  # a contradicted or declared answer is a row too
-                for row in target.answers:
-                    request.node.user_properties.append((results.SEMANTICS_KEY, row))
-    return Runner()
+    reason = skip_reason(prop, target)
+    if reason:
+        pytest.skip(reason)
+    config = request.config
+    run, active = config.stash[RUN], contextlib.nullcontext()
+    installed = getattr(request.module, INSTALLED, None)
+    if installed and not config.stash[IN_SUITE]:  # in a user's own suite (install)
+        run = options.for_installed(config, run, len(installed))
+        active = profiles.active(run.profile)  # the suite's settings around its tests only
+    try:
+        with active:
+            run_property(request.node, run, prop, target)
+    finally:  # a contradicted or declared answer is a row too
+        for row in target.answers:
+            request.node.user_properties.append((results.SEMANTICS_KEY, row))
 
 
 def skip_reason(prop, target) -> str:
@@ -256,28 +294,27 @@ def pytest_report_teststatus(report, config):
     return None
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_report_to_serializable(config, report):
-    """In a --report-log, a collect report names the tests it collected (pytest writes null there), so
-    `attnspec run` knows a suite's tests before they run (attnspec/suites.py).  Not on an xdist
-    worker: its reports go to the controller, which has its own."""
-    outcome = yield
-    data = outcome.get_result()
-    if config.getoption("report_log", None) and not hasattr(config, "workerinput") \
-            and isinstance(report, pytest.CollectReport) and isinstance(data, dict) and report.result:
-        data["result"] = [{"nodeid": n.nodeid} for n in report.result]
-        outcome.force_result(data)
+class RowRecorder:
+    """Takes each test's rows from its reports (on xdist's controller too: workers' reports reach it).
+    A plugin object because `pytest_runtest_logreport` is handed the report only, not the run's config."""
 
+    def __init__(self, config):
+        self.config = config
 
-def pytest_runtest_logreport(report):
-    row = results.row_of(report)
-    if row is not None:
-        _ROWS["conformance"].append(row)
-    _ROWS["semantics"].extend(results.semantics_of(report))
+    def pytest_runtest_logreport(self, report):
+        row = results.row_of(report)
+        semantics = results.semantics_of(report)
+        rows = self.config.stash[ROWS]
+        if row is not None:
+            rows["conformance"].append(row)
+        rows["semantics"].extend(semantics)
+        if row is not None or semantics:
+            _stream(self.config, {"nodeid": report.nodeid, "row": row, "semantics": semantics})
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    rows = _ROWS["conformance"]
+    found = config.stash.get(ROWS, None)
+    rows = found["conformance"] if found else []
     if not rows:
         return
     from attnspec.specs.problem import FLOAT_DTYPE_NAMES
@@ -291,25 +328,34 @@ def pytest_terminal_summary(terminalreporter, config):
         tr.section("attnspec: what the failures need")
         for line in attributed:
             tr.write_line(line)
-    if _ROWS["semantics"]:
+    if found["semantics"]:
         tr.section("attnspec: semantics profile (observed per dtype; 'ok' = as declared, blank = nothing declared)")
-        for line in results.semantics_lines(_ROWS["semantics"], list(reversed(FLOAT_DTYPE_NAMES))):
+        for line in results.semantics_lines(found["semantics"], list(reversed(FLOAT_DTYPE_NAMES))):
             tr.write_line(line)
     if config.getoption("verbose") > 0 or len({r["backend"] for r in rows}) <= profiles.DEEP_BACKENDS:
         tr.section("attnspec: problems tried per property and dtype")
         for line in results.examples_lines(rows, list(reversed(FLOAT_DTYPE_NAMES))):
             tr.write_line(line)
-    run = getattr(config, "_attnspec", None)
-    if run is not None and any(r["reproducer"] for r in rows):
-        tr.write_line(f"reproducers: {results.shown_path(run.repro_dir)}/ (python <file>)")
+    run = config.stash.get(RUN, None)
+    if run is not None:
+        if any(r["reproducer"] for r in rows):
+            tr.write_line(f"reproducers: {results.shown_path(run.repro_dir)}/ (python <file>)")
+        tr.write_line(f"attnspec: seed {run.options.seed} ({run.seed_from}); the same verdicts again: "
+                      f"--hypothesis-seed={run.options.seed}")
 
 
 def pytest_sessionfinish(session):
     config = session.config
     if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the file
         return
-    run = getattr(config, "_attnspec", None)
+    run, rows = config.stash.get(RUN, None), config.stash.get(ROWS, None)
+    if rows is None:
+        return
+    here = str(config.invocation_params.dir)
+    in_suite = config.stash.get(IN_SUITE, False)
     path = config.getoption("attnspec_json", None) or (
-        run.json_path if run is not None and (config._attnspec_suite or _ROWS["conformance"]) else None)
+        run.json_path if run is not None and (in_suite or rows["conformance"]) else None)
     if path:
-        results.write_json(os.path.join(str(config.invocation_params.dir), path), _ROWS)
+        results.write_json(os.path.join(here, path), dict(rows, run=results.run_record(run)))
+    if in_suite and rows["conformance"] and not (config.option.keyword or config.option.markexpr):
+        cores.record_seconds(here, rows["conformance"])  # the next run's longest-first order

@@ -94,6 +94,15 @@ def semantics_of(report) -> list:
     return _found(report, SEMANTICS_KEY) if report.when == "call" else []
 
 
+def run_record(run) -> dict:
+    """What the JSON says of the run itself: its profile, seed (and where it came from), examples."""
+    if run is None:
+        return {}
+    o = run.options
+    return {"profile": run.profile, "seed": o.seed, "seed_from": run.seed_from, "examples": o.examples,
+            "again": f"--hypothesis-seed={o.seed}"}
+
+
 def write_json(path: str, rows: dict) -> None:
     """Atomically: a reader never sees half a file."""
     path = os.path.abspath(path)
