@@ -198,7 +198,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
     """The row stream starts with the tests the run collected (`attnspec run` shows progress from it)."""
-    _stream(session.config, {"collected": [item.nodeid for item in session.items if _target_of(item) is not None]})
+    _stream(session.config, {"collected": [item.nodeid for item in session.items
+                                            if any(k == results.TEST_KEY for k, _ in item.user_properties)]})
 
 
 @pytest.hookimpl(optionalhook=True)

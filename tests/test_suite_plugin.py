@@ -148,8 +148,7 @@ def pytest_configure(config):
         return
     o = config.option
     seen = dict(numprocesses=getattr(o, "numprocesses", None), dist=getattr(o, "dist", None),
-                plugins=list(getattr(o, "plugins", None) or []), hypothesis_seed=getattr(o, "hypothesis_seed", None),
-                workers=getattr(config, "_attnspec_workers", 0))
+                plugins=list(getattr(o, "plugins", None) or []), hypothesis_seed=getattr(o, "hypothesis_seed", None))
     with open("options.json", "w") as f:
         json.dump(seen, f, default=str)
 '''
@@ -366,7 +365,7 @@ def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
     project = _user_project(tmp_path, {"conftest.py": OPTION_PROBE_CONFTEST, "userplug.py": USER_PLUGIN})
     two = ["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:sdpa", "--backend", "mypkg.attn:off_by_one",
            "-k", "test_default_scale"]
-    env = _env(ATTNSPEC_PROFILE="dev", ATTNSPEC_WORKERS="2")
+    env = _env(ATTNSPEC_PROFILE="dev")
 
     def seen(*args):
         proc = _pytest([*two, *args], project, env)
@@ -374,14 +373,12 @@ def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
         return json.loads((project / "options.json").read_text()), proc.stdout
 
     options, _ = seen("-n", "1", "-p", "userplug")
-    assert (options["numprocesses"], options["workers"]) == (1, 0) and "userplug" in options["plugins"]
+    assert options["numprocesses"] == 1 and "userplug" in options["plugins"]
     options, _ = seen("--dist", "loadfile")
-    assert (options["numprocesses"], options["dist"], options["workers"]) == (None, "loadfile", 0)
-    # nothing chosen: the suite spreads over the cores, and the seed is still the user's, read as given
+    assert (options["numprocesses"], options["dist"]) == (None, "loadfile")
+    # nothing chosen: one process (the suite never lays itself out), and the seed is the user's, read as given
     options, out = seen("--hypothesis-seed=12345")
-    assert options["hypothesis_seed"] == "12345"
-    if options["workers"]:
-        assert (options["numprocesses"], options["dist"]) == (options["workers"], "loadgroup")
+    assert options["hypothesis_seed"] == "12345" and (options["numprocesses"], options["dist"]) == (None, "no")
     assert "seed 12345 (--hypothesis-seed; again: --hypothesis-seed=12345)" in out
 
 
