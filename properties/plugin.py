@@ -99,8 +99,8 @@ def pytest_report_header(config):
     if not config.stash.get(IN_SUITE, False) or run is None:
         return None
     o = run.options
-    return [f"attnspec: profile {run.profile} ({o.examples} drawn problems a property; seed {o.seed} "
-            f"({run.seed_from}; again: --hypothesis-seed={o.seed})); reproducers in {results.shown_path(run.repro_dir)}"]
+    return [f"attnspec: profile {run.profile} ({o.examples} drawn problems a property); seed {o.seed} "
+            f"({run.seed_from}; again: --hypothesis-seed={o.seed}); reproducers in {results.shown_path(run.repro_dir)}"]
 
 
 # ---- targets ------------------------------------------------------------------------------------

@@ -382,6 +382,31 @@ def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
     assert "seed 12345 (--hypothesis-seed; again: --hypothesis-seed=12345)" in out
 
 
+def test_the_same_command_gives_the_same_verdicts_and_its_printed_seed_replays_them(tmp_path):
+    """No seed given: the run is seeded all the same and says by what (header, JSON); run twice with the
+    example database cleared and no cache it gives identical verdicts, and the printed seed given back
+    to --hypothesis-seed replays the same failures on the same problems."""
+    project = _user_project(tmp_path)
+    args = ["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:off_by_one_when_large", "-k",
+            "test_default_scale or test_explicit_scale", "--attnspec-no-shrink", "--attnspec-json", "out.json"]
+
+    def run(*extra):
+        shutil.rmtree(project / ".hypothesis", ignore_errors=True)
+        proc = _pytest([*args, *extra], project, _env(ATTNSPEC_PROFILE="dev"))
+        assert proc.returncode == 1, proc.stdout[-3000:]  # off by one on the larger problems
+        data = json.loads((project / "out.json").read_text())
+        verdicts = {(r["property"], r["dtype"]): (r["status"], r["message"]) for r in data["conformance"]}
+        return proc.stdout, data["run"], verdicts
+
+    out, first, verdicts = run()
+    assert any(status == "failed" for status, _ in verdicts.values()), verdicts
+    assert f"seed {first['seed']} (" in out and f"--hypothesis-seed={first['seed']}" in out
+    _, again, same = run()
+    assert (again, same) == (first, verdicts)
+    _, _, replayed = run(f"--hypothesis-seed={first['seed']}")
+    assert replayed == verdicts
+
+
 def test_a_seed_given_to_hypothesis_replays_the_run(tmp_path):
     """Each test seeds from --hypothesis-seed and its id: the same seed, the same (first) failing problem."""
     project = _user_project(tmp_path)
