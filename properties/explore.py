@@ -172,17 +172,33 @@ def seed_of(base: int, prop: Property, target) -> int:
 
 
 def explore(prop: Property, target, options: Options, examples: int | None = None, avoid=frozenset(),
-            seeds: bool = True, shrink: bool = True, exclude: str = "") -> Failure | None:
+            seeds: bool = True, shrink: bool = True, exclude: str = "", covered: Callable | None = None,
+            tally: dict | None = None) -> Failure | None:
     """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
     problem was declined.  ``avoid``: features no draw uses; ``exclude``: a regular expression over a
-    problem as printed - such draws are left out (a declared deviation's problems)."""
+    problem as printed - such draws are left out (a declared deviation's problems); ``covered``:
+    Failure -> bool, failures a declaration covers, counted as checked and passed over (the
+    re-check after a declared deviation goes on exploring behind it).  ``tally`` gets how far it
+    went: "checked" problems, of them "covered"."""
     import pytest
 
+    tally = {} if tally is None else tally
+    tally.update(checked=0, covered=0)
+
+    def one(case, params):
+        try:
+            attempt(prop, target, case, params)
+        except Failure as f:
+            if covered is None or not covered(f):
+                raise
+            tally["covered"] += 1
+        tally["checked"] += 1
+
     if prop.grid is not None:
-        return _fixed(prop, target, prop.grid(target))
+        return _fixed(one, target, prop.grid(target))
     if seeds and prop.seeds:
         from attnspec.properties.seeds import seed_examples
-        found = _fixed(prop, target, seed_examples(prop, target), skip_declined=True)
+        found = _fixed(one, target, seed_examples(prop, target), skip_declined=True)
         if found is not None:
             return found
     declined = {"row": 0, "why": ""}
@@ -198,7 +214,7 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
             reject()
         params = prop.params(data.draw, case, target) if prop.params else {}
         try:
-            attempt(prop, target, case, params)
+            one(case, params)
         except Declined as e:
             declined["row"] += 1
             declined["why"] = str(e)
@@ -224,11 +240,11 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
     return None
 
 
-def _fixed(prop: Property, target, examples, skip_declined: bool = False) -> Failure | None:
+def _fixed(one: Callable, target, examples, skip_declined: bool = False) -> Failure | None:
     ran, declined = 0, []
     for case, params in examples:
         try:
-            attempt(prop, target, case, params)
+            one(case, params)
             ran += 1
         except Declined as e:
             declined.append(f"{case.label or case!r}: {str(e).split(': ', 1)[-1]}")

@@ -6,9 +6,17 @@ path) instead of a traceback through Hypothesis and the backend; a failure the b
 as a known deviation is ``pytest.xfail`` with the declaration's reason (counted "deviation");
 anything else raised is a fault of the harness and keeps its traceback ("error").
 
-A deviation confined to a feature (a library whose grouped-heads path is broken) or to some
-problems covers the failures on them; the property is then checked again on fresh draws without
-them, and a failure there is a failure like any other.
+Failure attribution and the re-checks are explicit second steps, after a failure only:
+
+- attribution (explore.attribute): which optional features the counterexample needs;
+- a deviation confined to a feature (a library whose grouped-heads path is broken) or to some
+  problems covers the failures on them; the property is then checked again on fresh draws
+  without them;
+- any other declared deviation (``when=`` patterns too): the property goes on exploring past it,
+  fresh draws on which a failure the declaration covers counts as checked.
+
+A failure a re-check finds is a failure like any other (a defect behind the declared one); the
+deviation's message says how deep the re-check went (problems checked, of them covered).
 """
 from __future__ import annotations
 
@@ -63,14 +71,25 @@ def run_property(node, run, prop, target) -> None:
             exclude = "|".join(f"(?:{d.problems})" for d in confined if d.problems)
             what = " or ".join(FEATURE_TEXT.get(d.feature) or f"problems like {d.problems!r}"
                                for d in confined if d.problems or d.feature not in need)
-            again = explore(prop, target, run.options, avoid=avoid, exclude=exclude, seeds=False)
+            tally: dict = {}
+            again = explore(prop, target, run.options, avoid=avoid, exclude=exclude, seeds=False, tally=tally)
             if again is None:  # the declared departure, and nothing else wrong without it
-                n = examples_for(prop, run.options)
-                conclude(node, run, failure, row, hit, seen=f"{head}\n  without {what}: {n} draws passed")
+                conclude(node, run, failure, row, hit, seen=f"{head}\n  re-checked without {what}: "
+                                                             f"{tally['checked']} problems passed")
             failure = again  # a failure elsewhere: not the declared one
-        if failure is not None and declared is not None and not declared.matches(results.headline(failure)) \
-                and run.options.shrink:  # not the declared deviation: shrink it like any failure
-            failure = explore(prop, target, run.options) or failure
+        covered = (lambda f: declared.matches(results.headline(f))) if declared is not None else None
+        if failure is not None and covered is not None and covered(failure):
+            # the declared deviation; the property goes on exploring past it, fresh draws on which a
+            # failure the declaration covers counts as checked, so a defect behind it is still found
+            tally = {}
+            again = explore(prop, target, run.options, seeds=False, covered=covered, tally=tally)
+            if again is None:
+                conclude(node, run, failure, row, declared, seen=(
+                    f"{head}\n  re-checked past it: {tally['checked']} problems, {tally['covered']} of them the "
+                    "declared deviation, no other failure"))
+            failure = again  # behind the declared deviation: a failure like any other (shrunk above)
+        elif failure is not None and covered is not None and run.options.shrink:
+            failure = explore(prop, target, run.options, covered=covered) or failure  # not the declared one: shrunk
     finally:
         row["examples"] = target.examples
         row["hung"] = target.session.hung  # attnspec run ends a suite whose backend hung
