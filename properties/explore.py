@@ -21,10 +21,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 from hypothesis import Phase, given, reject, seed, settings
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Flaky, Unsatisfiable
 
 from attnspec.properties.draws import draw_case
 from attnspec.properties.judge import Failed
@@ -88,6 +89,7 @@ class Failure(Exception):
         self.prop, self.target, self.verdict = prop, target, verdict
         self.case, self.params, self.earlier, self.flaky = case, params, earlier, flaky
         self.attribution = ""
+        self.draws: tuple = ()  # "label=value" of the example's labelled draws (draws.py, variants.py)
 
 
 def attempt(prop: Property, target, case, params: dict) -> None:
@@ -109,16 +111,26 @@ def attempt(prop: Property, target, case, params: dict) -> None:
 
 
 def failure_in(exc: BaseException) -> Failure | None:
-    """Our Failure inside what Hypothesis raised (itself, or in a group of flaky or multiple errors)."""
-    todo = [exc]
-    while todo:
-        e = todo.pop(0)
-        if isinstance(e, Failure):
-            return e
-        todo += list(getattr(e, "exceptions", ()) or ())
-        if e.__cause__ is not None:
-            todo.append(e.__cause__)
+    """Our Failure as Hypothesis raised it: itself (report_multiple_bugs is off in our profiles), or
+    the first inside Hypothesis' Flaky group (it failed, then passed when replayed)."""
+    if isinstance(exc, Failure):
+        return exc
+    if isinstance(exc, Flaky) and hasattr(exc, "subgroup"):  # FlakyFailure, an exception group
+        group = exc.subgroup(Failure)
+        while group is not None and not isinstance(group, Failure):
+            group = group.exceptions[0] if group.exceptions else None
+        return group
     return None
+
+
+def _shown(value) -> str:
+    """A drawn value as a failure report lists it: short values as they are, arrays by shape."""
+    if isinstance(value, np.ndarray):
+        return f"array{value.shape}"
+    if isinstance(value, bytes):  # raw choices (a seed, feature bytes): their size says enough
+        return f"{len(value)} bytes"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ---- Hypothesis, per backend -----------------------------------------------------------------
@@ -206,15 +218,30 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
     # one strategy for the problem (drawn as one labelled draw; its inner draws unlabelled: a composite's
     # draw takes no label): drawn draw by draw at the top level, Hypothesis' later examples came out
     # near-uniform far more often (q = k = 0 in ~30 %, against ~5 % from one composite)
-    problems = st.composite(lambda draw: draw_case(lambda s, label=None: draw(s), target, **constraints))()
+    # the labelled draws of the example being run, listed in its failure report (a composite's draw takes
+    # no label, so they are recorded here; the shrunk example is the last one run, its list the last kept)
+    labelled: list = []
+
+    def draw_labelled(draw, strategy, label=None):
+        value = draw(strategy)
+        if label:
+            labelled.append(f"{label}={_shown(value)}")
+        return value
+
+    problems = st.composite(lambda draw: draw_case(lambda s, label=None: draw_labelled(draw, s, label), target,
+                                                   **constraints))()
 
     def body(data):
+        labelled.clear()
         case = data.draw(problems, label="problem")
         if prop.keep is not None and not prop.keep(case) or exclude and re.search(exclude, repr(case)):
             reject()
         params = prop.params(data.draw, case, target) if prop.params else {}
         try:
             one(case, params)
+        except Failure as f:
+            f.draws = tuple(labelled)
+            raise
         except Declined as e:
             declined["row"] += 1
             declined["why"] = str(e)
@@ -234,7 +261,7 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
         found = failure_in(e)
         if found is None:
             raise
-        if found is not e and "Flaky" in type(e).__name__:
+        if isinstance(e, Flaky):
             found.flaky = "it failed once and passed when Hypothesis replayed it (the backend keeps state?)"
         return found
     return None

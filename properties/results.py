@@ -45,8 +45,11 @@ def shown_path(path: str) -> str:
 
 
 def block(failure, path: str | None) -> str:
-    return headline(failure) + "\n" + (f"  reproducer: python {shown_path(path)}" if path else
-                                       "  reproducer: (not written; see the JSON's counterexample)")
+    """The failure as pytest reports it: its headline, the labelled draws of the (shrunk) example
+    (not in the headline: a declaration's ``when`` reads that), the reproducer."""
+    drawn = f"  drawn: {', '.join(failure.draws)}\n" if getattr(failure, "draws", ()) else ""
+    return headline(failure) + "\n" + drawn + (f"  reproducer: python {shown_path(path)}" if path else
+                                               "  reproducer: (not written; see the JSON's counterexample)")
 
 
 # ---- rows --------------------------------------------------------------------------------------

@@ -520,3 +520,22 @@ def test_a_hang_is_learned_once_every_later_test_fails_at_once_naming_it(tmp_pat
                          and not r["reproducer"] for r in later), later[0]["message"]
     # one wait of the limit, maybe two (a probe and the first check); the rest costs nothing like a limit each
     assert sum(r["seconds"] for r in rows) < 2 * limit + 0.2 * len(rows), sum(r["seconds"] for r in rows)
+
+
+def test_a_failing_propertys_report_shows_the_labelled_draws_of_its_shrunk_example():
+    """draws.py's and variants.py's draw labels reach the failure block (not the headline a declaration's
+    `when` reads): the shrunk example's own, Lq among them as the problem has it."""
+    import re
+
+    from attnspec.properties.explore import Options, explore
+    from attnspec.properties.results import block
+    from attnspec.properties.test_output import test_default_scale
+
+    (target,) = [t for t in make_targets("tests.plugins.deviating:DeclaredAndAnotherDefect") if t.dtype == "float64"]
+    failure = explore(test_default_scale.property, target, Options(examples=30, seed=0))
+    assert failure is not None and failure.draws
+    shown = block(failure, None)
+    drawn = re.search(r"\n  drawn: (.*)\n", shown).group(1)
+    assert re.search(r"\bLq=\d+", drawn) and "drawn:" not in headline(failure), shown
+    lq = int(re.search(r"\bLq=(\d+)", repr(failure.case)).group(1))
+    assert lq == 1 or lq >= 4, shown  # the planted defects: one-row queries, and four rows or more
