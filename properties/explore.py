@@ -81,7 +81,7 @@ def prop(**options):
 
 # ---- a failure ------------------------------------------------------------------------------
 
-class Failure(Exception):
+class Counterexample(Exception):
     """A property failed on a case: everything the suite reports and a reproducer needs."""
 
     def __init__(self, prop: Property, target, verdict, case, params: dict, earlier: list, flaky: str = ""):
@@ -93,7 +93,7 @@ class Failure(Exception):
 
 
 def attempt(prop: Property, target, case, params: dict) -> None:
-    """One example: the check on case; Failure when it fails (Declined passes through).
+    """One example: the check on case; Counterexample when it fails (Declined passes through).
 
     After a call of the backend hung, no example calls it again: each raises the failure in which
     it hung (its problem, its reproducer), so shrinking and attribution cost nothing more."""
@@ -104,20 +104,20 @@ def attempt(prop: Property, target, case, params: dict) -> None:
     try:
         prop.check(target, case, params)
     except Failed as f:
-        failure = Failure(prop, target, f.verdict, case, params, list(target.earlier))
+        failure = Counterexample(prop, target, f.verdict, case, params, list(target.earlier))
         if session.hung:  # this example's call did not return
             session.hang = failure
         raise failure from None
 
 
-def failure_in(exc: BaseException) -> Failure | None:
-    """Our Failure as Hypothesis raised it: itself (report_multiple_bugs is off in our profiles), or
+def failure_in(exc: BaseException) -> Counterexample | None:
+    """Our Counterexample as Hypothesis raised it: itself (report_multiple_bugs is off in our profiles), or
     the first inside Hypothesis' Flaky group (it failed, then passed when replayed)."""
-    if isinstance(exc, Failure):
+    if isinstance(exc, Counterexample):
         return exc
     if isinstance(exc, Flaky) and hasattr(exc, "subgroup"):  # FlakyFailure, an exception group
-        group = exc.subgroup(Failure)
-        while group is not None and not isinstance(group, Failure):
+        group = exc.subgroup(Counterexample)
+        while group is not None and not isinstance(group, Counterexample):
             group = group.exceptions[0] if group.exceptions else None
         return group
     return None
@@ -154,7 +154,7 @@ class _Keyed(ExampleDatabase):
 
 
 @dataclass(frozen=True)
-class Options:
+class Exploration:
     """How the run explores (properties.options builds it from the command line and environment)."""
 
     examples: int = 6           # drawn examples a property (gradient properties: half, at least 3)
@@ -164,11 +164,11 @@ class Options:
     rule: str = "attnspec"      # the error budget's rule (specs.error_budget.RULES)
 
 
-def examples_for(prop: Property, options: Options) -> int:
+def examples_for(prop: Property, options: Exploration) -> int:
     return max(3, options.examples // 2) if prop.gradients else options.examples
 
 
-def settings_for(prop: Property, target, options: Options, examples: int | None = None, shrink: bool = True):
+def settings_for(prop: Property, target, options: Exploration, examples: int | None = None, shrink: bool = True):
     base = settings.default
     kw = dict(max_examples=examples or examples_for(prop, options))
     if base.database is not None:
@@ -183,13 +183,13 @@ def seed_of(base: int, prop: Property, target) -> int:
     return zlib.crc32(f"{base}:{prop.family}.{prop.name}[{target.id}]".encode())
 
 
-def explore(prop: Property, target, options: Options, examples: int | None = None, avoid=frozenset(),
+def explore(prop: Property, target, options: Exploration, examples: int | None = None, avoid=frozenset(),
             seeds: bool = True, shrink: bool = True, exclude: str = "", covered: Callable | None = None,
-            tally: dict | None = None) -> Failure | None:
+            tally: dict | None = None) -> Counterexample | None:
     """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
     problem was declined.  ``avoid``: features no draw uses; ``exclude``: a regular expression over a
     problem as printed - such draws are left out (a declared deviation's problems); ``covered``:
-    Failure -> bool, failures a declaration covers, counted as checked and passed over (the
+    Counterexample -> bool, failures a declaration covers, counted as checked and passed over (the
     re-check after a declared deviation goes on exploring behind it).  ``tally`` gets how far it
     went: "checked" problems, of them "covered"."""
     import pytest
@@ -200,7 +200,7 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
     def one(case, params):
         try:
             attempt(prop, target, case, params)
-        except Failure as f:
+        except Counterexample as f:
             if covered is None or not covered(f):
                 raise
             tally["covered"] += 1
@@ -239,7 +239,7 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
         params = prop.params(data.draw, case, target) if prop.params else {}
         try:
             one(case, params)
-        except Failure as f:
+        except Counterexample as f:
             f.draws = tuple(labelled)
             raise
         except Declined as e:
@@ -267,7 +267,7 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
     return None
 
 
-def _fixed(one: Callable, target, examples, skip_declined: bool = False) -> Failure | None:
+def _fixed(one: Callable, target, examples, skip_declined: bool = False) -> Counterexample | None:
     ran, declined = 0, []
     for case, params in examples:
         try:
@@ -275,7 +275,7 @@ def _fixed(one: Callable, target, examples, skip_declined: bool = False) -> Fail
             ran += 1
         except Declined as e:
             declined.append(f"{case.label or case!r}: {str(e).split(': ', 1)[-1]}")
-        except Failure as f:
+        except Counterexample as f:
             return f
     if not ran and declined and not skip_declined:
         import pytest
@@ -285,7 +285,7 @@ def _fixed(one: Callable, target, examples, skip_declined: bool = False) -> Fail
 
 # ---- which features a failure needs (delta debugging over the optional features) -----------------
 
-def attribute(failure: Failure, options: Options) -> str:
+def attribute(failure: Counterexample, options: Exploration) -> str:
     """'fails only with grouped heads: 6 draws without them passed', or '' when no feature explains it.
 
     Each optional feature the counterexample uses is turned off in turn (the same case otherwise);
@@ -301,7 +301,7 @@ def attribute(failure: Failure, options: Options) -> str:
     for feature in used:
         try:
             attempt(prop, target, case.without(feature), failure.params)
-        except (Failure, Declined, Exception):  # noqa: BLE001 - still failing, or not comparable
+        except (Counterexample, Declined, Exception):  # noqa: BLE001 - still failing, or not comparable
             continue
         needed.append(feature)
     if not needed:

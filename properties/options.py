@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 
 from attnspec.properties import profiles
-from attnspec.properties.explore import Options
+from attnspec.properties.explore import Exploration
 
 PACKAGE = "attnspec.properties"
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -98,18 +98,18 @@ def runs_suite(config) -> bool:
 
 
 @dataclass(frozen=True)
-class Run:
+class SuiteRun:
     """What a run of the suite explores and where it writes."""
 
     profile: str
-    options: Options
+    options: Exploration
     seed_from: str       # where the base seed came from (the default, --hypothesis-seed, the commit)
     repro_dir: str
     json_path: str | None
     tb: str              # block | long
 
 
-def configure(config, installed: int = 0) -> Run:
+def configure(config, installed: int = 0) -> SuiteRun:
     """The run's settings from its options and environment; ValueError for a bad value."""
     json_path = config.getoption("attnspec_json", None) or os.environ.get("ATTNSPEC_JSON") or None
     here = str(config.invocation_params.dir)
@@ -128,13 +128,13 @@ def configure(config, installed: int = 0) -> Run:
     examples = config.getoption("attnspec_examples", None) or profiles.EXAMPLES[profile]
     if examples < 1:
         raise ValueError(f"--attnspec-examples must be at least 1; got {examples}")
-    options = Options(examples=examples, seed=seed, shrink=shrink, attribute=shrink,
+    options = Exploration(examples=examples, seed=seed, shrink=shrink, attribute=shrink,
                       rule=config.getoption("attnspec_rule", "attnspec") or "attnspec")
     tb = config.getoption("attnspec_tb", None) or ("long" if config.getoption("verbose") > 0 else "block")
-    return Run(profile, options, seed_from, repro, json_path, tb)
+    return SuiteRun(profile, options, seed_from, repro, json_path, tb)
 
 
-def for_installed(config, run: Run, backends: int) -> Run:
+def for_installed(config, run: SuiteRun, backends: int) -> SuiteRun:
     """The run of tests `install` put into a user's module: the profile their number of backends gets
     (deep for a few), unless a profile or --attnspec-examples is asked for."""
     import dataclasses

@@ -2,7 +2,7 @@
 
 Registered as the pytest plugin ``attnspec`` (a ``pytest11`` entry point), so with attnspec
 installed ``pytest --pyargs attnspec.properties --backend mypkg.attn:sdpa`` runs the suite from
-any folder; `attnspec.properties.install` runs it inside a project's own tests.  Options and
+any folder; `attnspec.properties.install` runs it inside a project's own tests.  Exploration and
 what a run explores: properties/options.py; outcomes: properties/outcomes.py; rows, summary and
 JSON: properties/results.py; side by side over the cores: properties/cores.py.
 
@@ -25,7 +25,7 @@ from attnspec.properties import cores, options, profiles, results
 INSTALLED = "__attnspec_backends__"   # set by attnspec.properties.install in a user's test module
 
 # the run's state, in pytest's own per-run store (pytest.main() may run twice in one process)
-RUN = pytest.StashKey["options.Run | None"]()      # what the run explores; None: not set up (a bad option)
+RUN = pytest.StashKey["options.SuiteRun | None"]()      # what the run explores; None: not set up (a bad option)
 IN_SUITE = pytest.StashKey[bool]()                 # whether this run is the suite's (options.runs_suite)
 TARGETS = pytest.StashKey[dict]()                  # backend names -> their Targets, resolved once
 ROWS = pytest.StashKey[dict]()                     # {"conformance": [...], "semantics": [...]} of the run

@@ -23,7 +23,7 @@ from attnspec.backends.registry import resolve
 from attnspec.properties import draws, repro
 from attnspec.properties.case import Case, seed_case
 from attnspec.properties.draws import SCORE_CAP, draw_case, score_terms
-from attnspec.properties.explore import Failure, attempt
+from attnspec.properties.explore import Counterexample, attempt
 from attnspec.properties.plugin import make_targets
 from attnspec.properties.results import headline, verdict_lines
 from attnspec.properties.runner import SuiteError, run_suite
@@ -403,9 +403,9 @@ def _problem(B, Lq, Lk, E, kv_lengths, seed=0, **extra) -> Case:
     return Case(q, k, v, fields=dict(kv_lengths=np.asarray(kv_lengths, dtype=np.int64), **extra))
 
 
-def _fail(t, case) -> Failure:
+def _fail(t, case) -> Counterexample:
     prop = repro.find_property("output", "matches_reference")
-    with pytest.raises(Failure) as info:
+    with pytest.raises(Counterexample) as info:
         attempt(prop, t, case, {})
     return info.value
 
@@ -527,12 +527,12 @@ def test_a_failing_propertys_report_shows_the_labelled_draws_of_its_shrunk_examp
     `when` reads): the shrunk example's own, Lq among them as the problem has it."""
     import re
 
-    from attnspec.properties.explore import Options, explore
+    from attnspec.properties.explore import Exploration, explore
     from attnspec.properties.results import block
     from attnspec.properties.test_output import test_default_scale
 
     (target,) = [t for t in make_targets("tests.plugins.deviating:DeclaredAndAnotherDefect") if t.dtype == "float64"]
-    failure = explore(test_default_scale.property, target, Options(examples=30, seed=0))
+    failure = explore(test_default_scale.property, target, Exploration(examples=30, seed=0))
     assert failure is not None and failure.draws
     shown = block(failure, None)
     drawn = re.search(r"\n  drawn: (.*)\n", shown).group(1)
