@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from hypothesis import Phase, given, reject, seed, settings
@@ -31,6 +31,10 @@ from attnspec.properties.draws import draw_case
 from attnspec.properties.judge import Failed
 from attnspec.properties.target import Declined
 from attnspec.specs.fields import FEATURE_TEXT, FEATURES
+
+if TYPE_CHECKING:  # annotations only
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
 
 MAX_DECLINED = 25  # problems declined in a row before a test is skipped with the backend's reason
 
@@ -51,7 +55,7 @@ class Property:
     grid: Callable | None = None   # target -> [(case, params)]: a fixed list instead of draws
     doc: str = ""
 
-    def constraints(self, target, avoid=frozenset()) -> dict:
+    def constraints(self, target: Target, avoid=frozenset()) -> dict:
         kw = dict(self.draw(target) if callable(self.draw) else self.draw)
         kw["avoid"] = frozenset(kw.get("avoid", ())) | set(avoid)
         kw["need"] = frozenset(kw.get("need", ())) | (set(self.requires) - kw["avoid"])
@@ -84,7 +88,8 @@ def prop(**options):
 class Counterexample(Exception):
     """A property failed on a case: everything the suite reports and a reproducer needs."""
 
-    def __init__(self, prop: Property, target, verdict, case, params: dict, earlier: list, flaky: str = ""):
+    def __init__(self, prop: Property, target: Target, verdict, case: Case, params: dict, earlier: list,
+                 flaky: str = ""):
         super().__init__(verdict.message)
         self.prop, self.target, self.verdict = prop, target, verdict
         self.case, self.params, self.earlier, self.flaky = case, params, earlier, flaky
@@ -92,7 +97,7 @@ class Counterexample(Exception):
         self.draws: tuple = ()  # "label=value" of the example's labelled draws (draws.py, variants.py)
 
 
-def attempt(prop: Property, target, case, params: dict) -> None:
+def attempt(prop: Property, target: Target, case: Case, params: dict) -> None:
     """One example: the check on case; Counterexample when it fails (Declined passes through).
 
     After a call of the backend hung, no example calls it again: each raises the failure in which
@@ -168,7 +173,7 @@ def examples_for(prop: Property, options: Exploration) -> int:
     return max(3, options.examples // 2) if prop.gradients else options.examples
 
 
-def settings_for(prop: Property, target, options: Exploration, examples: int | None = None, shrink: bool = True):
+def settings_for(prop: Property, target: Target, options: Exploration, examples: int | None = None, shrink: bool = True):
     base = settings.default
     kw = dict(max_examples=examples or examples_for(prop, options))
     if base.database is not None:
@@ -178,12 +183,12 @@ def settings_for(prop: Property, target, options: Exploration, examples: int | N
     return settings(base, **kw)
 
 
-def seed_of(base: int, prop: Property, target) -> int:
+def seed_of(base: int, prop: Property, target: Target) -> int:
     """Each test's own seed: the run's base seed and the test's id (`--hypothesis-seed=N` replays a run)."""
     return zlib.crc32(f"{base}:{prop.family}.{prop.name}[{target.id}]".encode())
 
 
-def explore(prop: Property, target, options: Exploration, examples: int | None = None, avoid=frozenset(),
+def explore(prop: Property, target: Target, options: Exploration, examples: int | None = None, avoid=frozenset(),
             seeds: bool = True, shrink: bool = True, exclude: str = "", covered: Callable | None = None,
             tally: dict | None = None) -> Counterexample | None:
     """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
@@ -267,7 +272,7 @@ def explore(prop: Property, target, options: Exploration, examples: int | None =
     return None
 
 
-def _fixed(one: Callable, target, examples, skip_declined: bool = False) -> Counterexample | None:
+def _fixed(one: Callable, target: Target, examples, skip_declined: bool = False) -> Counterexample | None:
     ran, declined = 0, []
     for case, params in examples:
         try:
