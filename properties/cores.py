@@ -1,16 +1,18 @@
-"""Side by side over the cores: which backends' suites go first, from what the last run measured.
+"""Side by side over the cores: the suite's workers, and which backends' suites go first.
 
-The suite does not spread itself over the cores: a run of `pytest properties` stays in one
-process unless the user says otherwise, with pytest-xdist's own options::
-
-    pytest properties -n auto --dist loadgroup
-
-(``loadgroup``: a backend's tests in one dtype share a worker, and with them the programs that
-backend compiled for that dtype).  `attnspec run` starts one child per backend itself.  In both
-the longest suites start first, so the last to finish is a short one; "longest" is what the
-previous run recorded (each row carries its ``seconds``), in ``.attnspec/suite-seconds.json`` of
-the folder the run started in.  With nothing recorded a backend weighs its number of tests
-(pytest-xdist), or keeps its place (`attnspec run`).
+`pytest properties` over several backends, with pytest-xdist installed and no layout of the
+user's, runs as if they had typed ``-n W --dist loadgroup`` (W: a worker a CPU this process may
+use, at most one per backend; ``loadgroup``: a backend's tests in one dtype share a worker, and
+with them the programs it compiled for that dtype).  One mechanism steers it, documented in
+properties/README.md: ``ATTNSPEC_WORKERS`` (auto, N, or 0/1 for one process).  "No layout of the
+user's" is read from pytest's parsed options (however spelled: command line, PYTEST_ADDOPTS,
+the ini's addopts): no -n, --dist, --tx or --maxprocesses, and none of the modes that need one
+process (--pdb, --trace, --stepwise, --collect-only, --setup-only/plan, --looponfail).
+`attnspec run` starts one child per backend itself.  In both the longest suites start first, so
+the last to finish is a short one; "longest" is what the previous run recorded (each row
+carries its ``seconds``), in ``.attnspec/suite-seconds.json`` of the folder the run started in.
+With nothing recorded a backend weighs its number of tests (pytest-xdist), or keeps its place
+(`attnspec run`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,50 @@ import json
 import os
 
 SECONDS_FILE = os.path.join(".attnspec", "suite-seconds.json")
+WORKERS_ENV = "ATTNSPEC_WORKERS"
+# pytest's parsed options (dests) of the modes that need the run in one process
+_ONE_PROCESS_MODES = ("usepdb", "trace", "stepwise", "collectonly", "setuponly", "setupplan", "looponfail")
+
+
+def workers_wanted(backends: int, environ=None) -> int:
+    """How many pytest-xdist workers a run of the suite over `backends` backends starts by itself
+    (0: none): one per CPU this process may use, at most one per backend; ATTNSPEC_WORKERS=N asks
+    for N, 0 or 1 for none."""
+    env = os.environ if environ is None else environ
+    raw = env.get(WORKERS_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        wanted = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    else:
+        try:
+            wanted = int(raw)
+        except ValueError:
+            raise ValueError(f"{WORKERS_ENV} must be a number of workers or 'auto'; got {raw!r}") from None
+        if wanted < 0:
+            raise ValueError(f"{WORKERS_ENV} must be >= 0 (0 or 1: one process); got {raw!r}")
+    wanted = min(wanted, backends)
+    return wanted if wanted >= 2 else 0
+
+
+def user_laid_out(config) -> bool:
+    """Whether the run's own options (as pytest parsed them) say how it is laid out, or need one process."""
+    o = config.option
+    if getattr(o, "numprocesses", None) is not None or getattr(o, "dist", "no") != "no" \
+            or getattr(o, "tx", None) or getattr(o, "maxprocesses", None):
+        return True
+    return any(getattr(o, mode, False) for mode in _ONE_PROCESS_MODES)
+
+
+def spread(config, backends: int) -> int:
+    """Lay the suite over `workers_wanted` pytest-xdist workers (loadgroup) when the user did not;
+    the number of workers started (0: the run stays as it is)."""
+    if hasattr(config, "workerinput") or not backends or not config.pluginmanager.hasplugin("xdist") \
+            or user_laid_out(config):
+        return 0
+    workers = workers_wanted(backends)
+    if workers:
+        # --no-loadscope-reorder: xdist hands the groups out in the plugin's order, the longest first
+        config.option.numprocesses, config.option.dist, config.option.loadscopereorder = workers, "loadgroup", False
+    return workers
 
 
 def recorded_seconds(folder: str) -> dict[str, float]:

@@ -30,6 +30,7 @@ IN_SUITE = pytest.StashKey[bool]()                 # whether this run is the sui
 TARGETS = pytest.StashKey[dict]()                  # backend names -> their Targets, resolved once
 ROWS = pytest.StashKey[dict]()                     # {"conformance": [...], "semantics": [...]} of the run
 ROW_STREAM = pytest.StashKey["object | None"]()    # the open --attnspec-rows file, or None
+WORKERS = pytest.StashKey[int]()                   # pytest-xdist workers the suite laid itself over (cores.py)
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -41,6 +42,18 @@ def pytest_load_initial_conftests(early_config, parser, args):
     """--backend once the run's conftests are loaded, if none of them defines it."""
     yield
     options.add_backend_alias(parser)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_cmdline_main(config):
+    """Before pytest-xdist reads its options: the suite over several backends uses the machine's cores
+    unless the user laid the run out (properties/cores.py)."""
+    try:
+        suite = bool(config.args) and options.runs_suite(config) and all(options.reaches_suite(config, a, inside=True) for a in config.args)
+        config.stash[WORKERS] = cores.spread(config, len(options.backend_names(config)) if suite else 0)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    yield
 
 
 def pytest_configure(config):
@@ -99,8 +112,12 @@ def pytest_report_header(config):
     if not config.stash.get(IN_SUITE, False) or run is None:
         return None
     o = run.options
+    workers = config.stash.get(WORKERS, 0)
+    spread = [f"attnspec: the backends spread over {workers} pytest-xdist workers, a CPU each "
+              f"({cores.WORKERS_ENV}=1 or -n 0: one process)"] if workers else []
     return [f"attnspec: profile {run.profile} ({o.examples} drawn problems a property); seed {o.seed} "
-            f"({run.seed_from}; again: --hypothesis-seed={o.seed}); reproducers in {results.shown_path(run.repro_dir)}"]
+            f"({run.seed_from}; again: --hypothesis-seed={o.seed}); reproducers in {results.shown_path(run.repro_dir)}",
+            *spread]
 
 
 # ---- targets ------------------------------------------------------------------------------------
@@ -192,7 +209,7 @@ def pytest_collection_modifyitems(session, config, items):
         if target is not None:
             item.user_properties.append((results.TEST_KEY, dict(
                 backend=target.name, property=item.originalname.removeprefix("test_"), dtype=target.dtype)))
-    if config.getoption("dist", "no") == "loadgroup":
+    if config.getoption("dist", "no") == "loadgroup":  # the suite's spread, or the user's own
         cores.longest_first(items, _target_of, cores.recorded_seconds(str(config.invocation_params.dir)))
 
 

@@ -1,13 +1,17 @@
-"""Side by side over the cores (properties/cores.py): the suite never lays itself out over
-pytest-xdist (the user says ``-n auto --dist loadgroup``); the longest backends - as the previous
-run recorded them - go first, each (backend, dtype) group together, and `attnspec run` starts its
-longest suites first under the run's profile."""
+"""Side by side over the cores (properties/cores.py): the suite over several backends lays itself
+over pytest-xdist workers unless the user's own options (as pytest parsed them) lay the run out;
+ATTNSPEC_WORKERS steers it; the longest backends - as the previous run recorded them - go first,
+each (backend, dtype) group together, and `attnspec run` starts its longest suites first under the
+run's profile."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from types import SimpleNamespace
+
+import pytest
 
 from attnspec.properties import cores
 
@@ -76,23 +80,53 @@ def pytest_configure(config):
 """
 
 
-def test_the_suite_over_several_backends_stays_as_the_user_laid_it_out(pytester):
-    """No auto-spread: over two backends the run is one process unless -n says otherwise, and -n/--dist
-    are the user's as given."""
+def test_workers_wanted_one_per_cpu_at_most_one_per_backend():
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    assert cores.workers_wanted(12, {}) == (min(cpus, 12) if cpus >= 2 else 0)
+    assert cores.workers_wanted(1, {}) == 0  # one backend: its tests share one worker anyway
+    assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "3"}) == 3
+    assert cores.workers_wanted(2, {"ATTNSPEC_WORKERS": "8"}) == 2
+    assert cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "1"}) == 0 == cores.workers_wanted(12, {"ATTNSPEC_WORKERS": "0"})
+    for bad in ("many", "-1"):
+        with pytest.raises(ValueError, match="ATTNSPEC_WORKERS"):
+            cores.workers_wanted(12, {"ATTNSPEC_WORKERS": bad})
+
+
+def test_the_suite_spreads_itself_unless_the_users_parsed_options_lay_the_run_out(pytester, monkeypatch):
+    """However the user spelled it (command line, PYTEST_ADDOPTS, the ini's addopts), a layout of theirs
+    or a mode that needs one process is left as they said; else two backends get two workers."""
+    monkeypatch.setenv("ATTNSPEC_WORKERS", "2")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     pytester.makeconftest(_PROBE)
-    for args, expected in (([], (None, "no")), (["-n", "2", "--dist", "loadgroup"], (2, "loadgroup")),
-                           (["-p", "no:xdist"], (None, None))):
+
+    def seen(*args):
         pytester.runpytest_inprocess("--pyargs", "attnspec.properties", *TWO, *args)
-        seen = json.loads((pytester.path / "seen.json").read_text())
-        assert (seen["numprocesses"], seen["dist"]) == expected and seen["suite"] is True, (args, seen)
+        found = json.loads((pytester.path / "seen.json").read_text())
+        assert found["suite"] is True
+        return found["numprocesses"], found["dist"]
+
+    assert seen() == (2, "loadgroup")
+    assert seen("-n", "1") == (1, "load") and seen("--numprocesses=0") == (0, "no")
+    assert seen("--dist", "loadfile") == (None, "loadfile") and seen("--co") == (None, "no")
+    assert seen("-p", "no:xdist") == (None, None)
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-n1")
+    assert seen() == (1, "load")
+    monkeypatch.delenv("PYTEST_ADDOPTS")
+    pytester.makeini("[pytest]\naddopts = --dist=loadscope\n")
+    assert seen() == (None, "loadscope")
+    pytester.makeini("[pytest]\n")
+    monkeypatch.setenv("ATTNSPEC_WORKERS", "many")
+    bad = pytester.runpytest_inprocess("--pyargs", "attnspec.properties", *TWO)
+    assert bad.ret == 4 and "ATTNSPEC_WORKERS must be a number of workers" in "\n".join(bad.errlines)
 
 
 def test_a_run_records_its_seconds_and_the_next_loadgroup_run_starts_the_longest_first(pytester, monkeypatch):
     monkeypatch.setenv("ATTNSPEC_PROFILE", "dev")
-    result = pytester.runpytest_inprocess("--pyargs", "attnspec.properties", *TWO, "--attnspec-examples", "1")
+    result = pytester.runpytest_inprocess("--pyargs", "attnspec.properties", "--backend", "numpy-tiled",
+                                          "--attnspec-examples", "1")
     assert result.ret == 0, result.stdout.str()[-2000:]
     recorded = cores.recorded_seconds(str(pytester.path))
-    assert set(recorded) == {"numpy-naive", "numpy-tiled"} and all(s > 0 for s in recorded.values())
+    assert set(recorded) == {"numpy-tiled"} and recorded["numpy-tiled"] > 0
     # a filtered run (-k) records nothing: its few tests are not the backend's suite
     (pytester.path / cores.SECONDS_FILE).unlink()
     pytester.runpytest_inprocess("--pyargs", "attnspec.properties", *TWO, "-k", "rows_sum_to_one")
@@ -122,3 +156,17 @@ def test_attnspec_run_starts_the_longest_recorded_suites_first_under_the_runs_pr
     assert [r["backend"] for r in parts["conformance"]] == [n for n, _ in chosen]  # rows in the order asked
     assert {n for n, _ in seen[:2]} == {"jax-dpa", "jax-naive"}  # the longest recorded start first
     assert {p for _, p in seen} == {"dev"}
+
+
+def test_the_suite_over_two_backends_spreads_over_workers_and_its_rows_reach_the_stream(pytester, monkeypatch):
+    monkeypatch.setenv("ATTNSPEC_WORKERS", "2")
+    monkeypatch.setenv("ATTNSPEC_PROFILE", "dev")
+    result = pytester.runpytest_subprocess("--pyargs", "attnspec.properties", *TWO, "-k", "rows_sum_to_one",
+                                           "--attnspec-rows", "rows.jsonl", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    assert "the backends spread over 2 pytest-xdist workers" in out and "created: 2/2 workers" in out
+    first, *rows = [json.loads(line) for line in (pytester.path / "rows.jsonl").read_text().splitlines()]
+    assert len(first["collected"]) == 6  # float16, 32, 64 each, as the first worker collected them
+    assert sorted((r["row"]["backend"], r["row"]["status"]) for r in rows) == sorted(
+        [("numpy-naive", "passed")] * 3 + [("numpy-tiled", "passed")] * 3)

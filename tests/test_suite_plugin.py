@@ -365,7 +365,7 @@ def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
     project = _user_project(tmp_path, {"conftest.py": OPTION_PROBE_CONFTEST, "userplug.py": USER_PLUGIN})
     two = ["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:sdpa", "--backend", "mypkg.attn:off_by_one",
            "-k", "test_default_scale"]
-    env = _env(ATTNSPEC_PROFILE="dev")
+    env = _env(ATTNSPEC_PROFILE="dev", ATTNSPEC_WORKERS="2")
 
     def seen(*args):
         proc = _pytest([*two, *args], project, env)
@@ -376,9 +376,9 @@ def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
     assert options["numprocesses"] == 1 and "userplug" in options["plugins"]
     options, _ = seen("--dist", "loadfile")
     assert (options["numprocesses"], options["dist"]) == (None, "loadfile")
-    # nothing chosen: one process (the suite never lays itself out), and the seed is the user's, read as given
+    # nothing chosen: the suite spreads over the cores, and the seed is still the user's, read as given
     options, out = seen("--hypothesis-seed=12345")
-    assert options["hypothesis_seed"] == "12345" and (options["numprocesses"], options["dist"]) == (None, "no")
+    assert options["hypothesis_seed"] == "12345" and (options["numprocesses"], options["dist"]) == (2, "loadgroup")
     assert "seed 12345 (--hypothesis-seed; again: --hypothesis-seed=12345)" in out
 
 
