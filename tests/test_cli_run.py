@@ -1,5 +1,5 @@
 """`attnspec run` and `attnspec report`: exit-2 paths, crashing or hanging backends recorded, the
-suite children followed through pytest's --report-log, and a plug-in of the user's own folder
+suite children followed through the plugin's row stream (--attnspec-rows), and a plug-in of the user's own folder
 checked and benchmarked from there (outputs under that folder, never in attnspec's own)."""
 from __future__ import annotations
 
