@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 
 from attnspec.properties import repro, results
-from attnspec.properties.explore import attribute, examples_for, explore
+from attnspec.properties.explore import attribute, explore
 from attnspec.specs.fields import FEATURE_TEXT
 
 
