@@ -170,3 +170,53 @@ def test_the_suite_over_two_backends_spreads_over_workers_and_its_rows_reach_the
     assert len(first["collected"]) == 6  # float16, 32, 64 each, as the first worker collected them
     assert sorted((r["row"]["backend"], r["row"]["status"]) for r in rows) == sorted(
         [("numpy-naive", "passed")] * 3 + [("numpy-tiled", "passed")] * 3)
+
+
+# ---- counting, at the hook level (pytester, in this process: no backend, no subprocess) ---------------
+
+_ROWS_CONFTEST = """
+from attnspec.properties import results
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.user_properties.append((results.TEST_KEY, dict(backend="fake", property=item.name[5:], dtype="float32")))
+"""
+
+_ROWS_TESTS = """
+import pytest
+from attnspec.properties import results
+
+
+def test_answer(request):  # a semantics answer nothing declared: 'recorded'
+    request.node.user_properties.append((results.SEMANTICS_KEY, dict(backend="fake", question="q", dtype="float32",
+                                                                     observed="nan", declared=None, agrees=None)))
+
+
+def test_verdict(request):  # a property's verdict: 'failed'
+    request.node.user_properties.append((results.ROW_KEY, dict(examples=2, failed=True, message="off by one")))
+    pytest.fail("off by one")
+
+
+def test_harness(request):  # anything else raised: the harness's fault, 'error'
+    raise KeyError("harness")
+
+
+def test_skipped():
+    pytest.skip("not natively")
+"""
+
+
+def test_pytest_counts_as_the_suite_does_and_the_rows_reach_the_json(pytester):
+    pytester.makeconftest(_ROWS_CONFTEST)
+    pytester.makepyfile(test_rows=_ROWS_TESTS)
+    result = pytester.runpytest_inprocess("--attnspec-json", "out.json", "--attnspec-rows", "rows.jsonl")
+    outcomes = result.parseoutcomes()
+    assert outcomes == dict(recorded=1, failed=1, errors=1, skipped=1), outcomes  # pytest's closing line
+    result.stdout.fnmatch_lines(["all * 1 failed, 1 skipped, 1 error, 1 recorded"])
+    data = json.loads((pytester.path / "out.json").read_text())
+    assert {r["property"]: r["status"] for r in data["conformance"]} == dict(
+        answer="recorded", verdict="failed", harness="error", skipped="skipped")
+    streamed = [json.loads(line) for line in (pytester.path / "rows.jsonl").read_text().splitlines()]
+    assert len(streamed[0]["collected"]) == 4 and [e["row"]["status"] for e in streamed[1:]] == [
+        "recorded", "failed", "error", "skipped"]
