@@ -4,7 +4,8 @@ Registered as the pytest plugin ``attnspec`` (a ``pytest11`` entry point), so wi
 installed ``pytest --pyargs attnspec.properties --backend mypkg.attn:sdpa`` runs the suite from
 any folder; `attnspec.properties.install` runs it inside a project's own tests.  Exploration and
 what a run explores: properties/options.py; outcomes: properties/outcomes.py; rows, summary and
-JSON: properties/results.py; side by side over the cores: properties/cores.py.
+JSON: properties/results.py, taken from the reports by properties/rows.py; side by side over the
+cores: properties/cores.py; what the run keeps in pytest's ``config.stash``: properties/stash.py.
 
 Inert in other test suites: importing it loads no framework and no Hypothesis profile; it
 parametrizes only attnspec's own property tests (never a user's fixture that happens to be
@@ -14,23 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import sys
 
 import pytest
 
-from attnspec.properties import cores, options, profiles, results
+from attnspec.properties import cores, options, profiles, results, rows
 
 INSTALLED = "__attnspec_backends__"   # set by attnspec.properties.install in a user's test module
 
-# the run's state, in pytest's own per-run store (pytest.main() may run twice in one process)
-RUN = pytest.StashKey["options.SuiteRun | None"]()      # what the run explores; None: not set up (a bad option)
-IN_SUITE = pytest.StashKey[bool]()                 # whether this run is the suite's (options.runs_suite)
-TARGETS = pytest.StashKey[dict]()                  # backend names -> their Targets, resolved once
-ROWS = pytest.StashKey[dict]()                     # {"conformance": [...], "semantics": [...]} of the run
-ROW_STREAM = pytest.StashKey["object | None"]()    # the open --attnspec-rows file, or None
-WORKERS = pytest.StashKey[int]()                   # pytest-xdist workers the suite laid itself over (cores.py)
+from attnspec.properties.stash import IN_SUITE, ROW_STREAM, ROWS, RUN, TARGETS, WORKERS  # noqa: F401 - the keys
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -62,7 +56,7 @@ def pytest_configure(config):
     config.stash[ROWS] = {"conformance": [], "semantics": []}
     config.stash[ROW_STREAM] = None
     config.stash[TARGETS] = {}
-    config.pluginmanager.register(RowRecorder(config), "attnspec-rows")
+    config.pluginmanager.register(rows.RowRecorder(config), "attnspec-rows")
     in_suite = config.stash[IN_SUITE] = options.runs_suite(config)
     try:
         config.stash[RUN] = options.configure(config)
@@ -213,32 +207,6 @@ def pytest_collection_modifyitems(session, config, items):
         cores.longest_first(items, _target_of, cores.recorded_seconds(str(config.invocation_params.dir)))
 
 
-def pytest_collection_finish(session):
-    """The row stream starts with the tests the run collected (`attnspec run` shows progress from it)."""
-    _stream(session.config, {"collected": [item.nodeid for item in session.items
-                                            if any(k == results.TEST_KEY for k, _ in item.user_properties)]})
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids):
-    """Under pytest-xdist the controller collects nothing itself: the first worker's test ids."""
-    config = node.config
-    if not config.stash.get(_COLLECTED_SENT, False):
-        config.stash[_COLLECTED_SENT] = True
-        _stream(config, {"collected": [i for i in ids if "[" in i]})
-
-
-_COLLECTED_SENT = pytest.StashKey[bool]()
-
-
-def _stream(config, entry: dict) -> None:
-    """One line of the --attnspec-rows file (JSON lines, flushed: a reader follows it while the run goes on)."""
-    stream = config.stash.get(ROW_STREAM, None)
-    if stream is not None:
-        stream.write(json.dumps(entry, default=str) + "\n")
-        stream.flush()
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     target = _target_of(item)
@@ -295,85 +263,3 @@ def skip_reason(prop, target) -> str:
     if missing:
         return f"{target.name} does not support {', '.join(FEATURE_TEXT[f] for f in missing)} natively"
     return ""
-
-
-# ---- rows, summary, JSON --------------------------------------------------------------------------
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_report_teststatus(report, config):
-    """pytest counts as the suite does: 'recorded' is its own word; a harness fault is an error."""
-    row = results.row_of(report)
-    if row is None or report.when != "call":
-        return None
-    if row["status"] == "recorded":
-        return "recorded", "r", "RECORDED"
-    if row["status"] == "error":
-        return "error", "E", "ERROR"
-    return None
-
-
-class RowRecorder:
-    """Takes each test's rows from its reports (on xdist's controller too: workers' reports reach it).
-    A plugin object because `pytest_runtest_logreport` is handed the report only, not the run's config."""
-
-    def __init__(self, config):
-        self.config = config
-
-    def pytest_runtest_logreport(self, report):
-        row = results.row_of(report)
-        semantics = results.semantics_of(report)
-        rows = self.config.stash[ROWS]
-        if row is not None:
-            rows["conformance"].append(row)
-        rows["semantics"].extend(semantics)
-        if row is not None or semantics:
-            _stream(self.config, {"nodeid": report.nodeid, "row": row, "semantics": semantics})
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    found = config.stash.get(ROWS, None)
-    rows = found["conformance"] if found else []
-    if not rows:
-        return
-    from attnspec.specs.problem import FLOAT_DTYPE_NAMES
-
-    tr = terminalreporter
-    tr.section("attnspec: per backend (problems: drawn and fixed problems the checks ran)")
-    for line in results.backend_lines(rows):
-        tr.write_line(line)
-    attributed = results.attribution_lines(rows)
-    if attributed:
-        tr.section("attnspec: what the failures need")
-        for line in attributed:
-            tr.write_line(line)
-    if found["semantics"]:
-        tr.section("attnspec: semantics profile (observed per dtype; 'ok' = as declared, blank = nothing declared)")
-        for line in results.semantics_lines(found["semantics"], list(reversed(FLOAT_DTYPE_NAMES))):
-            tr.write_line(line)
-    if config.getoption("verbose") > 0 or len({r["backend"] for r in rows}) <= profiles.DEEP_BACKENDS:
-        tr.section("attnspec: problems tried per property and dtype")
-        for line in results.examples_lines(rows, list(reversed(FLOAT_DTYPE_NAMES))):
-            tr.write_line(line)
-    run = config.stash.get(RUN, None)
-    if run is not None:
-        if any(r["reproducer"] for r in rows):
-            tr.write_line(f"reproducers: {results.shown_path(run.repro_dir)}/ (python <file>)")
-        tr.write_line(f"attnspec: seed {run.options.seed} ({run.seed_from}); the same verdicts again: "
-                      f"--hypothesis-seed={run.options.seed}")
-
-
-def pytest_sessionfinish(session):
-    config = session.config
-    if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the file
-        return
-    run, rows = config.stash.get(RUN, None), config.stash.get(ROWS, None)
-    if rows is None:
-        return
-    here = str(config.invocation_params.dir)
-    in_suite = config.stash.get(IN_SUITE, False)
-    path = config.getoption("attnspec_json", None) or (
-        run.json_path if run is not None and (in_suite or rows["conformance"]) else None)
-    if path:
-        results.write_json(os.path.join(here, path), dict(rows, run=results.run_record(run)))
-    if in_suite and rows["conformance"] and not (config.option.keyword or config.option.markexpr):
-        cores.record_seconds(here, rows["conformance"])  # the next run's longest-first order
