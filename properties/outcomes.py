@@ -8,7 +8,7 @@ anything else raised is a fault of the harness and keeps its traceback ("error")
 
 Failure attribution and the re-checks are explicit second steps, after a failure only:
 
-- attribution (explore.attribute): which optional features the counterexample needs;
+- attribution (properties/attribution.py): which optional features the counterexample needs;
 - a deviation confined to a feature (a library whose grouped-heads path is broken) or to some
   problems covers the failures on them; the property is then checked again on fresh draws
   without them;
@@ -23,7 +23,8 @@ from __future__ import annotations
 import pytest
 
 from attnspec.properties import repro, results
-from attnspec.properties.explore import attribute, explore
+from attnspec.properties.attribution import attribute
+from attnspec.properties.explore import explore
 from attnspec.specs.fields import FEATURE_TEXT
 
 
