@@ -3,10 +3,10 @@
 A suite run is judged from outside: its JSON file when it finished, `crashed` when the
 interpreter died (signal, os._exit, a segfault in a native kernel), `timed_out` when it ran
 past its limit or a backend call hung (then its whole process group is killed).  While it
-runs, pytest's own ``--report-log`` (pytest-reportlog) writes each test's reports as JSON lines,
-with the rows the suite's plugin puts in ``user_properties``: the progress lines, the rows of
-what finished before a crash, and the moment a call hangs come from there, never from parsing
-pytest's output.
+runs, the suite's plugin writes its row stream (``--attnspec-rows``: the tests collected, then
+each test's rows as it finishes, JSON lines): the progress lines, the rows of what finished
+before a crash, and the moment a call hangs come from there, never from parsing pytest's output.
+The child's command line is the suite's one launcher, `attnspec.properties.runner.suite_command`.
 """
 from __future__ import annotations
 
@@ -17,32 +17,15 @@ import sys
 import time
 
 from attnspec.procs import child_env, say, watch
-from attnspec.properties import results
+from attnspec.properties import runner
 from attnspec.reports.inputs import NOT_ATTEMPTED, ReportInputError, read_suite_json
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines when the terminal cannot redraw one
 _ITEM = re.compile(r"::test_(?P<property>\w+)\[(?P<target>.+)-(?P<dtype>float16|bfloat16|float32|float64)\]$")
 
 
-class _Logged(dict):
-    """A report as --report-log wrote it, read like pytest's TestReport (results.row_of takes either)."""
-
-    def __getattr__(self, name):
-        if name in ("passed", "skipped", "failed"):
-            return self.get("outcome") == name
-        if name == "wasxfail":
-            if "wasxfail" in self:
-                return self["wasxfail"]
-            raise AttributeError(name)
-        if name == "user_properties":
-            return [tuple(p) for p in self.get("user_properties", ())]
-        if name == "longrepr":
-            return self.get("longrepr")
-        return self.get(name)
-
-
 class SuiteProgress:
-    """What one suite child has done, read from its report log while it runs.
+    """What one suite child has done, read from its row stream while it runs.
 
     Every few seconds a progress line says how far the suite got: redrawn in place with one
     suite at a time on a terminal, else one line per update carrying the backend's name."""
@@ -67,7 +50,7 @@ class SuiteProgress:
         return f"{m['property']}[{m['dtype']}]" if m else ""
 
     def read(self) -> None:
-        """Take in what the report log gained since the last read (a half-written last line waits)."""
+        """Take in what the row stream gained since the last read (a half-written last line waits)."""
         if not self.path:
             return
         try:
@@ -85,17 +68,13 @@ class SuiteProgress:
                 continue
 
     def _take(self, entry: dict) -> None:
-        kind = entry.get("$report_type")
-        if kind == "CollectReport":
-            self.tests += [r["nodeid"] for r in entry.get("result", ()) if _ITEM.search(r.get("nodeid", ""))]
+        if "collected" in entry:
+            self.tests += [t for t in entry["collected"] if _ITEM.search(t)]
             return
-        if kind != "TestReport":
+        row = entry.get("row")
+        if not row:
             return
-        report = _Logged(entry)
-        row = results.row_of(report)
-        if row is None:
-            return
-        self.finished[report["nodeid"]] = (row, results.semantics_of(report))
+        self.finished[entry["nodeid"]] = (row, list(entry.get("semantics") or ()))
         self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
         if row.get("hung") and not self.hung:
             self.hung, self.hung_in = str(row["hung"]), f"{row['property']}[{row['dtype']}]"
@@ -140,10 +119,9 @@ class SuiteProgress:
             say(f"  {self.text()}", stream=self.stream)
 
 
-def suite_command(backend: str, json_path: str, log_path: str) -> list:
-    return [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "--backend", backend,
-            "--attnspec-json", json_path, "--report-log", log_path, "-q", "--tb=no", "-rN", "--no-header",
-            "--color=no", "-p", "no:cacheprovider"]
+def suite_command(backend: str, json_path: str, rows_path: str) -> list:
+    """One backend's suite child, quiet: its results come from the JSON and the row stream."""
+    return runner.suite_command([backend], json_path, rows_path, ["-q", "--tb=no", "-rN", "--no-header", "--color=no"])
 
 
 def _last_words(output: str, n: int = 3) -> list:
@@ -157,16 +135,16 @@ def _suite_row(backend, status, message, seconds) -> dict:
             "seconds": round(seconds, 2), "counterexample": "", "message": message}
 
 
-def run_suite(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
-              progress: SuiteProgress | None = None, profile: str = "") -> dict:
+def run_suite_child(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
+                    progress: SuiteProgress | None = None, profile: str = "") -> dict:
     """The suite's rows for one backend, plus a (suite) row when it did not finish by itself.
 
     `backend` is what the suite takes (a name or package.module:attr), `shown` the backend's own name.
-    The rows come from the suite's JSON file when it finished, else from its report log: what
+    The rows come from the suite's JSON file when it finished, else from its row stream: what
     finished before a crash or the time limit is kept.  When a row says a call hung, the child is
     ended at once (its stuck thread would burn a core for the rest of the run) and every test it
     had not finished is recorded as failed, not attempted."""
-    log = json_path + ".log.jsonl"
+    log = json_path + ".rows.jsonl"
     for path in (json_path, log):
         if os.path.exists(path):
             os.remove(path)
@@ -234,12 +212,14 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int, profi
         path = os.path.join(workdir, f"suite-{i}.json")
         say(f"[suite {i}/{len(chosen)}] {name}: started")
         progress = SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
-        data = run_suite(name, path, limit, shown=shown, progress=progress, profile=profile)
+        data = run_suite_child(name, path, limit, shown=shown, progress=progress, profile=profile)
         say(f"[suite {i}/{len(chosen)}] done: {progress.text()}")
         return data
 
-    # the longest suites start first, so the last to finish is a short one (the rows keep `chosen`'s order)
-    todo = sorted(enumerate(chosen, 1), key=lambda t: cores.suite_weight(t[1][0]), reverse=True)
+    # the longest suites (as the last run recorded them) start first, so the last to finish is a short
+    # one (the rows keep `chosen`'s order); the children record their own seconds for the next run
+    recorded = cores.recorded_seconds(os.getcwd())
+    todo = sorted(enumerate(chosen, 1), key=lambda t: cores.suite_weight(t[1][1], recorded), reverse=True)
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         futures = {i: pool.submit(one, i, n, s) for i, (n, s) in todo}

@@ -1,31 +1,38 @@
-"""How a run of the suite over several backends spreads itself over the cores.
+"""Side by side over the cores: the suite's workers, and which backends' suites go first.
 
-`pytest properties` over several backends starts pytest-xdist workers by itself (a worker a CPU,
-a group per backend and dtype, the longest backends first), through xdist's public options;
-`attnspec run` starts its suite children in the same order.  Pinning each worker to a CPU of its
-own, which this module also did, gained nothing measurable and was removed (the figures:
-properties/README.md, "Side by side").
+`pytest properties` over several backends, with pytest-xdist installed and no layout of the
+user's, runs as if they had typed ``-n W --dist loadgroup`` (W: a worker a CPU this process may
+use, at most one per backend; ``loadgroup``: a backend's tests in one dtype share a worker, and
+with them the programs it compiled for that dtype).  One mechanism steers it, documented in
+properties/README.md: ``ATTNSPEC_WORKERS`` (auto, N, or 0/1 for one process).  "No layout of the
+user's" is read from pytest's parsed options (however spelled: command line, PYTEST_ADDOPTS,
+the ini's addopts): no -n, --dist, --tx or --maxprocesses, and none of the modes that need one
+process (--pdb, --trace, --stepwise, --collect-only, --setup-only/plan, --looponfail).
+`attnspec run` starts one child per backend itself.  In both the longest suites start first, so
+the last to finish is a short one; "longest" is what the previous run recorded (each row
+carries its ``seconds``), in ``.attnspec/suite-seconds.json`` of the folder the run started in.
+With nothing recorded a backend weighs its number of tests (pytest-xdist), or keeps its place
+(`attnspec run`).
 """
 from __future__ import annotations
 
+import json
 import os
 
-
-def _allowed() -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
+SECONDS_FILE = os.path.join(".attnspec", "suite-seconds.json")
 WORKERS_ENV = "ATTNSPEC_WORKERS"
+# pytest's parsed options (dests) of the modes that need the run in one process
+_ONE_PROCESS_MODES = ("usepdb", "trace", "stepwise", "collectonly", "setuponly", "setupplan", "looponfail")
 
 
 def workers_wanted(backends: int, environ=None) -> int:
     """How many pytest-xdist workers a run of the suite over `backends` backends starts by itself
-    (0: none, the run stays in this process): one per CPU this process may use, at most one per
-    backend (a backend's tests in a dtype share a worker); ATTNSPEC_WORKERS=N asks for N, 0 or 1 for none."""
+    (0: none): one per CPU this process may use, at most one per backend; ATTNSPEC_WORKERS=N asks
+    for N, 0 or 1 for none."""
     env = os.environ if environ is None else environ
     raw = env.get(WORKERS_ENV, "").strip().lower()
     if raw in ("", "auto"):
-        wanted = len(_allowed())  # the CPUs this process may use (taskset keeps a run to fewer)
+        wanted = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     else:
         try:
             wanted = int(raw)
@@ -37,57 +44,76 @@ def workers_wanted(backends: int, environ=None) -> int:
     return wanted if wanted >= 2 else 0
 
 
-# options by which a user decides how the run is laid out (then it is left as they said)
-_USER_CHOICES = ("-n", "--numprocesses", "--dist", "--maxprocesses", "--tx", "-d", "--pdb", "--trace",
-                 "--sw", "--stepwise", "--co", "--collect-only", "--setup-plan", "--setup-only", "xdist",
-                 "--looponfail", "-f")
+def user_laid_out(config) -> bool:
+    """Whether the run's own options (as pytest parsed them) say how it is laid out, or need one process."""
+    o = config.option
+    if getattr(o, "numprocesses", None) is not None or getattr(o, "dist", "no") != "no" \
+            or getattr(o, "tx", None) or getattr(o, "maxprocesses", None):
+        return True
+    return any(getattr(o, mode, False) for mode in _ONE_PROCESS_MODES)
 
 
-def _user_chose(config) -> bool:
-    """Whether the command line, PYTEST_ADDOPTS or the ini's addopts name a layout option."""
-    words = list(config.invocation_params.args) + os.environ.get("PYTEST_ADDOPTS", "").split()
-    try:
-        words += list(config.getini("addopts"))
-    except ValueError:
-        pass
-    return any(w == c or w.startswith(c + "=") or (c.startswith("-") and not c.startswith("--") and len(c) == 2
-                                                    and w.startswith(c) and w[2:].isdigit())
-               for w in words for c in _USER_CHOICES)
-
-
-def spread(config, backends: int) -> None:
-    """`pytest properties` over several backends with no layout of the user's: as if they had typed
-    ``-n W --dist loadgroup --no-loadscope-reorder`` (W from `workers_wanted`: a worker a CPU; a
-    backend's tests in a dtype on one worker; the groups in the order the plugin sorts them, the
-    longest first).  Nothing the user said is changed."""
-    if (hasattr(config, "workerinput") or not backends or not config.pluginmanager.hasplugin("xdist")
-            or _user_chose(config) or not config.args):
-        return
-    from attnspec.properties import options
-    if not all(options.reaches_suite(config, arg, inside=True) for arg in config.args):
-        return
+def spread(config, backends: int) -> int:
+    """Lay the suite over `workers_wanted` pytest-xdist workers (loadgroup) when the user did not;
+    the number of workers started (0: the run stays as it is)."""
+    if hasattr(config, "workerinput") or not backends or not config.pluginmanager.hasplugin("xdist") \
+            or user_laid_out(config):
+        return 0
     workers = workers_wanted(backends)
     if workers:
+        # --no-loadscope-reorder: xdist hands the groups out in the plugin's order, the longest first
         config.option.numprocesses, config.option.dist, config.option.loadscopereorder = workers, "loadgroup", False
-        config._attnspec_workers = workers
+    return workers
 
 
-# The built-ins whose suites take longest here (compiling per shape: JAX, FlexAttention; OpenVINO
-# per model), longest first.  Side by side, starting them first means the last suite to finish is
-# a short one: `attnspec run` and the spread run both use it.
-LONG_SUITES = ("jax-dpa", "torch-flex", "jax-naive", "openvino-sdpa", "openvino-sdpa-f32")
+def recorded_seconds(folder: str) -> dict[str, float]:
+    """backend -> seconds its suite took in the last run that recorded it (empty when none did)."""
+    try:
+        with open(os.path.join(folder, SECONDS_FILE)) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
 
 
-def suite_weight(backend: str, tests: int = 0) -> tuple:
-    """Sort key, largest first: a known long suite by its place in LONG_SUITES, else its test count."""
-    if backend in LONG_SUITES:
-        return (1, len(LONG_SUITES) - LONG_SUITES.index(backend))
-    return (0, tests)
+def record_seconds(folder: str, rows: list) -> None:
+    """Add the seconds of each backend in `rows` (conformance rows) to the record, keeping the others'."""
+    totals: dict[str, float] = {}
+    for r in rows:
+        if r.get("backend"):
+            totals[r["backend"]] = totals.get(r["backend"], 0.0) + float(r.get("seconds") or 0.0)
+    if not totals:
+        return
+    path = os.path.join(folder, SECONDS_FILE)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".lock", "w") as lock:  # `attnspec run`'s children finish side by side
+            _locked(lock)
+            merged = {**recorded_seconds(folder), **{b: round(s, 2) for b, s in totals.items()}}
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(merged, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+    except OSError:  # a read-only folder: the next run keeps the fallback order
+        pass
 
 
-def longest_first(items: list, target_of) -> None:
+def _locked(f) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: a lost update costs only an order
+        return
+    fcntl.flock(f, fcntl.LOCK_EX)
+
+
+def suite_weight(backend: str, recorded: dict, tests: int = 0) -> tuple:
+    """Sort key, largest first: the backend's recorded seconds, else its number of tests."""
+    return (1, recorded[backend]) if backend in recorded else (0, tests)
+
+
+def longest_first(items: list, target_of, recorded: dict) -> None:
     """Reorder collected items so that each (backend, dtype) group stays together and the longest
-    backends' groups come first (xdist's loadgroup then hands them out in this order)."""
+    backends' groups come first (pytest-xdist's loadgroup then hands them out in this order)."""
     groups: dict = {}
     for item in items:
         t = target_of(item)
@@ -96,6 +122,6 @@ def longest_first(items: list, target_of) -> None:
     for key, members in groups.items():
         if key is not None:
             counts[key[0]] = counts.get(key[0], 0) + len(members)
-    order = sorted(groups, key=lambda key: (key is not None, suite_weight(key[0], counts[key[0]]) if key else ()),
-                   reverse=True)
+    order = sorted(groups, key=lambda key: (key is not None, suite_weight(key[0], recorded, counts[key[0]])
+                                            if key else ()), reverse=True)
     items[:] = [item for key in order for item in groups[key]]

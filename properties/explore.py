@@ -19,17 +19,21 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+import numpy as np
 from hypothesis import Phase, given, reject, seed, settings
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Flaky, Unsatisfiable
 
 from attnspec.properties.draws import draw_case
 from attnspec.properties.judge import Failed
 from attnspec.properties.target import Declined
-from attnspec.specs.fields import FEATURE_TEXT, FEATURES
+
+if TYPE_CHECKING:  # annotations only
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
 
 MAX_DECLINED = 25  # problems declined in a row before a test is skipped with the backend's reason
 
@@ -50,7 +54,7 @@ class Property:
     grid: Callable | None = None   # target -> [(case, params)]: a fixed list instead of draws
     doc: str = ""
 
-    def constraints(self, target, avoid=frozenset()) -> dict:
+    def constraints(self, target: Target, avoid=frozenset()) -> dict:
         kw = dict(self.draw(target) if callable(self.draw) else self.draw)
         kw["avoid"] = frozenset(kw.get("avoid", ())) | set(avoid)
         kw["need"] = frozenset(kw.get("need", ())) | (set(self.requires) - kw["avoid"])
@@ -65,7 +69,7 @@ def prop(**options):
         p = Property(name, family, check, doc=(check.__doc__ or "").strip(), **options)
 
         def test(target, attnspec_run):
-            attnspec_run.property(p, target)
+            attnspec_run(p, target)
 
         test.__name__ = test.__qualname__ = check.__name__
         test.__doc__ = check.__doc__
@@ -80,36 +84,57 @@ def prop(**options):
 
 # ---- a failure ------------------------------------------------------------------------------
 
-class Failure(Exception):
+class Counterexample(Exception):
     """A property failed on a case: everything the suite reports and a reproducer needs."""
 
-    def __init__(self, prop: Property, target, verdict, case, params: dict, earlier: list, flaky: str = ""):
+    def __init__(self, prop: Property, target: Target, verdict, case: Case, params: dict, earlier: list,
+                 flaky: str = ""):
         super().__init__(verdict.message)
         self.prop, self.target, self.verdict = prop, target, verdict
         self.case, self.params, self.earlier, self.flaky = case, params, earlier, flaky
         self.attribution = ""
+        self.draws: tuple = ()  # "label=value" of the example's labelled draws (draws.py, variants.py)
 
 
-def attempt(prop: Property, target, case, params: dict) -> None:
-    """One example: the check on case; Failure when it fails (Declined passes through)."""
+def attempt(prop: Property, target: Target, case: Case, params: dict) -> None:
+    """One example: the check on case; Counterexample when it fails (Declined passes through).
+
+    After a call of the backend hung, no example calls it again: each raises the failure in which
+    it hung (its problem, its reproducer), so shrinking and attribution cost nothing more."""
+    session = target.session
+    if session.hang is not None:
+        raise session.hang
     target.begin_example()
     try:
         prop.check(target, case, params)
     except Failed as f:
-        raise Failure(prop, target, f.verdict, case, params, list(target.earlier)) from None
+        failure = Counterexample(prop, target, f.verdict, case, params, list(target.earlier))
+        if session.hung:  # this example's call did not return
+            session.hang = failure
+        raise failure from None
 
 
-def failure_in(exc: BaseException) -> Failure | None:
-    """Our Failure inside what Hypothesis raised (itself, or in a group of flaky or multiple errors)."""
-    todo = [exc]
-    while todo:
-        e = todo.pop(0)
-        if isinstance(e, Failure):
-            return e
-        todo += list(getattr(e, "exceptions", ()) or ())
-        if e.__cause__ is not None:
-            todo.append(e.__cause__)
+def failure_in(exc: BaseException) -> Counterexample | None:
+    """Our Counterexample as Hypothesis raised it: itself (report_multiple_bugs is off in our profiles), or
+    the first inside Hypothesis' Flaky group (it failed, then passed when replayed)."""
+    if isinstance(exc, Counterexample):
+        return exc
+    if isinstance(exc, Flaky) and hasattr(exc, "subgroup"):  # FlakyFailure, an exception group
+        group = exc.subgroup(Counterexample)
+        while group is not None and not isinstance(group, Counterexample):
+            group = group.exceptions[0] if group.exceptions else None
+        return group
     return None
+
+
+def _shown(value) -> str:
+    """A drawn value as a failure report lists it: short values as they are, arrays by shape."""
+    if isinstance(value, np.ndarray):
+        return f"array{value.shape}"
+    if isinstance(value, bytes):  # raw choices (a seed, feature bytes): their size says enough
+        return f"{len(value)} bytes"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ---- Hypothesis, per backend -----------------------------------------------------------------
@@ -133,7 +158,7 @@ class _Keyed(ExampleDatabase):
 
 
 @dataclass(frozen=True)
-class Options:
+class Exploration:
     """How the run explores (properties.options builds it from the command line and environment)."""
 
     examples: int = 6           # drawn examples a property (gradient properties: half, at least 3)
@@ -143,11 +168,11 @@ class Options:
     rule: str = "attnspec"      # the error budget's rule (specs.error_budget.RULES)
 
 
-def examples_for(prop: Property, options: Options) -> int:
+def examples_for(prop: Property, options: Exploration) -> int:
     return max(3, options.examples // 2) if prop.gradients else options.examples
 
 
-def settings_for(prop: Property, target, options: Options, examples: int | None = None, shrink: bool = True):
+def settings_for(prop: Property, target: Target, options: Exploration, examples: int | None = None, shrink: bool = True):
     base = settings.default
     kw = dict(max_examples=examples or examples_for(prop, options))
     if base.database is not None:
@@ -157,23 +182,39 @@ def settings_for(prop: Property, target, options: Options, examples: int | None 
     return settings(base, **kw)
 
 
-def seed_of(base: int, prop: Property, target) -> int:
+def seed_of(base: int, prop: Property, target: Target) -> int:
     """Each test's own seed: the run's base seed and the test's id (`--hypothesis-seed=N` replays a run)."""
     return zlib.crc32(f"{base}:{prop.family}.{prop.name}[{target.id}]".encode())
 
 
-def explore(prop: Property, target, options: Options, examples: int | None = None, avoid=frozenset(),
-            seeds: bool = True, shrink: bool = True, exclude: str = "") -> Failure | None:
+def explore(prop: Property, target: Target, options: Exploration, examples: int | None = None, avoid=frozenset(),
+            seeds: bool = True, shrink: bool = True, exclude: str = "", covered: Callable | None = None,
+            tally: dict | None = None) -> Counterexample | None:
     """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
     problem was declined.  ``avoid``: features no draw uses; ``exclude``: a regular expression over a
-    problem as printed - such draws are left out (a declared deviation's problems)."""
+    problem as printed - such draws are left out (a declared deviation's problems); ``covered``:
+    Counterexample -> bool, failures a declaration covers, counted as checked and passed over (the
+    re-check after a declared deviation goes on exploring behind it).  ``tally`` gets how far it
+    went: "checked" problems, of them "covered"."""
     import pytest
 
+    tally = {} if tally is None else tally
+    tally.update(checked=0, covered=0)
+
+    def one(case, params):
+        try:
+            attempt(prop, target, case, params)
+        except Counterexample as f:
+            if covered is None or not covered(f):
+                raise
+            tally["covered"] += 1
+        tally["checked"] += 1
+
     if prop.grid is not None:
-        return _fixed(prop, target, prop.grid(target))
+        return _fixed(one, target, prop.grid(target))
     if seeds and prop.seeds:
         from attnspec.properties.seeds import seed_examples
-        found = _fixed(prop, target, seed_examples(prop, target), skip_declined=True)
+        found = _fixed(one, target, seed_examples(prop, target), skip_declined=True)
         if found is not None:
             return found
     declined = {"row": 0, "why": ""}
@@ -181,15 +222,30 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
     # one strategy for the problem (drawn as one labelled draw; its inner draws unlabelled: a composite's
     # draw takes no label): drawn draw by draw at the top level, Hypothesis' later examples came out
     # near-uniform far more often (q = k = 0 in ~30 %, against ~5 % from one composite)
-    problems = st.composite(lambda draw: draw_case(lambda s, label=None: draw(s), target, **constraints))()
+    # the labelled draws of the example being run, listed in its failure report (a composite's draw takes
+    # no label, so they are recorded here; the shrunk example is the last one run, its list the last kept)
+    labelled: list = []
+
+    def draw_labelled(draw, strategy, label=None):
+        value = draw(strategy)
+        if label:
+            labelled.append(f"{label}={_shown(value)}")
+        return value
+
+    problems = st.composite(lambda draw: draw_case(lambda s, label=None: draw_labelled(draw, s, label), target,
+                                                   **constraints))()
 
     def body(data):
+        labelled.clear()
         case = data.draw(problems, label="problem")
         if prop.keep is not None and not prop.keep(case) or exclude and re.search(exclude, repr(case)):
             reject()
         params = prop.params(data.draw, case, target) if prop.params else {}
         try:
-            attempt(prop, target, case, params)
+            one(case, params)
+        except Counterexample as f:
+            f.draws = tuple(labelled)
+            raise
         except Declined as e:
             declined["row"] += 1
             declined["why"] = str(e)
@@ -209,57 +265,23 @@ def explore(prop: Property, target, options: Options, examples: int | None = Non
         found = failure_in(e)
         if found is None:
             raise
-        if found is not e and "Flaky" in type(e).__name__:
+        if isinstance(e, Flaky):
             found.flaky = "it failed once and passed when Hypothesis replayed it (the backend keeps state?)"
         return found
     return None
 
 
-def _fixed(prop: Property, target, examples, skip_declined: bool = False) -> Failure | None:
+def _fixed(one: Callable, target: Target, examples, skip_declined: bool = False) -> Counterexample | None:
     ran, declined = 0, []
     for case, params in examples:
         try:
-            attempt(prop, target, case, params)
+            one(case, params)
             ran += 1
         except Declined as e:
             declined.append(f"{case.label or case!r}: {str(e).split(': ', 1)[-1]}")
-        except Failure as f:
+        except Counterexample as f:
             return f
     if not ran and declined and not skip_declined:
         import pytest
         pytest.skip(f"{target.name} declined every problem: {declined[:3]}")
     return None
-
-
-# ---- which features a failure needs (delta debugging over the optional features) -----------------
-
-def attribute(failure: Failure, options: Options) -> str:
-    """'fails only with grouped heads: 6 draws without them passed', or '' when no feature explains it.
-
-    Each optional feature the counterexample uses is turned off in turn (the same case otherwise);
-    those whose removal makes it pass are the ones it needs.  Then the property runs again on fresh
-    draws that avoid them: if those pass too, the failure is the features', not the kernel's core.
-    """
-    prop, target, case = failure.prop, failure.target, failure.case
-    if prop.grid is not None:
-        return ""
-    fixed = set(prop.constraints(target)["need"])
-    used = [f for f in FEATURES if f in case.features and f not in fixed]
-    needed = []
-    for feature in used:
-        try:
-            attempt(prop, target, case.without(feature), failure.params)
-        except (Failure, Declined, Exception):  # noqa: BLE001 - still failing, or not comparable
-            continue
-        needed.append(feature)
-    if not needed:
-        return ""
-    words = " and ".join(FEATURE_TEXT[f] for f in needed)
-    n = examples_for(prop, options)
-    try:
-        again = explore(prop, target, options, examples=n, avoid=frozenset(needed), seeds=False, shrink=False)
-    except BaseException as e:  # noqa: BLE001 - a skip (nothing left to draw) or a harness fault
-        return f"fails only with {words} (this counterexample passes without it; no draw without it: {e})"
-    if again is None:
-        return f"fails only with {words}: {n} draws without it passed"
-    return f"needs {words} here, but fails without it too ({again.verdict.message.splitlines()[0]})"

@@ -6,10 +6,16 @@ reproducer prints.  Every tolerance comes from the error budget (`specs.error_bu
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from attnspec.specs import error_budget, reference
 from attnspec.specs.invariants import Verdict
+
+if TYPE_CHECKING:  # annotations only: target.py imports this module
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
 
 
 class Failed(AssertionError):
@@ -48,11 +54,11 @@ def worst(deviation: np.ndarray, judged: np.ndarray) -> tuple:
     return where, float(dev[where])
 
 
-def rule_of(target) -> str:
+def rule_of(target: Target) -> str:
     return getattr(target, "rule", "attnspec")
 
 
-def agreement(target, case, call=None):
+def agreement(target: Target, case: Case, call=None):
     """The backend's output within the error budget of the reference, on the judged rows."""
     out = target.forward(case) if call is None else call  # (B, H, Lq, Ev)
     rows = case.judged_rows()  # (B, H, Lq)
@@ -61,13 +67,13 @@ def agreement(target, case, call=None):
     return out
 
 
-def output_tolerance(case, target) -> float:
+def output_tolerance(case: Case, target: Target) -> float:
     """The error budget of this problem's output over the judged rows (specs.error_budget)."""
     return error_budget.forward_allowed(case.problem, dtype=target.budget_dtype, rows=case.judged_rows(),
                                         rule=rule_of(target))[0]
 
 
-def close_outputs(name: str, target, case, a, b, other, what: str) -> None:
+def close_outputs(name: str, target: Target, case: Case, a, b, other, what: str) -> None:
     """Two outputs of problems with the same reference: each within its budget, so 2 x budget apart at most."""
     rows = case.judged_rows() & other.judged_rows()  # (B, H, Lq)
     atol = output_tolerance(case, target) + output_tolerance(other, target)
@@ -93,25 +99,25 @@ def zero_weights(name: str, weights, hidden, what: str) -> None:
                     "must be exactly 0", 0.0))
 
 
-def expected(case):
+def expected(case: Case):
     """reference.Forward of the case (every field counted)."""
     return reference.forward(case.problem)
 
 
-def plain_output(case, target) -> np.ndarray:
+def plain_output(case: Case, target: Target) -> np.ndarray:
     return error_budget.plain_forward(case.problem, dtype=target.budget_dtype)
 
 
-def reduction_length(case) -> int:
+def reduction_length(case: Case) -> int:
     p = case.problem
     return int(max(p.Lq, p.Lk, p.E, p.Ev, 1))
 
 
-def score_size(case) -> float:
+def score_size(case: Case) -> float:
     return error_budget.score_size(case.problem)
 
 
-def grad_out(case, dtype: str, seed: int) -> np.ndarray:
+def grad_out(case: Case, dtype: str, seed: int) -> np.ndarray:
     """dY for the case's output, exact in dtype like the inputs (seeded: a reproducer remakes it)."""
     raw = np.random.default_rng(seed).standard_normal(case.q.shape[:-1] + case.v.shape[-1:])  # (B, H, Lq, Ev)
     if dtype in ("float16", "bfloat16"):
@@ -119,7 +125,7 @@ def grad_out(case, dtype: str, seed: int) -> np.ndarray:
     return raw.astype(np.float32).astype(np.float64) if dtype == "float32" else raw
 
 
-def check_gradients(name: str, target, case, g) -> tuple:
+def check_gradients(name: str, target: Target, case: Case, g) -> tuple:
     """dQ, dK, dV (and dBias) of the backend within their budgets; returns the backend's gradients."""
     got = target.backward(case, g)  # (dq, dk, dv[, dbias])
     verdicts = error_budget.check_backward(got, case.problem, None, None, g, dtype=target.budget_dtype,

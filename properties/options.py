@@ -5,6 +5,8 @@
                           separated.  Default: $ATTNSPEC_BACKENDS, else every built-in.
                           (--backend only where no other plugin or conftest of the run defines it.)
   --attnspec-json PATH    write the results as JSON (also $ATTNSPEC_JSON).
+  --attnspec-rows PATH    write each test's rows as they finish, JSON lines (`attnspec run` follows it):
+                          first {"collected": [test ids]}, then per test {"nodeid", "row", "semantics"}.
   --attnspec-tb block|long  one block per failure (default) or pytest's traceback (-v: long).
   --attnspec-repro DIR    where reproducers go (default: beside the JSON, else ./.attnspec/repro).
   --attnspec-rule NAME    the error budget's rule: attnspec (default) or flash (flash-attention's).
@@ -12,8 +14,11 @@
   --attnspec-no-shrink    report failures unshrunk (measurements: whether a bug is caught does not
                           depend on shrinking, only how small the counterexample is).
 
-Seeds: ``--hypothesis-seed=N`` (Hypothesis' own option, read here, never rewritten) seeds every
-test from N and its id; the ci profile seeds from the commit the same way.
+Seeds: every run is seeded, and its seed printed (header, summary, JSON's "run"): each test's seed
+derives from the run's and the test's id.  ``--hypothesis-seed=N`` (Hypothesis' own option, read
+here, never rewritten) gives N; the ci profile takes the checkout's commit (ATTNSPEC_SEED); every
+other run the fixed DEFAULT_SEED, so two runs of one command draw the same problems and give the
+same verdicts (with the example database cleared: it replays a test's earlier failures first).
 """
 from __future__ import annotations
 
@@ -21,11 +26,12 @@ import os
 from dataclasses import dataclass
 
 from attnspec.properties import profiles
-from attnspec.properties.explore import Options
+from attnspec.properties.explore import Exploration
 
 PACKAGE = "attnspec.properties"
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 REPRO_DIR = os.path.join(".attnspec", "repro")
+DEFAULT_SEED = 0  # a run given no seed: derandomized per test id (the same command, the same draws)
 
 
 def addoption(parser) -> None:
@@ -35,6 +41,8 @@ def addoption(parser) -> None:
                      "comma-separated); default $ATTNSPEC_BACKENDS, else every built-in")
     g.addoption("--attnspec-json", dest="attnspec_json", default=None, metavar="PATH",
                 help="write per backend x property x dtype results as JSON (also $ATTNSPEC_JSON)")
+    g.addoption("--attnspec-rows", dest="attnspec_rows", default=None, metavar="PATH",
+                help="write each test's conformance and semantics rows as it finishes, as JSON lines")
     g.addoption("--attnspec-tb", dest="attnspec_tb", default=None, choices=("block", "long"),
                 help="a failure as one block with its reproducer's path (default), or pytest's traceback "
                      "(long; also with -v)")
@@ -90,18 +98,18 @@ def runs_suite(config) -> bool:
 
 
 @dataclass(frozen=True)
-class Run:
+class SuiteRun:
     """What a run of the suite explores and where it writes."""
 
     profile: str
-    options: Options
-    seed_from: str       # where the base seed came from ("" when Hypothesis draws at random)
+    options: Exploration
+    seed_from: str       # where the base seed came from (the default, --hypothesis-seed, the commit)
     repro_dir: str
     json_path: str | None
     tb: str              # block | long
 
 
-def configure(config, installed: int = 0) -> Run:
+def configure(config, installed: int = 0) -> SuiteRun:
     """The run's settings from its options and environment; ValueError for a bad value."""
     json_path = config.getoption("attnspec_json", None) or os.environ.get("ATTNSPEC_JSON") or None
     here = str(config.invocation_params.dir)
@@ -110,7 +118,7 @@ def configure(config, installed: int = 0) -> Run:
         os.path.splitext(os.path.abspath(os.path.join(here, json_path)))[0] + "-repro" if json_path
         else os.path.join(here, REPRO_DIR))
     profile = profiles.choose(len(named(config)) or installed)
-    seed, seed_from = None, ""
+    seed, seed_from = DEFAULT_SEED, "the default seed: --hypothesis-seed=N draws others"
     given = config.getoption("hypothesis_seed", None)
     if given is not None:  # Hypothesis' own option: every test's seed derives from it
         seed, seed_from = int(given), "--hypothesis-seed"
@@ -120,13 +128,13 @@ def configure(config, installed: int = 0) -> Run:
     examples = config.getoption("attnspec_examples", None) or profiles.EXAMPLES[profile]
     if examples < 1:
         raise ValueError(f"--attnspec-examples must be at least 1; got {examples}")
-    options = Options(examples=examples, seed=seed, shrink=shrink, attribute=shrink,
+    options = Exploration(examples=examples, seed=seed, shrink=shrink, attribute=shrink,
                       rule=config.getoption("attnspec_rule", "attnspec") or "attnspec")
     tb = config.getoption("attnspec_tb", None) or ("long" if config.getoption("verbose") > 0 else "block")
-    return Run(profile, options, seed_from, repro, json_path, tb)
+    return SuiteRun(profile, options, seed_from, repro, json_path, tb)
 
 
-def for_installed(config, run: Run, backends: int) -> Run:
+def for_installed(config, run: SuiteRun, backends: int) -> SuiteRun:
     """The run of tests `install` put into a user's module: the profile their number of backends gets
     (deep for a few), unless a profile or --attnspec-examples is asked for."""
     import dataclasses

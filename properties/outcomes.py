@@ -6,16 +6,25 @@ path) instead of a traceback through Hypothesis and the backend; a failure the b
 as a known deviation is ``pytest.xfail`` with the declaration's reason (counted "deviation");
 anything else raised is a fault of the harness and keeps its traceback ("error").
 
-A deviation confined to a feature (a library whose grouped-heads path is broken) or to some
-problems covers the failures on them; the property is then checked again on fresh draws without
-them, and a failure there is a failure like any other.
+Failure attribution and the re-checks are explicit second steps, after a failure only:
+
+- attribution (properties/attribution.py): which optional features the counterexample needs;
+- a deviation confined to a feature (a library whose grouped-heads path is broken) or to some
+  problems covers the failures on them; the property is then checked again on fresh draws
+  without them;
+- any other declared deviation (``when=`` patterns too): the property goes on exploring past it,
+  fresh draws on which a failure the declaration covers counts as checked.
+
+A failure a re-check finds is a failure like any other (a defect behind the declared one); the
+deviation's message says how deep the re-check went (problems checked, of them covered).
 """
 from __future__ import annotations
 
 import pytest
 
 from attnspec.properties import repro, results
-from attnspec.properties.explore import attribute, examples_for, explore
+from attnspec.properties.attribution import attribute
+from attnspec.properties.explore import explore
 from attnspec.specs.fields import FEATURE_TEXT
 
 
@@ -45,6 +54,10 @@ def run_property(node, run, prop, target) -> None:
     target.answers.clear()
     row = {"examples": 0}
     node.user_properties.append((results.ROW_KEY, row))
+    if target.session.hung:  # learned once: a backend whose call hung is not called again this run
+        message = hung_before(target)
+        row.update(failed=True, message=message, hung=target.session.hung)
+        pytest.fail(message, pytrace=False)
     try:  # a declared deviation is known: not shrunk, not attributed
         failure = explore(prop, target, run.options, shrink=declared is None)
         head = results.headline(failure) if failure is not None else ""
@@ -59,14 +72,25 @@ def run_property(node, run, prop, target) -> None:
             exclude = "|".join(f"(?:{d.problems})" for d in confined if d.problems)
             what = " or ".join(FEATURE_TEXT.get(d.feature) or f"problems like {d.problems!r}"
                                for d in confined if d.problems or d.feature not in need)
-            again = explore(prop, target, run.options, avoid=avoid, exclude=exclude, seeds=False)
+            tally: dict = {}
+            again = explore(prop, target, run.options, avoid=avoid, exclude=exclude, seeds=False, tally=tally)
             if again is None:  # the declared departure, and nothing else wrong without it
-                n = examples_for(prop, run.options)
-                conclude(node, run, failure, row, hit, seen=f"{head}\n  without {what}: {n} draws passed")
+                conclude(node, run, failure, row, hit, seen=f"{head}\n  re-checked without {what}: "
+                                                             f"{tally['checked']} problems passed")
             failure = again  # a failure elsewhere: not the declared one
-        if failure is not None and declared is not None and not declared.matches(results.headline(failure)) \
-                and run.options.shrink:  # not the declared deviation: shrink it like any failure
-            failure = explore(prop, target, run.options) or failure
+        covered = (lambda f: declared.matches(results.headline(f))) if declared is not None else None
+        if failure is not None and covered is not None and covered(failure):
+            # the declared deviation; the property goes on exploring past it, fresh draws on which a
+            # failure the declaration covers counts as checked, so a defect behind it is still found
+            tally = {}
+            again = explore(prop, target, run.options, seeds=False, covered=covered, tally=tally)
+            if again is None:
+                conclude(node, run, failure, row, declared, seen=(
+                    f"{head}\n  re-checked past it: {tally['checked']} problems, {tally['covered']} of them the "
+                    "declared deviation, no other failure"))
+            failure = again  # behind the declared deviation: a failure like any other (shrunk above)
+        elif failure is not None and covered is not None and run.options.shrink:
+            failure = explore(prop, target, run.options, covered=covered) or failure  # not the declared one: shrunk
     finally:
         row["examples"] = target.examples
         row.update(target.coverage())  # declined calls; grid problems its declared limits left out
@@ -79,6 +103,15 @@ def run_property(node, run, prop, target) -> None:
     conclude(node, run, failure, row, declared)
 
 
+def hung_before(target) -> str:
+    """Why a test of a backend whose call hung earlier in the run fails at once: the call, where, the problem."""
+    hang, session = target.session.hang, target.session
+    where = (f" in {hang.prop.name}[{hang.target.dtype}] on the problem {hang.case!r} (that test's reproducer "
+             "replays it)") if hang is not None else ""
+    return (f"not attempted: an earlier {session.hung} call of {target.name} did not return within the per-call "
+            f"limit{where}; the backend is not called again in this run (ATTNSPEC_CALL_TIMEOUT sets the limit)")
+
+
 def conclude(node, run, failure, row: dict, declared=None, seen: str = "") -> None:
     """Report a failure: its reproducer written, its features attributed, its outcome raised."""
     if declared is None and run.options.attribute:
@@ -88,8 +121,9 @@ def conclude(node, run, failure, row: dict, declared=None, seen: str = "") -> No
     path = text = None
     try:
         known = declared is not None and declared.matches(head)  # a declared deviation: not checked again
+        hung = bool(failure.target.session.hung)  # a fresh process would hang too: not run to check
         path, text = repro.write(run.repro_dir, failure, head, failure.target.session.import_paths,
-                                 check_alone=run.options.shrink and not known)
+                                 check_alone=run.options.shrink and not known and not hung)
     except OSError:  # a read-only folder: the JSON still holds the script
         text = repro.script(failure, head, failure.target.session.import_paths)
     row.update(failed=True, message=head, counterexample=text, reproducer=path, attribution=failure.attribution)

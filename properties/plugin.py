@@ -2,9 +2,10 @@
 
 Registered as the pytest plugin ``attnspec`` (a ``pytest11`` entry point), so with attnspec
 installed ``pytest --pyargs attnspec.properties --backend mypkg.attn:sdpa`` runs the suite from
-any folder; `attnspec.properties.install` runs it inside a project's own tests.  Options and
+any folder; `attnspec.properties.install` runs it inside a project's own tests.  Exploration and
 what a run explores: properties/options.py; outcomes: properties/outcomes.py; rows, summary and
-JSON: properties/results.py; side by side over the cores: properties/cores.py.
+JSON: properties/results.py, taken from the reports by properties/rows.py; side by side over the
+cores: properties/cores.py; what the run keeps in pytest's ``config.stash``: properties/stash.py.
 
 Inert in other test suites: importing it loads no framework and no Hypothesis profile; it
 parametrizes only attnspec's own property tests (never a user's fixture that happens to be
@@ -13,15 +14,17 @@ called ``target``).  Public APIs of pytest and Hypothesis only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 
 import pytest
 
-from attnspec.properties import cores, options, profiles, results
+from attnspec.properties import cores, options, profiles, results, rows
 
 INSTALLED = "__attnspec_backends__"   # set by attnspec.properties.install in a user's test module
-_ROWS: dict = {"conformance": [], "semantics": []}
+
+from attnspec.properties.stash import IN_SUITE, ROW_STREAM, ROWS, RUN, TARGETS, WORKERS  # noqa: F401 - the keys
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -37,9 +40,11 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_cmdline_main(config):
-    """The suite over several backends uses the machine's cores by itself (properties/cores.py)."""
+    """Before pytest-xdist reads its options: the suite over several backends uses the machine's cores
+    unless the user laid the run out (properties/cores.py)."""
     try:
-        cores.spread(config, len(options.backend_names(config)) if options.runs_suite(config) else 0)
+        suite = bool(config.args) and options.runs_suite(config) and all(options.reaches_suite(config, a, inside=True) for a in config.args)
+        config.stash[WORKERS] = cores.spread(config, len(options.backend_names(config)) if suite else 0)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
     yield
@@ -48,49 +53,65 @@ def pytest_cmdline_main(config):
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_gradients: the test calls Backend.backward (skipped without)")
     config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker")
-    _ROWS["conformance"].clear()  # pytest.main() may run twice in one process
-    _ROWS["semantics"].clear()
-    config._attnspec_suite = options.runs_suite(config)
+    config.stash[ROWS] = {"conformance": [], "semantics": []}
+    config.stash[ROW_STREAM] = None
+    config.stash[TARGETS] = {}
+    config.pluginmanager.register(rows.RowRecorder(config), "attnspec-rows")
+    in_suite = config.stash[IN_SUITE] = options.runs_suite(config)
     try:
-        config._attnspec = options.configure(config)
+        config.stash[RUN] = options.configure(config)
     except ValueError as e:
-        if config._attnspec_suite:
+        if in_suite:
             raise pytest.UsageError(str(e)) from None
-        config._attnspec = None  # not this run's business; install() says so if it runs
+        config.stash[RUN] = None  # not this run's business; install() says so if it runs
         return
-    if not config._attnspec_suite:
+    rows_path = config.getoption("attnspec_rows", None)
+    if rows_path and not hasattr(config, "workerinput"):  # an xdist worker's reports reach the controller
+        path = os.path.join(str(config.invocation_params.dir), rows_path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        config.stash[ROW_STREAM] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at unconfigure
+    if not in_suite:
         return
     _load_profile(config)
     if options.named(config):
         _targets(config, options.backend_names(config))  # a bad name is a usage error now, not per module
 
 
+def pytest_unconfigure(config):
+    recorder = config.pluginmanager.get_plugin("attnspec-rows")
+    if recorder is not None:
+        config.pluginmanager.unregister(recorder)
+    stream = config.stash.get(ROW_STREAM, None)
+    if stream is not None:
+        stream.close()
+        config.stash[ROW_STREAM] = None
+
+
 def _load_profile(config) -> None:
     """Our profile, unless Hypothesis was given one (then its example count is the run's, unless
     --attnspec-examples says)."""
+    import dataclasses
+
     if config.getoption("hypothesis_profile", None) and not config.getoption("attnspec_examples", None):
         from hypothesis import settings
-        run = config._attnspec
-        config._attnspec = options.Run(run.profile, options.Options(**{
-            **run.options.__dict__, "examples": settings.default.max_examples}), run.seed_from, run.repro_dir,
-            run.json_path, run.tb)
+        run = config.stash[RUN]
+        config.stash[RUN] = dataclasses.replace(
+            run, options=dataclasses.replace(run.options, examples=settings.default.max_examples))
     else:
-        profiles.load(config._attnspec.profile)
+        profiles.load(config.stash[RUN].profile)
 
 
 def pytest_report_header(config):
-    run = getattr(config, "_attnspec", None)
-    if not getattr(config, "_attnspec_suite", False) or run is None:
+    run = config.stash.get(RUN, None)
+    if not config.stash.get(IN_SUITE, False) or run is None:
         return None
     o = run.options
-    seeded = (f"; seed {o.seed} ({run.seed_from}; again: --hypothesis-seed={o.seed})" if o.seed is not None else "")
-    lines = [f"attnspec: profile {run.profile} ({o.examples} drawn problems a property{seeded}); "
-             f"reproducers in {results.shown_path(run.repro_dir)}"]
-    workers = getattr(config, "_attnspec_workers", 0)
-    if workers:
-        lines.append(f"attnspec: the backends spread over {workers} pytest-xdist workers, a CPU each "
-                     f"({cores.WORKERS_ENV}=1 or -n 0: one process)")
-    return lines
+    workers = config.stash.get(WORKERS, 0)
+    spread = [f"attnspec: the backends spread over {workers} pytest-xdist workers, a CPU each "
+              f"({cores.WORKERS_ENV}=1 or -n 0: one process)"] if workers else []
+    return [f"attnspec: profile {run.profile} ({o.examples} drawn problems a property); seed {o.seed} "
+            f"({run.seed_from}; again: --hypothesis-seed={o.seed}); reproducers in {results.shown_path(run.repro_dir)}",
+            *spread]
 
 
 # ---- targets ------------------------------------------------------------------------------------
@@ -131,13 +152,13 @@ def _targets(config, names) -> list:
     """Per backend, its Targets; resolved once per run."""
     from attnspec.backends import registry
 
-    cache = config.__dict__.setdefault("_attnspec_targets", {})
+    cache = config.stash[TARGETS]
     key = tuple(dict.fromkeys(names))
     if key not in cache:
         out = []
         for name in key:
             try:
-                out.append(make_targets(name, config._attnspec.options.rule))
+                out.append(make_targets(name, config.stash[RUN].options.rule))
             except registry.BackendSelectionError as e:
                 raise pytest.UsageError(f"--backend: {e}") from None
         cache[key] = out
@@ -175,14 +196,15 @@ def _target_of(item):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Each suite test names its backend, property and dtype in its reports; the longest backends first."""
+    """Each suite test names its backend, property and dtype in its reports; under pytest-xdist's
+    loadgroup the longest backends (as the last run recorded them) first."""
     for item in items:
         target = _target_of(item)
         if target is not None:
             item.user_properties.append((results.TEST_KEY, dict(
                 backend=target.name, property=item.originalname.removeprefix("test_"), dtype=target.dtype)))
-    if getattr(config, "_attnspec_workers", 0):
-        cores.longest_first(items, _target_of)
+    if config.getoption("dist", "no") == "loadgroup":  # the suite's spread, or the user's own
+        cores.longest_first(items, _target_of, cores.recorded_seconds(str(config.invocation_params.dir)))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -203,27 +225,29 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture
 def attnspec_run(request):
-    """Runs a property on the test's target (properties/explore.py), inside this test."""
+    """Runs a property on the test's target (properties/outcomes.py), inside this test:
+    ``attnspec_run(prop, target)``."""
+    return functools.partial(run_in_test, request)
+
+
+def run_in_test(request, prop, target) -> None:
     from attnspec.properties.outcomes import run_property
 
-    class Runner:
-        @staticmethod
-        def property(prop, target):
-            reason = skip_reason(prop, target)
-            if reason:
-                pytest.skip(reason)
-            run, active = request.config._attnspec, contextlib.nullcontext()
-            installed = getattr(request.module, INSTALLED, None)
-            if installed and not request.config._attnspec_suite:  # in a user's own suite (install)
-                run = options.for_installed(request.config, run, len(installed))
-                active = profiles.active(run.profile)  # the suite's settings around its tests only
-            try:
-                with active:
-                    run_property(request.node, run, prop, target)
-            finally:  # a contradicted or declared answer is a row too
-                for row in target.answers:
-                    request.node.user_properties.append((results.SEMANTICS_KEY, row))
-    return Runner()
+    reason = skip_reason(prop, target)
+    if reason:
+        pytest.skip(reason)
+    config = request.config
+    run, active = config.stash[RUN], contextlib.nullcontext()
+    installed = getattr(request.module, INSTALLED, None)
+    if installed and not config.stash[IN_SUITE]:  # in a user's own suite (install)
+        run = options.for_installed(config, run, len(installed))
+        active = profiles.active(run.profile)  # the suite's settings around its tests only
+    try:
+        with active:
+            run_property(request.node, run, prop, target)
+    finally:  # a contradicted or declared answer is a row too
+        for row in target.answers:
+            request.node.user_properties.append((results.SEMANTICS_KEY, row))
 
 
 def skip_reason(prop, target) -> str:
@@ -239,77 +263,3 @@ def skip_reason(prop, target) -> str:
     if missing:
         return f"{target.name} does not support {', '.join(FEATURE_TEXT[f] for f in missing)} natively"
     return ""
-
-
-# ---- rows, summary, JSON --------------------------------------------------------------------------
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_report_teststatus(report, config):
-    """pytest counts as the suite does: 'recorded' is its own word; a harness fault is an error."""
-    row = results.row_of(report)
-    if row is None or report.when != "call":
-        return None
-    if row["status"] == "recorded":
-        return "recorded", "r", "RECORDED"
-    if row["status"] == "error":
-        return "error", "E", "ERROR"
-    return None
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_report_to_serializable(config, report):
-    """In a --report-log, a collect report names the tests it collected (pytest writes null there), so
-    `attnspec run` knows a suite's tests before they run (attnspec/suites.py).  Not on an xdist
-    worker: its reports go to the controller, which has its own."""
-    outcome = yield
-    data = outcome.get_result()
-    if config.getoption("report_log", None) and not hasattr(config, "workerinput") \
-            and isinstance(report, pytest.CollectReport) and isinstance(data, dict) and report.result:
-        data["result"] = [{"nodeid": n.nodeid} for n in report.result]
-        outcome.force_result(data)
-
-
-def pytest_runtest_logreport(report):
-    row = results.row_of(report)
-    if row is not None:
-        _ROWS["conformance"].append(row)
-    _ROWS["semantics"].extend(results.semantics_of(report))
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    rows = _ROWS["conformance"]
-    if not rows:
-        return
-    from attnspec.specs.problem import FLOAT_DTYPE_NAMES
-
-    tr = terminalreporter
-    tr.section("attnspec: per backend (problems: drawn and fixed problems the checks ran)")
-    for line in results.backend_lines(rows):
-        tr.write_line(line)
-    attributed = results.attribution_lines(rows)
-    if attributed:
-        tr.section("attnspec: what the failures need")
-        for line in attributed:
-            tr.write_line(line)
-    if _ROWS["semantics"]:
-        tr.section("attnspec: semantics profile (observed per dtype; 'ok' = as declared, blank = nothing declared)")
-        for line in results.semantics_lines(_ROWS["semantics"], list(reversed(FLOAT_DTYPE_NAMES))):
-            tr.write_line(line)
-    if config.getoption("verbose") > 0 or len({r["backend"] for r in rows}) <= profiles.DEEP_BACKENDS:
-        tr.section("attnspec: problems tried per property and dtype")
-        for line in results.examples_lines(rows, list(reversed(FLOAT_DTYPE_NAMES))):
-            tr.write_line(line)
-    run = getattr(config, "_attnspec", None)
-    if run is not None and any(r["reproducer"] for r in rows):
-        tr.write_line(f"reproducers: {results.shown_path(run.repro_dir)}/ (python <file>)")
-
-
-def pytest_sessionfinish(session):
-    config = session.config
-    if hasattr(config, "workerinput"):  # an xdist worker: the controller writes the file
-        return
-    run = getattr(config, "_attnspec", None)
-    path = config.getoption("attnspec_json", None) or (
-        run.json_path if run is not None and (config._attnspec_suite or _ROWS["conformance"]) else None)
-    if path:
-        results.write_json(os.path.join(str(config.invocation_params.dir), path), _ROWS)

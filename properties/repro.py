@@ -242,11 +242,11 @@ def _earlier_call(backend, sig) -> None:
 
 def _once(prop, target, case, params):
     """(status, verdict or reason): 'failed', 'passed' or 'declined'."""
-    from attnspec.properties.explore import Failure, attempt
+    from attnspec.properties.explore import Counterexample, attempt
     from attnspec.properties.target import Declined
     try:
         attempt(prop, target, case, params)
-    except Failure as f:
+    except Counterexample as f:
         return "failed", f.verdict
     except Declined as e:
         return "declined", str(e)

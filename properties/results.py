@@ -45,8 +45,11 @@ def shown_path(path: str) -> str:
 
 
 def block(failure, path: str | None) -> str:
-    return headline(failure) + "\n" + (f"  reproducer: python {shown_path(path)}" if path else
-                                       "  reproducer: (not written; see the JSON's counterexample)")
+    """The failure as pytest reports it: its headline, the labelled draws of the (shrunk) example
+    (not in the headline: a declaration's ``when`` reads that), the reproducer."""
+    drawn = f"  drawn: {', '.join(failure.draws)}\n" if getattr(failure, "draws", ()) else ""
+    return headline(failure) + "\n" + drawn + (f"  reproducer: python {shown_path(path)}" if path else
+                                               "  reproducer: (not written; see the JSON's counterexample)")
 
 
 # ---- rows --------------------------------------------------------------------------------------
@@ -93,6 +96,15 @@ def _longrepr_text(report) -> str:
 
 def semantics_of(report) -> list:
     return _found(report, SEMANTICS_KEY) if report.when == "call" else []
+
+
+def run_record(run) -> dict:
+    """What the JSON says of the run itself: its profile, seed (and where it came from), examples."""
+    if run is None:
+        return {}
+    o = run.options
+    return {"profile": run.profile, "seed": o.seed, "seed_from": run.seed_from, "examples": o.examples,
+            "again": f"--hypothesis-seed={o.seed}"}
 
 
 def write_json(path: str, rows: dict) -> None:

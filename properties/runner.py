@@ -38,11 +38,22 @@ class SuiteResult:
         return [r for r in self.conformance if r["status"] in ("failed", "error")]
 
 
-def child_env(env: dict | None = None, pythonpath=(), cwd: str | None = None) -> dict:
+def _importable_env(env: dict | None = None, pythonpath=(), cwd: str | None = None) -> dict:
     """The caller's environment with its current folder and `pythonpath` importable."""
     out = dict(os.environ if env is None else env)
     out["PYTHONPATH"] = os.pathsep.join(p for p in (*pythonpath, cwd or os.getcwd(), out.get("PYTHONPATH", "")) if p)
     return out
+
+
+def suite_command(backend_names, json_path: str, rows_path: str | None = None, extra_args=()) -> list:
+    """The command line of a suite child, here and in `attnspec run` (attnspec/suites.py): pytest
+    on the installed suite for `backend_names`, its JSON into json_path, its row stream (JSON
+    lines, as each test finishes) into rows_path."""
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-p", "no:cacheprovider",
+           "--attnspec-json", json_path]
+    if rows_path:
+        cmd += ["--attnspec-rows", rows_path]
+    return cmd + [a for name in backend_names for a in ("--backend", name)] + list(extra_args)
 
 
 def run_suite(backend_names, json_path: str | None = None, extra_args=(), profile: str | None = None,
@@ -64,12 +75,10 @@ def run_suite(backend_names, json_path: str | None = None, extra_args=(), profil
         fd, json_path = tempfile.mkstemp(prefix="attnspec-", suffix=".json")
         os.close(fd)
         os.remove(json_path)  # written by the run: its absence says the run wrote nothing
-    environ = child_env(env, pythonpath, cwd)
+    environ = _importable_env(env, pythonpath, cwd)
     if profile:
         environ["ATTNSPEC_PROFILE"] = profile  # properties/profiles.py
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p", "no:cacheprovider",
-           "--attnspec-json", os.path.abspath(json_path)]
-    cmd += [a for name in backend_names for a in ("--backend", name)] + list(extra_args)
+    cmd = suite_command(backend_names, os.path.abspath(json_path), extra_args=["-q", *extra_args])
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
         try:

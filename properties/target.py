@@ -63,6 +63,7 @@ class Session:
     spec: str                      # what `registry.resolve` takes, for the reproducer
     import_paths: tuple = ()       # sys.path entries a reproducer needs to import the backend
     hung: str = ""                 # the call that did not return in time (then no further call is made)
+    hang: Exception | None = None  # the property's failure in which it hung (explore.attempt raises it again)
     equal_dims: bool | None = None  # whether it declines Ev != E (asked once)
     calls: dict = field(default_factory=dict)  # every distinct call configuration, latest last
     _worker: _Worker | None = None

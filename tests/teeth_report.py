@@ -38,7 +38,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")  # specs.problem.FLOAT_DT
 TEETH_SEED = 20261201
 
 
-def run_suite(out_dir: Path, workers: str | None = None) -> dict:
+def run_teeth_suite(out_dir: Path, workers: str | None = None) -> dict:
     """One `pytest properties` over every teeth implementation; its JSON results plus timing."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, log_path = out_dir / "suite.json", out_dir / "suite.log"
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "attnspec-teeth", help="where teeth.md/json go")
     ap.add_argument("--workers", default=None, help="pytest-xdist workers for the suite run (-n; default 2, 0 = none)")
     args = ap.parse_args(argv)
-    summary = summarize(run_suite(args.out, args.workers))
+    summary = summarize(run_teeth_suite(args.out, args.workers))
     write(summary, args.out)
     print(markdown(summary))
     ok = summary["rejected"] == f"{len(summary['broken'])}/{len(summary['broken'])}" and not summary["false_alarms"]

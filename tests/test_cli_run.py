@@ -1,5 +1,5 @@
 """`attnspec run` and `attnspec report`: exit-2 paths, crashing or hanging backends recorded, the
-suite children followed through pytest's --report-log, and a plug-in of the user's own folder
+suite children followed through the plugin's row stream (--attnspec-rows), and a plug-in of the user's own folder
 checked and benchmarked from there (outputs under that folder, never in attnspec's own)."""
 from __future__ import annotations
 
@@ -220,22 +220,22 @@ def test_report_writes_under_the_folder_it_is_started_from(capsys, monkeypatch, 
 
 
 def test_a_child_that_dies_or_hangs_is_recorded_and_the_rest_goes_on(tmp_path):
-    crash = suites.run_suite("a", str(tmp_path / "a.json"), 30,
+    crash = suites.run_suite_child("a", str(tmp_path / "a.json"), 30,
                              command=lambda b, p, log: [sys.executable, "-c", "import os; print('t.py::a PASSED'); "
                                                         "print('t.py::b', end=''); os._exit(3)"])
     (row,) = crash["conformance"]
     assert row["status"] == "crashed" and "exit status 3" in row["message"] and "t.py::b" in row["message"]
-    hang = suites.run_suite("b", str(tmp_path / "b.json"), 1.5,
+    hang = suites.run_suite_child("b", str(tmp_path / "b.json"), 1.5,
                             command=lambda b, p, log: [sys.executable, "-c", "import time; time.sleep(60)"])
     (row,) = hang["conformance"]
     assert row["status"] == "timed_out" and "1.5 s" in row["message"] and row["seconds"] < 30
 
 
-def test_the_suite_command_follows_the_child_through_its_report_log():
-    cmd = suites.suite_command("mypkg.attn:sdpa", "/x/s.json", "/x/s.json.log.jsonl")
+def test_the_suite_command_follows_the_child_through_its_row_stream():
+    cmd = suites.suite_command("mypkg.attn:sdpa", "/x/s.json", "/x/s.json.rows.jsonl")
     assert cmd[:5] == [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties"]
     for flag, value in (("--backend", "mypkg.attn:sdpa"), ("--attnspec-json", "/x/s.json"),
-                        ("--report-log", "/x/s.json.log.jsonl")):
+                        ("--attnspec-rows", "/x/s.json.rows.jsonl")):
         assert cmd[cmd.index(flag) + 1] == value, flag
 
 
@@ -275,11 +275,11 @@ def test_run_records_a_crashing_and_a_hanging_backend(capsys, monkeypatch, tmp_p
     assert "[suite 2/2] fake_backends:Hanging" in text
 
 
-# -- the suite's progress, read from pytest's --report-log ----------------------------------------
+# -- the suite's progress, read from the plugin's row stream (--attnspec-rows) ---------------------
 #
 # A stand-in for the suite: a real pytest run whose tests carry their rows in user_properties the
-# way the suite's plugin does (properties/results.py), so the report log is the one pytest and
-# pytest-reportlog write, not a hand-written imitation of it.
+# way the suite's plugin does (properties/results.py), so the row stream is the one the plugin
+# writes, not a hand-written imitation of it.
 
 _FAKE_CONFTEST = f"""
 TEST_KEY = {results.TEST_KEY!r}
@@ -337,24 +337,24 @@ def _fake_suite(tmp_path):
 
 def _fake_command(suite):
     return lambda backend, json_path, log: [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
-                                            "--report-log", log]
+                                            "--attnspec-rows", log]
 
 
 @pytest.mark.parametrize("ending", ["hung", "crash"])
-def test_the_runner_reads_the_childs_report_log(tmp_path, monkeypatch, ending):
-    """Rows of the tests that finished come from the report log when the child does not finish by itself."""
+def test_the_runner_reads_the_childs_row_stream(tmp_path, monkeypatch, ending):
+    """Rows of the tests that finished come from the row stream when the child does not finish by itself."""
     suite = _fake_suite(tmp_path)
     pid_file = tmp_path / "pid"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FAKE_ENDING", ending)
     monkeypatch.setenv("FAKE_PID_FILE", str(pid_file))
     start = time.monotonic()
-    data = suites.run_suite("fake", str(tmp_path / "s.json"), 90, shown="fake", command=_fake_command(suite))
+    data = suites.run_suite_child("fake", str(tmp_path / "s.json"), 90, shown="fake", command=_fake_command(suite))
     rows = {r["property"]: r for r in data["conformance"]}
     assert rows["a"]["status"] == "passed" and rows["a"]["examples"] == 3
     assert data["semantics"] == [dict(backend="fake", question="q", dtype="float32", observed="nan", declared="nan",
                                       agrees=True)]
-    assert not os.path.exists(tmp_path / "s.json.log.jsonl")  # the log is the runner's own: removed
+    assert not os.path.exists(tmp_path / "s.json.rows.jsonl")  # the stream is the runner's own: removed
     if ending == "hung":
         assert time.monotonic() - start < 30  # ended at the hang, not after the child's minute
         with pytest.raises(ProcessLookupError):  # and gone: no stuck thread left running
@@ -370,8 +370,8 @@ def test_the_runner_reads_the_childs_report_log(tmp_path, monkeypatch, ending):
         assert "while running b[float32]" in rows["(suite)"]["message"], rows["(suite)"]
 
 
-def _report_log(tmp_path) -> list[bytes]:
-    """The lines of a finished run's report log: a passes, b fails reporting a hung call, c passes."""
+def _row_stream(tmp_path) -> list[bytes]:
+    """The lines of a finished run's row stream: a passes, b fails reporting a hung call, c passes."""
     suite = _fake_suite(tmp_path)
     log = tmp_path / "full.jsonl"
     env = dict(os.environ, FAKE_ENDING="done", FAKE_PID_FILE=str(tmp_path / "pid"))
@@ -381,16 +381,16 @@ def _report_log(tmp_path) -> list[bytes]:
     return log.read_bytes().splitlines(keepends=True)
 
 
-def test_progress_reads_the_report_log_while_the_child_runs(tmp_path):
-    """Counts, the test running now and the hung call, from the log as it stands while c runs
+def test_progress_reads_the_row_stream_while_the_child_runs(tmp_path):
+    """Counts, the test running now and the hung call, from the stream as it stands while c runs
     (a torn last line waits for the rest); then the rest."""
-    lines = _report_log(tmp_path)
+    lines = _row_stream(tmp_path)
     entries = [json.loads(line) for line in lines]
-    c_started = next(i for i, e in enumerate(entries) if e.get("$report_type") == "TestReport"
-                     and e["nodeid"].endswith("test_c[fake-float32]") and e["when"] == "setup")
+    assert "collected" in entries[0] and len(entries[0]["collected"]) == 3
+    b_done = next(i for i, e in enumerate(entries) if e.get("nodeid", "").endswith("test_b[fake-float32]"))
     path = tmp_path / "live.jsonl"
-    torn = lines[c_started + 1][: len(lines[c_started + 1]) // 2]
-    path.write_bytes(b"".join(lines[: c_started + 1]) + torn)
+    torn = lines[b_done + 1][: len(lines[b_done + 1]) // 2]
+    path.write_bytes(b"".join(lines[: b_done + 1]) + torn)
     shown = io.StringIO()
     progress = suites.SuiteProgress(label="fake", redraw=False, stream=shown, path=str(path))
     progress.read()
@@ -409,7 +409,7 @@ def test_progress_reads_the_report_log_while_the_child_runs(tmp_path):
     progress.show(final=False)
     assert shown.getvalue().startswith("  fake: 2/3 tests")
     with open(path, "ab") as f:  # the rest of the torn line, and the end of the run
-        f.write(lines[c_started + 1][len(torn):] + b"".join(lines[c_started + 2:]))
+        f.write(lines[b_done + 1][len(torn):] + b"".join(lines[b_done + 2:]))
     progress.read()
     assert progress.counts == {"passed": 2, "failed": 1} and progress.current == ""
     assert progress.not_attempted("fake", "why") == [] and "3/3 tests" in progress.text()

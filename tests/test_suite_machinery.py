@@ -23,7 +23,7 @@ from attnspec.backends.registry import resolve
 from attnspec.properties import draws, repro
 from attnspec.properties.case import Case, seed_case
 from attnspec.properties.draws import SCORE_CAP, draw_case, score_terms
-from attnspec.properties.explore import Failure, attempt
+from attnspec.properties.explore import Counterexample, attempt
 from attnspec.properties.plugin import make_targets
 from attnspec.properties.results import headline, verdict_lines
 from attnspec.properties.runner import SuiteError, run_suite
@@ -32,6 +32,7 @@ from attnspec.specs import fields as F
 from attnspec.specs import reference
 from attnspec.specs.plain import round_to
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 _SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 # fields tied to positions (a window, ALiBi distances, lengths) do not move with permuted or cut keys
@@ -402,9 +403,9 @@ def _problem(B, Lq, Lk, E, kv_lengths, seed=0, **extra) -> Case:
     return Case(q, k, v, fields=dict(kv_lengths=np.asarray(kv_lengths, dtype=np.int64), **extra))
 
 
-def _fail(t, case) -> Failure:
+def _fail(t, case) -> Counterexample:
     prop = repro.find_property("output", "matches_reference")
-    with pytest.raises(Failure) as info:
+    with pytest.raises(Counterexample) as info:
         attempt(prop, t, case, {})
     return info.value
 
@@ -493,3 +494,48 @@ def test_ci_seed_follows_the_commit_unless_given(tmp_path):
         seeds.append(profiles.ci_seed(str(tmp_path), {}))
         assert seeds[-1] == (int(head[:8], 16), f"commit {head[:8]}")
     assert seeds[0] != seeds[1]
+
+
+def test_a_hang_is_learned_once_every_later_test_fails_at_once_naming_it(tmp_path):
+    """`pytest properties --backend X` on a backend whose every call hangs: the first call waits the
+    per-call limit, every later test fails at once naming the call and where it hung; only the test
+    that hung writes a reproducer.  Before, each test waited the limit again (and its reproducer's
+    check in a fresh process waited once more)."""
+    import json
+
+    limit = 2.0
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "PYTEST_"))},
+               PYTHONPATH=ROOT, ATTNSPEC_CALL_TIMEOUT=str(limit), ATTNSPEC_PROFILE="dev")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p",
+                           "no:cacheprovider", "--backend", "tests.plugins.hanging:attention", "--attnspec-json",
+                           "out.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "out.json").read_text())["conformance"]
+    checked = [r for r in rows if r["status"] != "skipped"]
+    assert checked and all(r["status"] == "failed" for r in checked), {r["status"] for r in checked}
+    first, *later = checked
+    assert first["reproducer"] and os.path.exists(first["reproducer"]) and first["hung"]
+    assert later and all(r["message"].startswith(f"not attempted: an earlier {first['hung']} call") and
+                         f"in {first['property']}[{first['dtype']}] on the problem Case(" in r["message"]
+                         and not r["reproducer"] for r in later), later[0]["message"]
+    # one wait of the limit, maybe two (a probe and the first check); the rest costs nothing like a limit each
+    assert sum(r["seconds"] for r in rows) < 2 * limit + 0.2 * len(rows), sum(r["seconds"] for r in rows)
+
+
+def test_a_failing_propertys_report_shows_the_labelled_draws_of_its_shrunk_example():
+    """draws.py's and variants.py's draw labels reach the failure block (not the headline a declaration's
+    `when` reads): the shrunk example's own, Lq among them as the problem has it."""
+    import re
+
+    from attnspec.properties.explore import Exploration, explore
+    from attnspec.properties.results import block
+    from attnspec.properties.test_output import test_default_scale
+
+    (target,) = [t for t in make_targets("tests.plugins.deviating:DeclaredAndAnotherDefect") if t.dtype == "float64"]
+    failure = explore(test_default_scale.property, target, Exploration(examples=30, seed=0))
+    assert failure is not None and failure.draws
+    shown = block(failure, None)
+    drawn = re.search(r"\n  drawn: (.*)\n", shown).group(1)
+    assert re.search(r"\bLq=\d+", drawn) and "drawn:" not in headline(failure), shown
+    lq = int(re.search(r"\bLq=(\d+)", repr(failure.case)).group(1))
+    assert lq == 1 or lq >= 4, shown  # the planted defects: one-row queries, and four rows or more

@@ -148,8 +148,7 @@ def pytest_configure(config):
         return
     o = config.option
     seen = dict(numprocesses=getattr(o, "numprocesses", None), dist=getattr(o, "dist", None),
-                plugins=list(getattr(o, "plugins", None) or []), hypothesis_seed=getattr(o, "hypothesis_seed", None),
-                workers=getattr(config, "_attnspec_workers", 0))
+                plugins=list(getattr(o, "plugins", None) or []), hypothesis_seed=getattr(o, "hypothesis_seed", None))
     with open("options.json", "w") as f:
         json.dump(seen, f, default=str)
 '''
@@ -374,15 +373,38 @@ def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
         return json.loads((project / "options.json").read_text()), proc.stdout
 
     options, _ = seen("-n", "1", "-p", "userplug")
-    assert (options["numprocesses"], options["workers"]) == (1, 0) and "userplug" in options["plugins"]
+    assert options["numprocesses"] == 1 and "userplug" in options["plugins"]
     options, _ = seen("--dist", "loadfile")
-    assert (options["numprocesses"], options["dist"], options["workers"]) == (None, "loadfile", 0)
+    assert (options["numprocesses"], options["dist"]) == (None, "loadfile")
     # nothing chosen: the suite spreads over the cores, and the seed is still the user's, read as given
     options, out = seen("--hypothesis-seed=12345")
-    assert options["hypothesis_seed"] == "12345"
-    if options["workers"]:
-        assert (options["numprocesses"], options["dist"]) == (options["workers"], "loadgroup")
+    assert options["hypothesis_seed"] == "12345" and (options["numprocesses"], options["dist"]) == (2, "loadgroup")
     assert "seed 12345 (--hypothesis-seed; again: --hypothesis-seed=12345)" in out
+
+
+def test_the_same_command_gives_the_same_verdicts_and_its_printed_seed_replays_them(tmp_path):
+    """No seed given: the run is seeded all the same and says by what (header, JSON); run twice with the
+    example database cleared and no cache it gives identical verdicts, and the printed seed given back
+    to --hypothesis-seed replays the same failures on the same problems."""
+    project = _user_project(tmp_path)
+    args = ["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:off_by_one_when_large", "-k",
+            "test_default_scale or test_explicit_scale", "--attnspec-no-shrink", "--attnspec-json", "out.json"]
+
+    def run(*extra):
+        shutil.rmtree(project / ".hypothesis", ignore_errors=True)
+        proc = _pytest([*args, *extra], project, _env(ATTNSPEC_PROFILE="dev"))
+        assert proc.returncode == 1, proc.stdout[-3000:]  # off by one on the larger problems
+        data = json.loads((project / "out.json").read_text())
+        verdicts = {(r["property"], r["dtype"]): (r["status"], r["message"]) for r in data["conformance"]}
+        return proc.stdout, data["run"], verdicts
+
+    out, first, verdicts = run()
+    assert any(status == "failed" for status, _ in verdicts.values()), verdicts
+    assert f"seed {first['seed']} (" in out and f"--hypothesis-seed={first['seed']}" in out
+    _, again, same = run()
+    assert (again, same) == (first, verdicts)
+    _, _, replayed = run(f"--hypothesis-seed={first['seed']}")
+    assert replayed == verdicts
 
 
 def test_a_seed_given_to_hypothesis_replays_the_run(tmp_path):

@@ -17,7 +17,7 @@ from attnspec.backends import declare
 from attnspec.backends.plain import FunctionBackend
 from attnspec.backends.registry import resolve
 from attnspec.properties import test_semantics as S
-from attnspec.properties.explore import Options, explore
+from attnspec.properties.explore import Exploration, explore
 from attnspec.properties.plugin import skip_reason
 from attnspec.properties.runner import run_suite
 from attnspec.properties.target import Session, Target
@@ -132,7 +132,7 @@ def ask(question, fn, dtype: str, full=False):
     if reason:
         return "skipped", reason
     try:
-        failure = explore(prop, target, Options())
+        failure = explore(prop, target, Exploration())
     except pytest.skip.Exception as e:
         return "skipped", str(e)
     (answer,) = target.answers
@@ -363,6 +363,6 @@ def test_the_suites_bias_properties_never_hand_a_plain_function_a_mask_with_is_c
     planted.CALLS.clear()
     for test in (test_bias.test_additive_bias_matches_reference, test_bias.test_neg_inf_bias_equals_boolean_mask,
                  test_masking.test_zero_future_mass):
-        assert explore(test.property, target, Options(examples=25, seed=3)) is None, test.__name__
+        assert explore(test.property, target, Exploration(examples=25, seed=3)) is None, test.__name__
     assert planted.CALLS and not [c for c in planted.CALLS if c[0] and c[1] is not None]
     assert any(c[1] == np.float64 for c in planted.CALLS) and any(c[0] for c in planted.CALLS)

@@ -26,7 +26,7 @@ from attnspec.backends.numpy_backends import NumpyNaive
 from attnspec.backends.registry import resolve
 from attnspec.properties import draws, variants
 from attnspec.properties.draws import SCORE_CAP, draw_case
-from attnspec.properties.explore import Options, Property, explore
+from attnspec.properties.explore import Exploration, Property, explore
 from attnspec.properties.target import Session, Target
 from attnspec.properties.variants import DRAW_RATE, OPTIONAL, PER_SEQUENCE
 from attnspec.specs import fields as F
@@ -70,7 +70,7 @@ def suite_sample(t: Target, n: int, **constraints) -> list:
     prop = Property("keeps_its_cases", "strategies_test", lambda target, case, params: got.append(case),
                     draw=constraints)
     with no_database():
-        assert explore(prop, t, Options(examples=n, seed=0), seeds=False, shrink=False) is None
+        assert explore(prop, t, Exploration(examples=n, seed=0), seeds=False, shrink=False) is None
     assert len(got) >= n
     return got
 

@@ -141,7 +141,7 @@ def suite(tmp_path_factory):
             import fcntl
             fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for the one running the suite
         if not done.exists():
-            done.write_text(json.dumps(teeth.run_suite(shared, os.environ.get("ATTNSPEC_TEETH_WORKERS"))))
+            done.write_text(json.dumps(teeth.run_teeth_suite(shared, os.environ.get("ATTNSPEC_TEETH_WORKERS"))))
     results = json.loads(done.read_text())
     results["_dir"] = str(shared)
     return results

@@ -79,3 +79,21 @@ class TwoConfinedDeviationsOneUndeclared(TwoConfinedDeviations):
     name = "two-confined-deviations-one-undeclared"
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
         TwoConfinedDeviations.semantics.deviations[0],))
+
+
+class DeclaredAndAnotherDefect(NumpyNaive):
+    """Two defects in one property: one-row queries are off by one (declared, with ``when=`` on the
+    problem's text; the seeds' one-row examples meet it first), and queries of four rows or more are
+    1 % off (undeclared).  The declared one must not end the property: the second is still found."""
+
+    name = "declared-and-another-defect"
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
+        Deviation("matches_reference", "one-row queries off by one", when=r"problem: Case\(.*\bLq=1 "),))
+
+    def native_attention(self, q, k, v, call):
+        out = super().native_attention(q, k, v, call)
+        if call.return_lse:
+            return out
+        if q.shape[-2] == 1:
+            return out + 1  # (..., 1, Ev) declared
+        return out * 1.01 if q.shape[-2] >= 4 else out  # (..., Lq, Ev) not declared
