@@ -30,20 +30,14 @@ from attnspec.specs.fields import FEATURE_TEXT
 
 def deviation_of(target, prop_name: str, feature: bool | None = None):
     """The Deviation the backend declares for this property at this dtype, or None."""
-    semantics = target.backend.semantics
-    if not hasattr(semantics, "deviation"):
-        return None
-    try:
-        return semantics.deviation(prop_name, target.dtype, feature)
-    except TypeError:  # a Semantics of a plug-in written before feature deviations
-        return semantics.deviation(prop_name, target.dtype) if not feature else None
+    return target.backend.semantics.deviation(prop_name, target.dtype, feature)
 
 
 def confined_deviations(target, prop_name: str) -> list:
     """Every declared Deviation of this property at this dtype that is confined to a feature or to
     some problems (a backend may declare several: keras-numpy's grouped heads and its long float16 rows)."""
-    return [d for d in getattr(target.backend.semantics, "deviations", ())
-            if d.covers(prop_name, target.dtype) and (getattr(d, "feature", "") or getattr(d, "problems", ""))]
+    return [d for d in target.backend.semantics.deviations
+            if d.covers(prop_name, target.dtype) and (d.feature or d.problems)]
 
 
 def run_property(node, run, prop, target) -> None:

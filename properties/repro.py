@@ -132,8 +132,8 @@ def script(failure, headline: str, import_paths=(), npz: str | None = None, hist
               "if __name__ == '__main__':",
               "    from attnspec.properties.repro import replay, restore_run",
               "    restore_run(RUN_ENV, RUN_VERSIONS)",
-              f"    sys.exit(replay({getattr(t.session, 'spec', t.name)!r}, {t.dtype!r}, {failure.prop.family!r}, "
-              f"{failure.prop.name!r}, problem, params, EARLIER, rule={getattr(t, 'rule', 'attnspec')!r}))", ""]
+              f"    sys.exit(replay({t.session.spec!r}, {t.dtype!r}, {failure.prop.family!r}, "
+              f"{failure.prop.name!r}, problem, params, EARLIER, rule={t.rule!r}))", ""]
     return "\n".join(lines)
 
 

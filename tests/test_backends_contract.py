@@ -198,10 +198,7 @@ def test_every_backend_attribute_the_suite_and_the_benchmarks_read_is_declared_o
     read = {m for t in texts.values() for m in re.findall(r"\bbackend\.([a-z_]+)\b", t)}
     undeclared = sorted(n for n in read if not hasattr(Backend, n) and not hasattr(str, n))  # a name held as text
     assert not undeclared, f"read but not declared on Backend: {undeclared}"
-    # properties/outcomes.py (the plugin's) still reads deviations through getattr and keeps a shim for
-    # an older Semantics.deviation; both are unnecessary now (Semantics declares them) - its owner's change
-    pending = {"outcomes.py"}
-    fallbacks = [f"{p.name}: {m}" for p, t in texts.items() if p.name not in pending
+    fallbacks = [f"{p.name}: {m}" for p, t in texts.items()
                  for m in re.findall(r"getattr\((?:target\.)?(?:backend|caps|semantics)[.\w]*, \"(\w+)\"", t)
                  if not m.startswith("__")]  # a plug-in given as any object: its module and name
     assert not fallbacks, fallbacks

@@ -539,3 +539,27 @@ def test_a_failing_propertys_report_shows_the_labelled_draws_of_its_shrunk_examp
     assert re.search(r"\bLq=\d+", drawn) and "drawn:" not in headline(failure), shown
     lq = int(re.search(r"\bLq=(\d+)", repr(failure.case)).group(1))
     assert lq == 1 or lq >= 4, shown  # the planted defects: one-row queries, and four rows or more
+
+
+def test_a_property_that_checked_problems_is_never_skipped_as_all_declined():
+    """A backend that answers its first calls and then declines every problem: the property passes on
+    what it checked (not "every drawn problem was declined" after checking some); one that declines
+    from the first call is skipped, and the reason counts declined and checked."""
+    from _pytest.outcomes import Skipped
+
+    from attnspec.properties.explore import Exploration, explore
+    from attnspec.properties.test_weights import test_rows_sum_to_one
+
+    (target,) = [t for t in make_targets("tests.plugins.declining:AnswersThenDeclines") if t.dtype == "float64"]
+    prop = test_rows_sum_to_one.property
+    tally: dict = {}
+    try:
+        found = explore(prop, target, Exploration(examples=40, seed=0), seeds=False, tally=tally)
+    except Skipped as e:  # the old behaviour: 25 declines in a row skipped a property that had checked some
+        pytest.fail(f"skipped after checking {tally.get('checked')} problem(s): {e}")
+    assert found is None
+    assert tally["checked"] >= 1, tally
+    (never,) = [t for t in make_targets("tests.plugins.declining:AnswersThenDeclines") if t.dtype == "float64"]
+    never.backend.calls = 10 ** 6  # declines from its first call
+    with pytest.raises(Skipped, match=r"every drawn problem was declined \(\d+ declined, 0 checked\)"):
+        explore(prop, never, Exploration(examples=40, seed=0), seeds=False)
