@@ -183,6 +183,19 @@ def examples_lines(rows, dtype_order) -> list[str]:
     return out
 
 
+def limits_lines(rows) -> list[str]:
+    """The checks a backend's declared limits narrowed, or in which it declined calls: a property x dtype a
+    line, never shown as a plain pass (a fixed grid's problems outside the limits were not checked)."""
+    out = []
+    for r in rows:
+        left, declined = r.get("outside_limits") or "", r.get("declined") or 0
+        if left or declined:
+            said = "; ".join(x for x in (left, f"{declined} call(s) declined" if declined else "") if x)
+            out.append(f"{r['backend']} {r['property']}[{r['dtype']}]: {r['status']}, "
+                       f"{r.get('examples') or 0} problems checked; {said}")
+    return out
+
+
 def _cell(row) -> str:
     agrees = row.get("agrees")
     mark = "" if agrees is None else " ok" if agrees else f" (declared {row['declared']}) CONTRADICTS"

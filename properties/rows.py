@@ -74,6 +74,11 @@ class RowRecorder:
         tr.section("attnspec: per backend (problems: drawn and fixed problems the checks ran)")
         for line in results.backend_lines(rows):
             tr.write_line(line)
+        narrowed = results.limits_lines(rows)
+        if narrowed:
+            tr.section("attnspec: checks narrowed by declared limits or declined calls")
+            for line in narrowed:
+                tr.write_line(line)
         attributed = results.attribution_lines(rows)
         if attributed:
             tr.section("attnspec: what the failures need")

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 
 CONFORMANCE_COLUMNS = ("backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message",
-                       "attribution")
+                       "attribution", "outside_limits", "declined")
 SEMANTICS_COLUMNS = ("backend", "question", "dtype", "observed", "declared", "agrees")
 # "recorded": a semantics question the backend declares nothing about (never failed, never a pass)
 # "deviation": a failure the backend declares as a known departure (Semantics.deviations)
@@ -20,7 +20,8 @@ STATUSES = ("passed", "failed", "skipped", "error", "crashed", "timed_out", "rec
 # a failure anywhere is shown; a skip is superseded by any real result.
 _STATUS_RANK = {"failed": 0, "error": 1, "crashed": 2, "timed_out": 3, "deviation": 4, "passed": 5, "recorded": 6,
                 "skipped": 7}
-_OPTIONAL = {"dtype": "", "attribution": ""}  # older results lack them (per-dtype answers; attribution)
+# older results lack them (per-dtype answers; attribution; what declared limits left out, calls declined)
+_OPTIONAL = {"dtype": "", "attribution": "", "outside_limits": "", "declined": 0}
 NOT_ATTEMPTED = "not attempted: "  # how a failed row that never ran begins (after a backend hung)
 RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it
 SUITE_FILE = "suite.json"

@@ -64,7 +64,7 @@ def _chips(found, ran: set) -> list:
     two thousand chips with their tooltips weighed 260 KB of the page."""
     if not found:
         return []
-    same = len({(str(r.status), _first_line(r.message)) for r in found}) == 1
+    same = len({(str(r.status), _first_line(r.message), _narrowed(r)) for r in found}) == 1
     if len(found) > 1 and same:
         r = found[0]
         dtypes = [DTYPE_SHORT.get(str(x.dtype), str(x.dtype)) for x in found]
@@ -75,11 +75,19 @@ def _chips(found, ran: set) -> list:
                  "text": (mark if every else " ".join(dtypes) + " " + mark),
                  "tip": f"{STATUS_TEXT.get(r.status, r.status)} at {', '.join(dtypes)}"
                         + (f"; {'-'.join(map(str, tried[::max(1, len(tried) - 1)]))} problems tried each" if tried else "")
-                        + (f": {_first_line(r.message)}" if text(r.message) else "")}]
+                        + _narrowed(r) + (f": {_first_line(r.message)}" if text(r.message) else "")}]
     return [{"status": text(r.status),
-             "tip": f"{r.dtype} {r.status}" + _tried(r.examples) + (f": {_first_line(r.message)}" if text(r.message) else ""),
+             "tip": f"{r.dtype} {r.status}" + _tried(r.examples) + _narrowed(r)
+                    + (f": {_first_line(r.message)}" if text(r.message) else ""),
              "text": DTYPE_SHORT.get(str(r.dtype), str(r.dtype) or "all"),
              "mark": "" if r.status == "passed" else " " + STATUS_MARK.get(r.status, "?")} for r in found]
+
+
+def _narrowed(r) -> str:
+    """What a check did not cover: a fixed grid's problems its declared limits left out, calls declined."""
+    left = text(r.outside_limits)
+    declined = pd.to_numeric(pd.Series([r.declined]), errors="coerce").fillna(0).iloc[0]
+    return "".join(x for x in (f"; {left}" if left else "", f"; {int(declined)} call(s) declined" if declined else ""))
 
 
 def _tried(examples) -> str:

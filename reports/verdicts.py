@@ -125,7 +125,8 @@ def verdict_data(f) -> dict:
         rows.append({"backend": text(b), "kind": kind, "verdict": KIND_TEXT[kind], "dtypes": short_dtypes(ran["dtype"]),
                      "fails": _by_property(bad), "deviates": _by_declaration(c[c["status"] == "deviation"]),
                      "contradicted": contradicted, "reason": text(r["reason"]),
-                     "checks": len(ran), "problems": _examples(c), "skipped": int((c["status"] == "skipped").sum()),
+                     "checks": len(ran), "problems": _examples(c),
+                     "narrowed": int((ran["outside_limits"].fillna("").astype(str) != "").sum()), "skipped": int((c["status"] == "skipped").sum()),
                      "times": [] if times is None else [
                          f"{x['forward time']} (T={int(x['T'])})" + (f" on {x['machine']}" if several else "")
                          for _, x in times.iterrows()]})

@@ -24,7 +24,7 @@ ASV = os.path.join(SAMPLE, "asv_results")
 
 SCHEMAS = {
     "conformance.csv": ["backend", "property", "dtype", "status", "examples", "seconds", "counterexample", "message",
-                        "attribution"],
+                        "attribution", "outside_limits", "declined"],
     "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
     "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
                        "commit", "clock", "problem", "kv_heads", "Lq", "Lk", "grid"],
@@ -155,6 +155,22 @@ def test_failure_attribution_reaches_the_csv_and_older_results_read_without_it(t
     assert [r["attribution"] for r in rows if r["attribution"]] == ["needs: causal, gqa"]
     assert {r["attribution"] for r in rows} == {"", "needs: causal, gqa"}
     assert inputs.read_suite_json(SUITE)["conformance"][0]["attribution"] == ""  # the sample predates it
+
+
+def test_a_check_its_declared_limits_narrowed_says_so_in_the_csv_the_matrix_and_the_verdict(tmp_path):
+    """A passed edge grid that a declared limit cut (suite rows' outside_limits) is never shown as a plain
+    pass: the CSV keeps the count, the matrix chip's tooltip and the verdict line say it."""
+    data = json.loads(open(SUITE).read())
+    passed = next(i for i, r in enumerate(data["conformance"]) if r["status"] == "passed")
+    data["conformance"][passed]["outside_limits"] = "3 outside the declared limits (E > 128: 3)"
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    make_report(out, [str(suite)])
+    rows = read_csv(out / "conformance.csv")
+    assert [r["outside_limits"] for r in rows if r["outside_limits"]] == ["3 outside the declared limits (E > 128: 3)"]
+    page = (out / "index.html").read_text()
+    assert "3 outside the declared limits (E &gt; 128: 3)" in page and "1 narrowed by declared limits" in page
 
 
 def test_strings_from_backends_are_escaped(tmp_path):

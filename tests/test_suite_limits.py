@@ -91,3 +91,27 @@ def test_fitting_moves_a_size_to_the_nearest_one_taken():
     assert [caps.fit_head_dim(E) for E in (3, 72, 128, 160, 256)] == [4, 128, 128, 128, 128]
     assert Capabilities(head_dims=(64, 96)).fit_head_dim(8) == 64
     assert Capabilities(length_multiple=16, max_length=40).fit_length(33) == 32
+
+
+@pytest.mark.slow
+def test_a_grid_a_limit_cut_says_so_in_the_summary_and_the_json(tmp_path):
+    """`pytest properties --backend X` on a kernel declaring E <= 128: the edge grid passes on what it ran,
+    and the terminal summary and the JSON row say how many grid problems the limit left out (never a
+    plain "passed, 55 problems")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "PYTEST_"))},
+               PYTHONPATH=root, ATTNSPEC_PROFILE="dev")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p",
+                           "no:cacheprovider", "--backend", "tests.plugins.limited:attention", "-k", "edge_shapes",
+                           "--attnspec-json", "out.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    (row,) = [r for r in json.loads((tmp_path / "out.json").read_text())["conformance"] if r["status"] != "skipped"]
+    assert row["status"] == "passed" and row["outside_limits"] == "3 outside the declared limits (E > 128: 3)", row
+    assert "checks narrowed by declared limits" in proc.stdout
+    assert "edge_shapes_match_reference[float32]: passed" in proc.stdout and "E > 128: 3" in proc.stdout, proc.stdout
