@@ -57,62 +57,40 @@ class RunLocked(Exception):
     """Another `attnspec run` holds the folder's lock."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def _holder(path: str) -> dict | None:
+def _holder(path: str) -> dict:
+    """What the lock's holder wrote of itself (pid, host, start); {} while it has not written it yet."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except FileNotFoundError:
-        return None
     except (OSError, ValueError):
-        return {}  # written by a run killed between create and write: stale
-
-
-def _stale(holder: dict) -> bool:
-    """A lock whose process is gone (on this host); another host's lock (a shared folder) is kept."""
-    if holder.get("host") not in (None, platform.uname().node):
-        return False
-    pid = holder.get("pid")
-    return not isinstance(pid, int) or not _alive(pid)
+        return {}
 
 
 @contextlib.contextmanager
 def run_lock(path: str, what: str = "attnspec run"):
-    """Hold `path` (a file holding our pid, host and start) while the block runs; RunLocked if a live
-    process holds it.  A lock left by a killed run (its pid gone) is taken over."""
+    """Hold `path` while the block runs; RunLocked if another process holds it.
+
+    The lock is the kernel's (``fcntl.flock`` on the file): it is released when its holder ends,
+    however it ends (Ctrl-C, SIGKILL, the OOM killer), so no pid is ever judged stale, and two runs
+    can never both hold it.  The file stays; its text (pid, host, start) is for the refusal message."""
+    import fcntl
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    me = {"pid": os.getpid(), "host": platform.uname().node, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _holder(path)
-            if holder is None:
-                continue  # released meanwhile
-            if not _stale(holder):
-                raise RunLocked(f"another {what} (pid {holder.get('pid')} on {holder.get('host')}, started "
-                                f"{holder.get('started')}) is running in this folder and writes the same files; wait "
-                                f"for it to finish, or run from another folder (its lock: {path})") from None
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(me, f)
-        break
-    else:
-        raise RunLocked(f"could not take the lock {path}: it keeps changing hands")
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = _holder(path)
+        raise RunLocked(f"another {what} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started "
+                        f"{holder.get('started', '?')}) is running in this folder and writes the same files; wait "
+                        f"for it to finish, or run from another folder (its lock: {path})") from None
+    try:
+        me = {"pid": os.getpid(), "host": platform.uname().node, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
         yield
     finally:
-        if (_holder(path) or {}).get("pid") == me["pid"]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # free: nobody's text in it (the file stays, so no one locks a removed file)
+        os.close(fd)  # releases the lock

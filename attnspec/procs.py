@@ -65,6 +65,11 @@ _LIVE: set = set()  # children being watched: Ctrl-C in the main thread must end
 _STOPPING = threading.Event()  # set by kill_all: the run is over, its threads stay quiet
 
 
+def start_run() -> None:
+    """A new run in this process (the command called again, an in-process test): children start again."""
+    _STOPPING.clear()
+
+
 def kill_all() -> None:
     """End every child still running (they run in their own session: Ctrl-C does not reach them)."""
     _STOPPING.set()

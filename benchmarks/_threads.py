@@ -51,7 +51,9 @@ def limit() -> dict:
     return counts
 
 
-JAX_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "attnspec", "jax")  # the suite's too
+# the suite's too: under asv HOME is the process's own folder (attnspec/asvtool.py), XDG_CACHE_HOME the user's
+JAX_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                         "attnspec", "jax")
 
 
 def pin_xla() -> None:

@@ -187,7 +187,10 @@ def test_a_killed_writer_leaves_the_previous_file(tmp_path):
     assert _json(path) == {"kept": True}
 
 
-def test_a_second_run_in_the_same_folder_refuses_and_a_stale_lock_is_taken_over(tmp_path):
+def test_a_second_run_in_the_same_folder_refuses_and_a_killed_runs_lock_is_free(tmp_path):
+    """The run lock is the kernel's: a second holder in this process or another is refused with the
+    holder's pid; a holder killed with SIGKILL (no cleanup) leaves the lock free; of runs starting
+    together exactly one holds it (a pid-file lock let two hold it: an empty file read as stale)."""
     lock = str(tmp_path / ".attnspec" / "run.lock")
     with files.run_lock(lock):
         with pytest.raises(files.RunLocked, match=f"pid {os.getpid()}.*is running in this folder"), \
@@ -196,18 +199,23 @@ def test_a_second_run_in_the_same_folder_refuses_and_a_stale_lock_is_taken_over(
         holder = subprocess.run([sys.executable, "-c", f"from attnspec import files\nwith files.run_lock({lock!r}):\n"
                                  "    pass"], capture_output=True, text=True)
         assert holder.returncode == 1 and "RunLocked" in holder.stderr  # another process is refused too
-    assert not os.path.exists(lock)  # released
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    os.makedirs(os.path.dirname(lock), exist_ok=True)
-    with open(lock, "w") as f:  # left by a run that was killed (SIGKILL: no cleanup)
-        json.dump({"pid": dead.pid, "host": os.uname().nodename, "started": "then"}, f)
+    with files.run_lock(lock):  # released
+        assert _json(lock)["pid"] == os.getpid()
+    held = subprocess.Popen([sys.executable, "-c", f"import time\nfrom attnspec import files\n"
+                             f"with files.run_lock({lock!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert held.stdout.readline().strip() == "held"
+    with pytest.raises(files.RunLocked, match=f"pid {held.pid}"), files.run_lock(lock):
+        pass
+    held.kill()  # SIGKILL: no finally runs
+    held.wait()
     with files.run_lock(lock):
         assert _json(lock)["pid"] == os.getpid()
-    with open(lock, "w") as f:
-        f.write("")  # killed between creating and writing it
-    with files.run_lock(lock):
-        pass
+    racers = [subprocess.Popen([sys.executable, "-c", f"import sys, time\nfrom attnspec import files\n"
+                                f"try:\n    with files.run_lock({lock!r}):\n        time.sleep(2)\n"
+                                f"except files.RunLocked:\n    sys.exit(3)"]) for _ in range(6)]
+    codes = sorted(r.wait() for r in racers)
+    assert codes == [0] + [3] * 5, codes
 
 
 def test_an_interrupted_benchmark_phase_kills_asv_and_merges_nothing(monkeypatch, user):

@@ -61,20 +61,21 @@ def test_run_without_asv_exits_2_before_running_anything(capsys, monkeypatch, tm
 
 def test_a_second_run_in_the_same_folder_refuses_while_the_first_runs(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    lock = str(tmp_path / ".attnspec" / "run.lock")
+    first = subprocess.Popen([sys.executable, "-c", f"import time\nfrom attnspec import files\n"
+                              f"with files.run_lock({lock!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
-        os.makedirs(tmp_path / ".attnspec")
-        (tmp_path / ".attnspec" / "run.lock").write_text(json.dumps(
-            {"pid": first.pid, "host": os.uname().nodename, "started": "now"}))
+        assert first.stdout.readline().strip() == "held"
         monkeypatch.setattr(run_cmd, "_run", lambda *a: pytest.fail("ran beside another run"))
         rc, _, err = run_cli(capsys, "run", "--no-bench", "--backend", "numpy-naive")
         assert_one_line_error(rc, err, f"another attnspec run (pid {first.pid}", "is running in this folder")
     finally:
-        first.kill()
+        first.kill()  # SIGKILL: the kernel releases its lock
         first.wait()
-    monkeypatch.setattr(run_cmd, "_run", lambda *a: 0)  # its process gone: the lock is stale and taken over
+    monkeypatch.setattr(run_cmd, "_run", lambda *a: 0)
     assert run_cli(capsys, "run", "--no-bench", "--backend", "numpy-naive")[0] == 0
-    assert not (tmp_path / ".attnspec" / "run.lock").exists()
+    assert (tmp_path / ".attnspec" / "run.lock").read_text() == ""  # released: nobody's pid in it
 
 
 @needs_report
@@ -93,13 +94,13 @@ def test_sigterm_ends_a_run_like_ctrl_c_leaving_the_previous_report_and_no_lock(
         seen.append(line)
         if "[suite 1/1] numpy-naive: started" in line:
             break
-    assert (tmp_path / ".attnspec" / "run.lock").is_file(), seen
+    assert str(run.pid) in (tmp_path / ".attnspec" / "run.lock").read_text(), seen
     run.send_signal(signal.SIGTERM)
     rest = run.communicate(timeout=60)[0]
     assert run.returncode == 130, "".join(seen) + rest
     assert "interrupted; the previous report is left as it was" in rest
     assert (out / "index.html").read_bytes() == before
-    assert not (tmp_path / ".attnspec" / "run.lock").exists()
+    assert (tmp_path / ".attnspec" / "run.lock").read_text() == ""  # released
     assert sorted(os.listdir(out.parent)) == ["out"]  # no staging or .old folder left
 
 
@@ -662,3 +663,13 @@ def test_the_suites_depth_follows_the_runs_selection_not_each_childs(capsys, mon
     argv = [x for n in names for x in ("--backend", n)]
     rc, text, err = run_cli(capsys, "run", *argv, "--no-bench", "--out", str(tmp_path / "out"))
     assert seen["profile"] == expected and f"attnspec run: profile {expected} " in text, text + err
+
+
+def test_a_run_after_an_interrupted_one_in_the_same_process_starts_its_children(tmp_path):
+    """kill_all (Ctrl-C, SIGTERM) stops every child of that run; a later run in the same process (the
+    command called again, the API) starts its children again instead of returning 'interrupted'."""
+    procs.kill_all()
+    assert procs.watch([sys.executable, "-c", "print('ran')"], timeout=60).rc != 0  # still stopping
+    procs.start_run()
+    done = procs.watch([sys.executable, "-c", "print('ran')"], timeout=60)
+    assert done.rc == 0 and "ran" in done.output, done

@@ -203,3 +203,15 @@ def test_the_stream_says_once_why_benchmarks_failed(capsys):
     assert out.count("      why: ModuleNotFoundError: No module named 'mypkg'") == 1
     assert "  [50%] ··· bench_attention.TimeAttention.time_call   failed" in out
     assert not [x for x in out if "RuntimeWarning" in x or "Traceback" in x]
+
+
+def test_the_benchmarks_jax_cache_is_the_users_under_an_asv_process_of_its_own_home(tmp_path):
+    """Each asv process gets a HOME of its own (its machine file); JAX's compiled programs still go to the
+    user's cache, shared with the suite and the other processes, not one cache per process folder."""
+    import subprocess
+
+    env = asvtool.process_env(str(tmp_path / "home"))
+    code = "from attnspec.benchmarks import _threads; print(_threads.JAX_CACHE)"
+    seen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    assert seen.strip() == os.path.join(user_cache, "attnspec", "jax")

@@ -33,6 +33,7 @@ def test_interpreted_the_example_declares_no_bfloat16(monkeypatch):
     backend = TritonAttention()
     assert backend.capabilities.dtypes == CHECKED and backend.capabilities.device == "cpu"
     assert any("bfloat16" in note for note in backend.semantics.notes)
+    assert backend.env_vars == ("TRITON_INTERPRET",)  # a reproducer of an interpreted run sets it again
     monkeypatch.delenv("TRITON_INTERPRET")
     assert "bfloat16" in TritonAttention().capabilities.dtypes  # compiled for CUDA: every 16-bit dtype
 

@@ -164,6 +164,7 @@ def run(args) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupted) if main else None  # SIGTERM ends the run as Ctrl-C does
     try:  # one run at a time in a folder: two would write the same asv folders and report
         with files.run_lock(LOCK):
+            procs.start_run()  # an earlier run in this process that was interrupted left its stop set
             return _run(args, build, inputs)
     except files.RunLocked as e:
         raise UserError(str(e)) from None

@@ -207,6 +207,7 @@ class TritonAttention(TorchBackend):
     (TRITON_INTERPRET=1, set before triton is imported), which declares no bfloat16 (its tl.dot)."""
 
     name = "triton-example"
+    env_vars = ("TRITON_INTERPRET",)  # interpreted or compiled: a reproducer restores the run's choice
     capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cuda", gradients=True)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left",
                           notes=("online softmax over key blocks (64 on CUDA, 16 interpreted), float32 inside",))
