@@ -88,18 +88,27 @@ def merge_declared(old, new):
     return dict(new, params=[first] + new["params"][1:])
 
 
-def merge_file(target: str, new: dict) -> None:
+def _set_aside(path: str) -> str:
+    """An unreadable file of the database, moved beside itself (never overwritten unread): the skip line."""
+    os.replace(path, path + ".bad")
+    return f"{path} — not readable; kept as {os.path.basename(path)}.bad, this run's results written in its place"
+
+
+def merge_file(target: str, new: dict) -> str | None:
+    """Merge `new` into the results file `target`; the skip line when `target` could not be read."""
     old = _load(target)
+    said = _set_aside(target) if old is None and os.path.exists(target) else None
     if old is None or old.get("result_columns") != new.get("result_columns") or \
             old.get("commit_hash") != new.get("commit_hash"):
         files.write_json_atomic(target, new)
-        return
+        return said
     columns = new["result_columns"]
     merged = dict(new, results=dict(old["results"]), durations=dict(old.get("durations") or {}))
     for name, entry in new["results"].items():
         merged["results"][name] = merge_entry(old["results"].get(name), entry, columns)
     merged["durations"].update(new.get("durations") or {})
     files.write_json_atomic(target, merged)
+    return None
 
 
 def merge_into(database: str, process_dirs: list) -> list:
@@ -114,6 +123,7 @@ def merge_into(database: str, process_dirs: list) -> list:
                 declared = json.load(f)
         except (OSError, ValueError):
             declared = {}
+            skipped.append(_set_aside(bench_file))
     for src in process_dirs:
         if not os.path.isdir(src):
             continue
@@ -140,7 +150,9 @@ def merge_into(database: str, process_dirs: list) -> list:
                 if data is None:
                     skipped.append(f"{os.path.join(mdir, name)} — not a readable asv results file")
                     continue
-                merge_file(os.path.join(database, machine, name), data)
+                said = merge_file(os.path.join(database, machine, name), data)
+                if said:
+                    skipped.append(said)
     if declared:
         files.write_json_atomic(bench_file, declared)
     return skipped

@@ -151,6 +151,25 @@ def test_an_unreadable_shard_result_is_named_and_the_database_keeps_its_file(tmp
     assert _json(db / "vm" / ENV_FILE) == _result_file(["a"])
 
 
+def test_an_unreadable_database_file_is_named_and_set_aside_never_overwritten_unread(tmp_path):
+    """The grid's own results file or benchmarks.json cut short (a disk full, an editor): the merge says so
+    and keeps the unreadable file beside it (.bad), then writes this run's results."""
+    db, one = tmp_path / "db", tmp_path / "one"
+    for folder in (db, one):
+        (folder / "vm").mkdir(parents=True)
+        (folder / "vm" / "machine.json").write_text("{}")
+    text = json.dumps(_result_file(["a", "b"]))
+    (db / "vm" / ENV_FILE).write_text(text[: len(text) // 2])
+    (db / "benchmarks.json").write_text('{"bench_attention.TimeAttention.time_attention": {"par')
+    (one / "vm" / ENV_FILE).write_text(json.dumps(_result_file(["b"], base=3.0)))
+    (one / "benchmarks.json").write_text(json.dumps({"x": {"params": [["'b'"]]}}))
+    skipped = asv_merge.merge_into(str(db), [str(one)])
+    assert sorted(s.split(" — ")[0] for s in skipped) == sorted([str(db / "benchmarks.json"), str(db / "vm" / ENV_FILE)])
+    assert (db / "vm" / (ENV_FILE + ".bad")).read_text() == text[: len(text) // 2]
+    assert (db / "benchmarks.json.bad").is_file() and _json(db / "benchmarks.json") == {"x": {"params": [["'b'"]]}}
+    assert _json(db / "vm" / ENV_FILE) == _result_file(["b"], base=3.0)
+
+
 def test_backend_seconds_are_read_from_the_newest_results(tmp_path):
     (tmp_path / "vm").mkdir()
     (tmp_path / "vm" / "machine.json").write_text("{}")
