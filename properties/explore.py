@@ -172,24 +172,26 @@ def examples_for(prop: Property, options: Exploration) -> int:
     return max(3, options.examples // 2) if prop.gradients else options.examples
 
 
-def settings_for(prop: Property, target: Target, options: Exploration, examples: int | None = None, shrink: bool = True):
+def settings_for(prop: Property, target: Target, options: Exploration, examples: int | None = None, shrink: bool = True,
+                 step: str = ""):
     base = settings.default
     kw = dict(max_examples=examples or examples_for(prop, options))
-    if base.database is not None:
-        kw["database"] = _Keyed(base.database, f"attnspec:{prop.family}.{prop.name}[{target.id}]:".encode())
+    if base.database is not None:  # a re-check (step) keeps its own examples: never the first run's failure
+        kw["database"] = _Keyed(base.database, f"attnspec:{prop.family}.{prop.name}[{target.id}]{step}:".encode())
     if not (shrink and options.shrink):
         kw["phases"] = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
     return settings(base, **kw)
 
 
-def seed_of(base: int, prop: Property, target: Target) -> int:
-    """Each test's own seed: the run's base seed and the test's id (`--hypothesis-seed=N` replays a run)."""
-    return zlib.crc32(f"{base}:{prop.family}.{prop.name}[{target.id}]".encode())
+def seed_of(base: int, prop: Property, target: Target, step: str = "") -> int:
+    """Each test's own seed: the run's base seed and the test's id (`--hypothesis-seed=N` replays a run);
+    a re-check after a failure (`step`) draws anew from a seed of its own."""
+    return zlib.crc32(f"{base}:{prop.family}.{prop.name}[{target.id}]{step}".encode())
 
 
 def explore(prop: Property, target: Target, options: Exploration, examples: int | None = None, avoid=frozenset(),
             seeds: bool = True, shrink: bool = True, exclude: str = "", covered: Callable | None = None,
-            tally: dict | None = None) -> Counterexample | None:
+            tally: dict | None = None, step: str = "") -> Counterexample | None:
     """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
     problem was declined.  ``avoid``: features no draw uses; ``exclude``: a regular expression over a
     problem as printed - such draws are left out (a declared deviation's problems); ``covered``:
@@ -261,9 +263,9 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
             reject()
         declined["row"] = 0
 
-    run = settings_for(prop, target, options, examples, shrink)(given(data=st.data())(body))
+    run = settings_for(prop, target, options, examples, shrink, step)(given(data=st.data())(body))
     if options.seed is not None:
-        run = seed(seed_of(options.seed, prop, target))(run)
+        run = seed(seed_of(options.seed, prop, target, step))(run)
     try:
         run()
     except Unsatisfiable:

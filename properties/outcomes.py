@@ -67,7 +67,8 @@ def run_property(node, run, prop, target) -> None:
             what = " or ".join(FEATURE_TEXT.get(d.feature) or f"problems like {d.problems!r}"
                                for d in confined if d.problems or d.feature not in need)
             tally: dict = {}
-            again = explore(prop, target, run.options, avoid=avoid, exclude=exclude, seeds=False, tally=tally)
+            again = explore(prop, target, run.options, avoid=avoid, exclude=exclude, seeds=False, tally=tally,
+                            step=":without-confined")
             if again is None:  # the declared departure, and nothing else wrong without it
                 conclude(node, run, failure, row, hit, seen=f"{head}\n  re-checked without {what}: "
                                                              f"{tally['checked']} problems passed")
@@ -77,7 +78,7 @@ def run_property(node, run, prop, target) -> None:
             # the declared deviation; the property goes on exploring past it, fresh draws on which a
             # failure the declaration covers counts as checked, so a defect behind it is still found
             tally = {}
-            again = explore(prop, target, run.options, seeds=False, covered=covered, tally=tally)
+            again = explore(prop, target, run.options, seeds=False, covered=covered, tally=tally, step=":past-declared")
             if again is None:
                 conclude(node, run, failure, row, declared, seen=(
                     f"{head}\n  re-checked past it: {tally['checked']} problems, {tally['covered']} of them the "
