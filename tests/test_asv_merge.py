@@ -175,6 +175,7 @@ def test_an_interrupted_write_leaves_the_previous_file(tmp_path):
     assert _json(path) == {"kept": True} and os.listdir(tmp_path) == ["results.json"]
 
 
+@pytest.mark.slow
 def test_a_killed_writer_leaves_the_previous_file(tmp_path):
     """SIGKILL (the OOM killer) in the middle of writing: the reader still finds the old file whole."""
     path = tmp_path / "results.json"
@@ -187,6 +188,7 @@ def test_a_killed_writer_leaves_the_previous_file(tmp_path):
     assert _json(path) == {"kept": True}
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_folder_refuses_and_a_stale_lock_is_taken_over(tmp_path):
     lock = str(tmp_path / ".attnspec" / "run.lock")
     with files.run_lock(lock):

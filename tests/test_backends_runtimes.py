@@ -294,6 +294,7 @@ def test_a_missing_runtime_is_unavailable_with_its_reason(monkeypatch, name, mod
     assert not ok and f"attnspec[{module}]" in why, why
 
 
+@pytest.mark.slow
 def test_resolving_the_runtimes_loads_no_runtime():
     code = ("import backends.registry as r\n"
             f"rows = [(b.name, b.capabilities, b.semantics) for b in map(r.resolve, {NAMES!r})]\n"

@@ -27,6 +27,7 @@ def _backend(name):
     return backend
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registry.ZOO)
 def test_a_slice_of_the_suite_finds_nothing_undeclared(name, tmp_path):
     _backend(name)

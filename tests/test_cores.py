@@ -112,6 +112,7 @@ def _probe(args, tmp_path, **env):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @needs_xdist
 def test_a_real_run_is_spread_or_left_as_the_user_said(tmp_path):
     spread = _probe(TWO, tmp_path, ATTNSPEC_WORKERS="2")
@@ -123,6 +124,7 @@ def test_a_real_run_is_spread_or_left_as_the_user_said(tmp_path):
     assert seen["numprocesses"] is None and seen["attnspec_workers"] == 0 and "xdist" in seen["plugins"]
 
 
+@pytest.mark.slow
 @needs_xdist
 def test_the_suite_over_two_backends_spreads_over_workers_and_says_so():
     env = dict({k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "PYTEST_XDIST"))},

@@ -34,6 +34,7 @@ def test_a_reproducer_uses_its_library_and_numpy_only(script):
     assert "attnspec" not in source.replace("docs/findings.md", "")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_finding_reproduces(script):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_BACKEND", "PYTHONPATH"))}
