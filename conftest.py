@@ -8,6 +8,9 @@ Its runs keep the JAX backends' compiled programs in ~/.cache/attnspec/jax (ATTN
 """
 import os
 import sys
+from pathlib import Path
+
+import pytest
 
 # this project's runs keep JAX's compiled programs across processes (opt-in: backends/jax_programs.py)
 os.environ.setdefault("ATTNSPEC_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "attnspec", "jax"))
@@ -24,3 +27,14 @@ def pytest_configure(config):
         profiles.load(profiles.chosen() or "dev")
     except ValueError:  # a bad ATTNSPEC_PROFILE: the plugin says so for runs of the suite
         profiles.load("dev")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the marks
+def pytest_collection_modifyitems(config, items):
+    """The property suite's tests count as slow here: `pytest -m "not slow"` is the harness's fast loop
+    (README, "The fast loop"; in one process the suite alone outlasts it), while a plain `pytest` or
+    `pytest properties` runs the suite as before (no -m: the mark selects nothing away)."""
+    suite = Path(__file__).resolve().parent / "properties"
+    for item in items:
+        if suite in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.slow)

@@ -194,6 +194,7 @@ def test_an_interrupted_write_leaves_the_previous_file(tmp_path):
     assert _json(path) == {"kept": True} and os.listdir(tmp_path) == ["results.json"]
 
 
+@pytest.mark.slow
 def test_a_killed_writer_leaves_the_previous_file(tmp_path):
     """SIGKILL (the OOM killer) in the middle of writing: the reader still finds the old file whole."""
     path = tmp_path / "results.json"
@@ -206,6 +207,7 @@ def test_a_killed_writer_leaves_the_previous_file(tmp_path):
     assert _json(path) == {"kept": True}
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_folder_refuses_and_a_killed_runs_lock_is_free(tmp_path):
     """The run lock is the kernel's: a second holder in this process or another is refused with the
     holder's pid; a holder killed with SIGKILL (no cleanup) leaves the lock free; of runs starting

@@ -179,6 +179,7 @@ def test_load_bad_input(tmp_path):
         load_results(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_import_reports_loads_no_pandas():
     code = "import sys, attnspec.reports, attnspec.reports.asv_results; assert 'pandas' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ELSEWHERE)
@@ -217,6 +218,7 @@ def test_backend_names_follow_the_plugin_env_var(monkeypatch):
             assert registry.resolve(name).capabilities.device == "cpu", name
 
 
+@pytest.mark.slow
 def test_default_backends_are_chosen_without_importing_a_framework():
     code = ("import sys; from attnspec.benchmarks import _common; names = _common.backend_names(); "
             "assert 'torch' not in sys.modules and 'jax' not in sys.modules, names; print(names)")
@@ -230,6 +232,7 @@ def plain_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
     raise AssertionError("a declined combination must not be called")
 
 
+@pytest.mark.slow
 def test_thread_pools_are_limited_through_threadpoolctl():
     """OPENBLAS_NUM_THREADS is read only when OpenBLAS loads: the count is set in the library."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
@@ -273,6 +276,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which("git") is None or shutil.which("asv") is None, reason="needs git and asv")
 def test_asv_records_two_commits_and_compare_flags_the_regression(tmp_path, monkeypatch):

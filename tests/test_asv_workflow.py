@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts a python/pytest process: the fast loop (-m "not slow") leaves the module out
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = ("asv.conf.json", "pyproject.toml", "README.md", "attnspec", "backends", "benchmarks", "properties",
            "reports", "specs")

@@ -167,6 +167,7 @@ def test_the_suite_checks_every_builtin_by_default_but_the_opt_in_ones_and_the_z
     assert all(len(why) > 40 for why in registry.SUITE_OPT_IN.values())  # a reason a user can act on
 
 
+@pytest.mark.slow
 def test_cli_describes_a_named_backend_alone_importing_nothing_else():
     """`attnspec backends --backend numpy-naive`: that row only, and no other framework loaded
     (JAX's import alone warns about fork on stderr); --all lists every built-in beside it."""

@@ -12,6 +12,7 @@ from attnspec.backends.base import BackendFailure, BackendUnavailable, Unsupport
 from attnspec.backends.numpy_backends import NumpyTiled  # noqa: E402
 from attnspec.backends.registry import resolve, select  # noqa: E402
 from attnspec.specs import error_budget  # noqa: E402
+from tests._helpers import qkv  # noqa: E402
 from tests.plugins.cases import random_cases  # noqa: E402
 
 PLUGIN = "tests.plugins.fake_plugin"
@@ -95,8 +96,7 @@ def test_pinned_flash_refuses_with_pytorchs_reason_instead_of_falling_back():
     from attnspec.backends.base import Capabilities
     from attnspec.backends.torch_backends import TorchSdpaCpuFlash
 
-    rng = np.random.default_rng(0)
-    q, k, v = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 5, 8)), rng.standard_normal((1, 2, 5, 6))
+    q, k, v = qkv(0, batch=(1, 2), Lq=4, Lk=5, E=8, Ev=6)
     with pytest.raises(Unsupported, match=r"torch-sdpa-cpu-flash needs value's last dimension equal to query's "
                                           r"\(Ev == E\); got E=8, Ev=6"):
         resolve("torch-sdpa-cpu-flash").forward(q, k, v)  # declared: refused before PyTorch is called
@@ -139,8 +139,7 @@ def test_jax_dpa_declines_value_width_other_than_query_width():
     ok, why = backend.availability()
     if not ok:
         pytest.skip(why)
-    rng = np.random.default_rng(0)
-    q, k, v = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 3))
+    q, k, v = qkv(0, batch=(2,), Lq=4, Lk=5, E=8, Ev=3)
     with pytest.raises(Unsupported, match=r"jax-dpa needs value's last dimension equal to query's \(Ev == E\); got E=8, Ev=3"):
         backend.forward(q, k, v, dtype="float32")
     with pytest.raises(Unsupported, match="jax-dpa does not support dtype float16"):

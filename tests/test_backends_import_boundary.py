@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts a python/pytest process: the fast loop (-m "not slow") leaves the module out
+
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("torch", "jax", "jaxlib", "pandas", "matplotlib")
 

@@ -17,23 +17,17 @@ import pytest
 from attnspec.backends.base import Unsupported  # noqa: E402
 from attnspec.backends.registry import ZOO, builtin_names, resolve  # noqa: E402
 from attnspec.specs import error_budget  # noqa: E402
+from tests._helpers import SIGNIFICAND_BITS, judged_dtype  # noqa: E402
 from tests.plugins.cases import all_cases, available, random_cases, seed_case, seed_cases  # noqa: E402
 
 # our own adapters; the libraries people run (registry.ZOO) are judged by the suite with what they
 # declare (tests/test_backends_zoo.py)
 _BACKENDS = {name: resolve(name) for name in builtin_names() if name not in ZOO}
 _PAIRS = [(n, dt) for n, b in _BACKENDS.items() for dt in b.capabilities.dtypes]
-_WIDTH = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}  # significand bits: bfloat16 < float16
 
 
 def _available(name):
     return available(_BACKENDS, name)
-
-
-def _judged_dtype(backend, dtype: str) -> str:
-    """The dtype whose budget applies: the declared effective precision when narrower."""
-    eff = backend.semantics.effective_precision
-    return eff if eff and _WIDTH[eff] < _WIDTH[dtype] else dtype
 
 
 def _cases(backend, dtype):
@@ -52,7 +46,7 @@ def _cases(backend, dtype):
 @pytest.mark.parametrize("name,dtype", _PAIRS, ids=[f"{n}-{d}" for n, d in _PAIRS])
 def test_forward_matches_reference(name, dtype):
     backend = _available(name)
-    judged = _judged_dtype(backend, dtype)
+    judged = judged_dtype(backend, dtype)
     for case in _cases(backend, dtype):
         out = backend.forward(*case.args(), dtype=dtype)  # (..., Lq, Ev)
         storage = "float32" if dtype == "bfloat16" else dtype
@@ -68,7 +62,7 @@ def test_backward_matches_reference(name, dtype):
         with pytest.raises(Unsupported, match="no gradients"):
             backend.backward(*random_cases()[0].args()[:3], random_cases()[0].grad_out, dtype=dtype)
         return
-    judged = _judged_dtype(backend, dtype)
+    judged = judged_dtype(backend, dtype)
     for case in _cases(backend, dtype):
         q, k, v, mask, causal, scale = case.args()
         grads = backend.backward(q, k, v, case.grad_out, mask, causal, scale, dtype=dtype)
@@ -130,11 +124,11 @@ def test_rank_2_and_rank_5_inputs(name):
         (rng.standard_normal((1, 2, 2, 4, 8)), rng.standard_normal((3, 1, 1, 6, 8)),
          rng.standard_normal((3, 2, 2, 6, 8)), mask5, True),
     ]
-    dtype = max(backend.capabilities.dtypes, key=_WIDTH.get)  # float64 where declared (not compiled flex)
+    dtype = max(backend.capabilities.dtypes, key=SIGNIFICAND_BITS.get)  # float64 where declared (not compiled flex)
     for q, k, v, mask, causal in problems:
         g = rng.standard_normal(np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], v.shape[-1]))
         out = backend.forward(q, k, v, mask, causal, dtype=dtype)
-        judged = _judged_dtype(backend, dtype)
+        judged = judged_dtype(backend, dtype)
         assert error_budget.check_forward(out, q, k, v, mask, causal, dtype=judged), f"{name} {q.shape}"
         if backend.capabilities.gradients:  # deployment runtimes (onnxruntime, openvino) have none
             grads = backend.backward(q, k, v, g, mask, causal, dtype=dtype)

@@ -21,6 +21,7 @@ from attnspec.backends.base import Unsupported
 from attnspec.backends.registry import resolve
 from attnspec.specs import error_budget
 from attnspec.specs.problem import causal_mask
+from tests._helpers import judged_dtype
 from tests.plugins.cases import available
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN rows are fed on purpose
@@ -28,19 +29,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN rows ar
 NAMES = ("onnxruntime-attention", "openvino-sdpa", "openvino-sdpa-f32")
 _BACKENDS = {name: resolve(name) for name in NAMES}
 _PAIRS = [(n, dt) for n in NAMES for dt in _BACKENDS[n].capabilities.dtypes]
-_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}  # significand bits
 # Findings: where a runtime's answer disagrees with its own spec (see the issue note)
 _FULLY_MASKED_FINDINGS = {("openvino-sdpa-f32", "float64"): "mean_of_values"}
 
 
 def _backend(name):
     return available(_BACKENDS, name)
-
-
-def _judged(backend, dtype: str) -> str:
-    """The dtype whose budget applies: the declared effective precision where it is narrower."""
-    eff = backend.semantics.effective_precision
-    return eff if eff and _BITS[eff] < _BITS[dtype] else dtype
 
 
 def _normal(rng, *shape):
@@ -82,7 +76,7 @@ def _problems(features):
 @pytest.mark.parametrize("name,dtype", _PAIRS, ids=[f"{n}-{d}" for n, d in _PAIRS])
 def test_every_declared_feature_matches_the_reference(name, dtype):
     backend = _backend(name)
-    judged = _judged(backend, dtype)
+    judged = judged_dtype(backend, dtype)
     for label, q, k, v, fields in _problems(backend.capabilities.features):
         out = backend.forward(q, k, v, dtype=dtype, **fields)  # (..., Lq, Ev)
         assert out.dtype == (np.float32 if dtype == "bfloat16" else np.dtype(dtype)), f"{name} {label}"
@@ -150,11 +144,11 @@ def test_fully_masked_rows_per_dtype(name, dtype):
         elif expected == "nan":
             assert np.isnan(row).all(), f"{name} {dtype} {list(fields)}: {row}"
         else:  # mean_of_values: the runtime's result is float32-accurate at best
-            verdict = error_budget.check_close(row, v.mean(axis=-2), v.mean(axis=-2), _judged(backend, dtype),
+            verdict = error_budget.check_close(row, v.mean(axis=-2), v.mean(axis=-2), judged_dtype(backend, dtype),
                                                "fully masked row", 5, float(np.abs(v).max()))
             assert verdict, f"{name} {dtype}: {verdict.message}"
         rows = np.arange(3) != 1  # the others are judged as usual
-        verdict = error_budget.check_forward(out, q, k, v, dtype=_judged(backend, dtype),
+        verdict = error_budget.check_forward(out, q, k, v, dtype=judged_dtype(backend, dtype),
                                              rows=np.broadcast_to(rows, (1, 2, 3)), **fields)
         assert verdict, f"{name} {dtype}: {verdict.message}"
 
@@ -219,7 +213,7 @@ def _after_a_head_size_1_call(backend_type, dtype, static_shapes=False):
     backend.forward(*(_normal(rng, 1, 1, L, 1) for L in (1, 2, 2)), dtype=dtype)  # E = 1
     q, k, v = (_normal(rng, 1, 1, L, 16) for L in (1, 2, 2))
     out = backend.forward(q, k, v, dtype=dtype)  # (1, 1, 1, 16)
-    return error_budget.check_forward(out, q, k, v, dtype=_judged(backend, dtype))
+    return error_budget.check_forward(out, q, k, v, dtype=judged_dtype(backend, dtype))
 
 
 def test_the_openvino_float32_kernel_keeps_no_state_across_head_sizes():
@@ -294,6 +288,7 @@ def test_a_missing_runtime_is_unavailable_with_its_reason(monkeypatch, name, mod
     assert not ok and f"attnspec[{module}]" in why, why
 
 
+@pytest.mark.slow
 def test_resolving_the_runtimes_loads_no_runtime():
     code = ("import backends.registry as r\n"
             f"rows = [(b.name, b.capabilities, b.semantics) for b in map(r.resolve, {NAMES!r})]\n"

@@ -14,6 +14,7 @@ from attnspec.backends.base import BackendFailure
 from attnspec.backends.registry import ZOO, builtin_names, resolve
 from attnspec.specs import error_budget, reference
 from attnspec.specs.problem import causal_mask
+from tests._helpers import judged_dtype, qkv
 from tests.plugins.cases import available
 
 # our own adapters; the libraries people run (registry.ZOO) are judged by the suite with what they
@@ -28,14 +29,11 @@ def _available(name):
 
 def _budget(backend) -> str:
     """The budget for its float32 results: a declared narrower effective precision (openvino-sdpa's bfloat16)."""
-    eff = backend.semantics.effective_precision
-    return eff if eff in ("float16", "bfloat16") else _DTYPE
+    return judged_dtype(backend, _DTYPE)
 
 
 def _problem(Lq, Lk, seed=0):
-    rng = np.random.default_rng(seed)
-    q, k, v = rng.standard_normal((1, 2, Lq, 8)), rng.standard_normal((1, 2, Lk, 8)), rng.standard_normal((1, 2, Lk, 8))
-    return q, k, v
+    return qkv(seed, batch=(1, 2), Lq=Lq, Lk=Lk, E=8)  # (1, 2, L, 8) each
 
 
 @pytest.mark.parametrize("name", list(_BACKENDS))
@@ -110,9 +108,8 @@ def test_effective_precision_is_as_declared(name):
     """float64 in, float64-accurate out - unless a narrower effective precision is declared,
     in which case the float64 budget must fail (the declaration is needed) and its own hold."""
     backend = _available(name)
-    rng = np.random.default_rng(4)
     # E = 24: no float32 holds sqrt(1/sqrt(24)), as onnxruntime-attention's float32 scale needs to show
-    q, k, v = (rng.standard_normal((1, 2, 16, 24)) for _ in range(3))  # (B, H, L, E)
+    q, k, v = qkv(4, batch=(1, 2), Lq=16, Lk=16, E=24)  # (B, H, L, E)
     out = backend.forward(q, k, v, dtype="float64")
     declared = backend.semantics.effective_precision
     as_float64 = error_budget.check_forward(out, q, k, v, dtype="float64")

@@ -12,6 +12,7 @@ import pytest
 
 from attnspec.backends import registry
 from attnspec.properties.runner import run_suite
+from tests.plugins.cases import available
 
 # the properties where the zoo's findings show, in a 16-bit and a 32-bit dtype (the rest: README's
 # per-backend figures, `pytest properties --backend NAME`)
@@ -19,17 +20,13 @@ SLICE = ("(matches_reference or masked_keys_get_zero_weight or causal_alignment 
          "or additive_bias_matches_reference or empty_sizes or output_dtype) and (float16 or float32)")
 
 
-def _backend(name):
-    backend = registry.resolve(name)
-    ok, why = backend.availability()
-    if not ok:
-        pytest.skip(f"{name}: {why}")
-    return backend
+_ZOO = {name: registry.resolve(name) for name in registry.ZOO}  # resolving loads no library
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registry.ZOO)
 def test_a_slice_of_the_suite_finds_nothing_undeclared(name, tmp_path):
-    _backend(name)
+    available(_ZOO, name)  # a missing library: a skip with its reason
     result = run_suite([name], json_path=str(tmp_path / "r.json"), profile="dev",
                        extra_args=["-k", SLICE, "--hypothesis-seed=7"])
     rows = result.conformance

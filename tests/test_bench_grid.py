@@ -46,6 +46,7 @@ def grid(**env) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_default_grid_is_the_missions_range_with_16_bit_corners():
     g = grid()
     assert g["T"] == [4, 64, 256, 1024, 2048] and g["E"] == [64]  # T = 4 .. 2048, the fit range at 3 sizes
@@ -63,6 +64,7 @@ def test_default_grid_is_the_missions_range_with_16_bit_corners():
     assert g["left_window_256"] == [256] and g["left_causal"] == []
 
 
+@pytest.mark.slow
 def test_the_budget_can_be_set_or_switched_off():
     assert grid()["budget"] == 60.0 and grid(ATTNSPEC_BENCH_GRID="full")["budget"] is None
     assert grid(ATTNSPEC_BENCH_BUDGET="90")["budget"] == 90.0 and grid(ATTNSPEC_BENCH_BUDGET="0")["budget"] is None
@@ -72,6 +74,7 @@ def test_the_budget_can_be_set_or_switched_off():
     assert done.returncode != 0 and "ATTNSPEC_BENCH_BUDGET='-5': expected seconds per backend" in done.stderr
 
 
+@pytest.mark.slow
 def test_full_grid_leaves_nothing_out():
     g = grid(ATTNSPEC_BENCH_GRID="full")
     assert g["T"] == [2 ** i for i in range(2, 12)] and g["E"] == [16, 64, 128] and g["half_T"] == g["T"]
@@ -82,12 +85,14 @@ def test_full_grid_leaves_nothing_out():
     assert g["mask_params"][2] == ["float32", "bfloat16", "float16"]
 
 
+@pytest.mark.slow
 def test_an_axis_given_explicitly_is_measured_in_full():
     g = grid(ATTNSPEC_BENCH_HALF="bfloat16", ATTNSPEC_BENCH_T="8,32", ATTNSPEC_BENCH_LK="64,128")
     assert g["half"] == ["bfloat16"] and g["T"] == [8, 32] and g["memory_T"] == [8, 32] and g["half_T"] == [8, 32]
     assert g["grouped_lk"] == [64, 128]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env, message", [
     (dict(ATTNSPEC_BENCH_GRID="huge"), "ATTNSPEC_BENCH_GRID='huge': expected one of quick, default, full"),
     (dict(ATTNSPEC_BENCH_MASKS="causal,window"), "ATTNSPEC_BENCH_MASKS='causal,window': expected causal or window-N"),
@@ -196,6 +201,7 @@ def test_the_budget_is_kept_in_asvs_fork_server_which_passes_no_asv_variable(mon
 
 # -- threads ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None or not hasattr(os, "sched_setaffinity"),
                     reason="needs jax and Linux CPU affinity")
 def test_the_xla_pin_binds_one_thread():
@@ -214,6 +220,7 @@ def test_the_xla_pin_binds_one_thread():
         assert int(unpinned.stdout.split()[-1]) > 1, unpinned.stderr
 
 
+@pytest.mark.slow
 def test_frameworks_are_preloaded_only_in_asvs_fork_server():
     """Importing the benchmarks package loads no framework, except as asv's `run_server`."""
     code = ("import sys; sys.argv = ['benchmark.py'] + sys.argv[1:]; import attnspec.benchmarks; "
@@ -232,6 +239,7 @@ def test_frameworks_are_preloaded_only_in_asvs_fork_server():
     assert _threads.frameworks_of(["my.pkg:attn"]) == installed[::-1]  # never the plug-in's own module
 
 
+@pytest.mark.slow
 def test_the_benchmarks_measure_the_installed_attnspec_and_leave_sys_path_alone():
     """No checkout is put on sys.path (in an "existing" asv environment either): what asv measures
     is the attnspec the interpreter has installed."""
@@ -261,6 +269,7 @@ def test_a_runtime_no_backend_loads_is_a_skip_in_setup(monkeypatch):
         bench.setup("openmp")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(importlib.util.find_spec("asv") is None or shutil.which("git") is None, reason="needs asv and git")
 def test_asv_skips_the_openmp_count_of_numpy_alone(tmp_path, monkeypatch):

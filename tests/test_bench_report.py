@@ -228,6 +228,7 @@ def test_device_rows_file_a_gpu_backends_timings_under_the_gpu_machine(tmp_path)
     assert bench_tables.peaks_by_dtype(df) == {("box", "float32"): 100.0, ("box gpu", "float32"): 50000.0}
 
 
+@pytest.mark.slow
 def test_device_rows_are_read_without_importing_an_adapter(tmp_path):
     """reports/ reads result files only: loading them imports no backend adapter and no framework."""
     import subprocess

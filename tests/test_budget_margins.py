@@ -16,6 +16,8 @@ from attnspec.properties.judge import grad_out
 from attnspec.specs import error_budget as eb
 from tests.budget_study import CORRECT, DTYPES, measure, study_problems, table
 
+pytestmark = pytest.mark.slow  # a study of every correct kernel (JAX compiling each shape): out of the fast loop
+
 PROBLEMS = 12  # per dtype: every shape of the menu twice (JAX compiles each shape once)
 
 

@@ -59,6 +59,7 @@ def test_run_without_asv_exits_2_before_running_anything(capsys, monkeypatch, tm
     assert_one_line_error(rc, err, f"asv is not installed for {sys.executable}", "--no-bench")
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_folder_refuses_while_the_first_runs(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     lock = str(tmp_path / ".attnspec" / "run.lock")
@@ -78,6 +79,7 @@ def test_a_second_run_in_the_same_folder_refuses_while_the_first_runs(capsys, mo
     assert (tmp_path / ".attnspec" / "run.lock").read_text() == ""  # released: nobody's pid in it
 
 
+@pytest.mark.slow
 @needs_report
 @pytest.mark.timeout(300)
 def test_sigterm_ends_a_run_like_ctrl_c_leaving_the_previous_report_and_no_lock(tmp_path):
@@ -220,6 +222,7 @@ def test_report_writes_under_the_folder_it_is_started_from(capsys, monkeypatch, 
     assert run_cmd.DEFAULT_OUT == os.path.join("reports", "out")  # relative: resolved where attnspec starts
 
 
+@pytest.mark.slow
 def test_a_child_that_dies_or_hangs_is_recorded_and_the_rest_goes_on(tmp_path):
     crash = suites.run_suite_child("a", str(tmp_path / "a.json"), 30,
                              command=lambda b, p, log: [sys.executable, "-c", "import os; print('t.py::a PASSED'); "
@@ -232,6 +235,7 @@ def test_a_child_that_dies_or_hangs_is_recorded_and_the_rest_goes_on(tmp_path):
     assert row["status"] == "timed_out" and "1.5 s" in row["message"] and row["seconds"] < 30
 
 
+@pytest.mark.slow
 def test_the_suite_command_follows_the_child_through_its_row_stream():
     cmd = suites.suite_command("mypkg.attn:sdpa", "/x/s.json", "/x/s.json.rows.jsonl")
     assert cmd[:5] == [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties"]
@@ -250,6 +254,7 @@ def _fake_backends(tmp_path):
 
 
 @needs_report
+@pytest.mark.slow
 def test_run_records_a_crashing_and_a_hanging_backend(capsys, monkeypatch, tmp_path):
     """Through the real suite: fake plug-ins that os._exit() or sleep; the report still gets written.
 
@@ -341,6 +346,7 @@ def _fake_command(suite):
                                             "--attnspec-rows", log]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending", ["hung", "crash"])
 def test_the_runner_reads_the_childs_row_stream(tmp_path, monkeypatch, ending):
     """Rows of the tests that finished come from the row stream when the child does not finish by itself."""
@@ -382,6 +388,7 @@ def _row_stream(tmp_path) -> list[bytes]:
     return log.read_bytes().splitlines(keepends=True)
 
 
+@pytest.mark.slow
 def test_progress_reads_the_row_stream_while_the_child_runs(tmp_path):
     """Counts, the test running now and the hung call, from the stream as it stands while c runs
     (a torn last line waits for the rest); then the rest."""
@@ -454,6 +461,7 @@ def test_an_unavailable_backend_fails_the_run_only_when_asked_for(capsys, monkey
         assert rc == 0 and "not tested" not in err, err
 
 
+@pytest.mark.slow
 def test_the_commands_load_no_framework_until_a_report_is_built(tmp_path):
     code = ("import sys, attnspec.cli, attnspec.commands.run_cmd, attnspec.commands.report_cmd, attnspec.reports.build, "
             "attnspec.procs, attnspec.suites, attnspec.benchrun; "
@@ -462,6 +470,7 @@ def test_the_commands_load_no_framework_until_a_report_is_built(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_the_commands_do_not_import_the_cli(tmp_path):
     """No import cycle: the subcommands share attnspec.errors; `python -m attnspec.cli` exits 2 on a user error."""
     code = ("import sys, attnspec.commands.run_cmd, attnspec.commands.report_cmd, attnspec.commands.backends_cmd; "
@@ -545,6 +554,7 @@ def _clean_env(**extra) -> dict:
     return env
 
 
+@pytest.mark.slow
 @needs_report
 @pytest.mark.timeout(600)
 def test_run_checks_a_plugin_of_the_current_folder_and_reports_there(tmp_path):
@@ -568,6 +578,7 @@ def test_run_checks_a_plugin_of_the_current_folder_and_reports_there(tmp_path):
     assert not (user / ".attnspec" / "asv").exists()  # --no-bench: no asv folder
 
 
+@pytest.mark.slow
 @needs_report
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(importlib.util.find_spec("asv") is None or shutil.which("git") is None, reason="needs asv and git")

@@ -158,6 +158,7 @@ def test_attnspec_run_starts_the_longest_recorded_suites_first_under_the_runs_pr
     assert {p for _, p in seen} == {"dev"}
 
 
+@pytest.mark.slow
 def test_the_suite_over_two_backends_spreads_over_workers_and_its_rows_reach_the_stream(pytester, monkeypatch):
     monkeypatch.setenv("ATTNSPEC_WORKERS", "2")
     monkeypatch.setenv("ATTNSPEC_PROFILE", "dev")

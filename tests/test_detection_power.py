@@ -26,6 +26,7 @@ def run_tool(*args, cwd=ROOT):
                           timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, flags", [
     ((), ["--defects"]),
     (("--broken", "tests.broken"), ["--defects"]),  # detection power needs the graded defects

@@ -42,6 +42,7 @@ def _run(script, cwd=FINDINGS):
     return done, (done.stdout.strip().splitlines() or [done.stderr.strip()[-400:]])[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_finding_reproduces(script):
     done, said = _run(script)

@@ -43,6 +43,7 @@ def _suite(project, backend, *extra):
     return json.loads((project / "out.json").read_text())["conformance"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,framework", [("attn_torch", "torch"), ("attn_jax", "jax")])
 def test_readmes_framework_function_passes_the_suite_with_gradients_in_every_float_dtype(tmp_path, module, framework):
     pytest.importorskip(framework)
@@ -58,6 +59,7 @@ def test_readmes_framework_function_passes_the_suite_with_gradients_in_every_flo
             assert (prop, dtype) in checked, (prop, dtype, sorted(checked))
 
 
+@pytest.mark.slow
 def test_readmes_backend_classes_pass_the_output_gradient_and_lse_properties(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("jax")
@@ -204,6 +206,7 @@ def test_declare_refuses_what_it_cannot_use_naming_the_argument(kwargs, message)
         declare(_torch_reference, **kwargs)
 
 
+@pytest.mark.slow
 def test_an_nn_module_and_an_autograd_functions_own_backward_are_checked(tmp_path):
     """An nn.Module instance and a function calling an autograd.Function plug in as declared; the
     autograd.Function's hand-written backward is what is checked: a dQ without its scale is rejected

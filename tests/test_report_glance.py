@@ -147,6 +147,7 @@ def browser():
     return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(browser() is None, reason="no headless browser (chromium) installed")
 def test_a_headless_browser_opens_the_page(page, tmp_path):
     out, html = page

@@ -122,6 +122,7 @@ def test_the_templates_ship_in_a_non_editable_install():
     assert files and [f for f in files if not any(PurePosixPath(f).match(g) for g in globs)] == []
 
 
+@pytest.mark.slow
 def test_the_page_is_written_from_a_folder_outside_the_checkout(tmp_path):
     """The templates are found in the installed attnspec.reports, whatever the current folder
     (no top-level `reports` package there to lean on)."""

@@ -184,6 +184,7 @@ def test_each_mode_runs_the_benchmark_grid_of_its_name():
         "quick": "quick", "default": "default", "full": "full"}
 
 
+@pytest.mark.slow
 def test_the_stream_says_once_why_benchmarks_failed(capsys):
     """asv --show-stderr prints each failed benchmark's stderr indented; the stream keeps asv's
     headlines and echoes each distinct reason once (a plug-in that cannot load fails every one)."""

@@ -1,10 +1,13 @@
 """The error budget accepts correct kernels and rejects real bugs, both measured."""
+import functools
+
 import numpy as np
 import pytest
 
 from attnspec.specs import error_budget as eb
 from attnspec.specs import reference as ref
 from attnspec.specs.problem import validate, visible
+from tests._helpers import qkv
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -35,12 +38,8 @@ def tiled_forward(q, k, v, mask=None, is_causal=False, scale=None, dtype="float1
     return eb.round_to(acc / np.where(l == 0, 1.0, l), dtype)  # (..., Lq, Ev)
 
 
-def _problem(seed, Lq=24, Lk=40, E=16, Ev=8, sigma=1.0):
-    rng = np.random.default_rng(seed)
-    q = rng.normal(0, sigma, (2, 3, Lq, E))  # (B, H, Lq, E)
-    k = rng.normal(0, sigma, (2, 3, Lk, E))  # (B, H, Lk, E)
-    v = rng.normal(0, 1, (2, 3, Lk, Ev))  # (B, H, Lk, Ev)
-    return q, k, v
+# this module's problem: (B, H) = (2, 3), Lq 24, Lk 40, E 16, Ev 8 unless a test says otherwise
+_problem = functools.partial(qkv, batch=(2, 3), Lq=24, Lk=40, E=16, Ev=8)
 
 
 def test_budget_table_is_the_documented_one():

@@ -2,6 +2,10 @@
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts a python/pytest process: the fast loop (-m "not slow") leaves the module out
+
 FRAMEWORKS = ("torch", "jax", "pandas", "tensorflow", "matplotlib")
 
 

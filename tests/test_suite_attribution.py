@@ -12,7 +12,11 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from attnspec.properties.runner import run_suite
+
+pytestmark = pytest.mark.slow  # starts a python/pytest process: the fast loop (-m "not slow") leaves the module out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = "tests.plugins.planted:gqa_raises"

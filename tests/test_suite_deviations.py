@@ -44,6 +44,7 @@ def _size(problem: str) -> int:
         * int(dims["Ev"])
 
 
+@pytest.mark.slow
 def test_a_declared_deviation_is_xfailed_as_deviation_and_spares_the_run(tmp_path):
     backend = "leaks-padding-nan-declared"
     result = _run([f"{PLUGIN}:LeaksPaddingNaNDeclared"], tmp_path, ONLY)
@@ -67,6 +68,7 @@ def test_a_declared_deviation_is_xfailed_as_deviation_and_spares_the_run(tmp_pat
     assert total.split(None, 1)[1] == "3 deviation"
 
 
+@pytest.mark.slow
 def test_a_declared_deviation_is_reported_as_first_found_the_same_failure_undeclared_fails_shrunk(tmp_path):
     """One backend name, one --hypothesis-seed: the same draws.  Declared, the failure is the first one
     drawn (exactly what --attnspec-no-shrink reports undeclared); undeclared, it fails the run, shrunk."""
@@ -86,6 +88,7 @@ def test_a_declared_deviation_is_reported_as_first_found_the_same_failure_undecl
     assert "nan_in_padding_changes_nothing failed on backend 'leaks-padding-nan' at float64" in shrunk.output
 
 
+@pytest.mark.slow
 def test_each_confined_deviation_covers_its_own_failures_and_the_recheck_avoids_them_all(tmp_path):
     """Two confined declarations (grouped heads raise; causal problems 1 % off), as keras-numpy has:
     a failure on either one's problems is that deviation, and the property passes on draws without
@@ -119,6 +122,7 @@ def test_a_backend_whose_only_checks_are_skips_and_seen_deviations_was_tested():
     assert results.count_words(results.per_backend(rows)["b"]) == "1 skipped, 1 deviation"
 
 
+@pytest.mark.slow
 def test_a_declared_deviation_that_does_not_show_passes_and_says_so(tmp_path):
     result = _run([f"{PLUGIN}:DeclaresADeviationItHasNot"], tmp_path, ONLY)
     rows = _rows(result, "declares-a-deviation-it-has-not")
@@ -127,6 +131,7 @@ def test_a_declared_deviation_that_does_not_show_passes_and_says_so(tmp_path):
     assert all(r["examples"] >= 6 for r in rows)  # the property ran: dev's six drawn problems
 
 
+@pytest.mark.slow
 def test_a_declared_semantics_deviation_is_no_contradiction(tmp_path):
     """A semantics question whose test departs as declared at one dtype: the test is `deviation`,
     the answer is recorded (not 'CONTRADICTS'), and the report counts no contradicted declaration."""
@@ -146,6 +151,7 @@ def test_a_declared_semantics_deviation_is_no_contradiction(tmp_path):
     assert int(verdict.loc[verdict["backend"] == backend, "semantics contradicted"].iloc[0]) == 0
 
 
+@pytest.mark.slow
 def test_a_failure_the_declaration_does_not_describe_is_still_a_failure(tmp_path):
     """A deviation with `when` covers only failures whose text matches it: the same leak, declared
     for other problems, fails the run (torch-flex's Lk = 0 declaration had hidden an Lq = 0 error)."""

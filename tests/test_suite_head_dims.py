@@ -107,6 +107,7 @@ def test_a_compiling_backend_gets_the_menu_shapes_rounded_up_to_the_multiple(dat
     agreement(t, case)
 
 
+@pytest.mark.slow
 def test_the_suite_judges_such_a_backend_on_every_property_numpy_naive_gets():
     """Declaring the multiple costs no coverage: the same verdict per property and dtype as the
     same kernel without it (numpy-naive), no failure from a head dim it does not take, problems run

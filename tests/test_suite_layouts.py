@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from attnspec.properties.runner import run_suite
+
+pytestmark = pytest.mark.slow  # starts a python/pytest process: the fast loop (-m "not slow") leaves the module out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRIDED = "tests.plugins.strided:AssumesContiguous"

@@ -339,6 +339,7 @@ def _round_trip(arrays: dict, tmp_path) -> dict:
         return {n: data[n] for n in data.files}
 
 
+@pytest.mark.slow
 def test_a_literal_rebuilds_the_array_bit_for_bit(tmp_path):
     """repro.literal: -0.0, +-inf, NaN, subnormals, float32 values, bools and int64 extremes come back
     with the same dtype, shape and bytes."""
@@ -350,6 +351,7 @@ def test_a_literal_rebuilds_the_array_bit_for_bit(tmp_path):
     assert "np.nan" in repro.literal(ROUND_TRIP["specials"]) and "-np.inf" in repro.literal(ROUND_TRIP["specials"])
 
 
+@pytest.mark.slow
 def test_a_literal_keeps_the_shape_of_an_empty_array(tmp_path):
     """A problem with an empty size (test_empty_sizes: Lk = 0, so K is (1, 2, 0, 4)) must come back with
     its shape: nested empty lists alone lose every axis after the first zero."""
@@ -421,6 +423,7 @@ def _check_reproducer(path, failure, cwd):
     assert lines[1 + len(expected)] == f"  problem: {failure.case!r}"
 
 
+@pytest.mark.slow
 def test_a_reproducer_prints_the_suites_verdict_in_a_fresh_process(planted, tmp_path):
     """A small problem: its arrays (a 2-D mask, a bias with -inf, int64 lengths) written as literals; the
     script, run by itself from another folder without PYTHONPATH, runs the property's own check and prints
@@ -443,6 +446,7 @@ def test_a_reproducer_prints_the_suites_verdict_in_a_fresh_process(planted, tmp_
     assert "matches_reference PASSED on backend 'numpy-naive'" in out.getvalue()
 
 
+@pytest.mark.slow
 def test_a_large_problem_goes_to_an_npz_beside_the_script(planted, tmp_path):
     """Past repro.LITERAL_MAX entries the arrays go to an .npz (bit for bit) the script loads from its own
     folder; the script still prints the same verdict.  A later small reproducer of the same name removes
@@ -469,6 +473,7 @@ def test_run_suite_refuses_no_backend():
         run_suite([])
 
 
+@pytest.mark.slow
 def test_an_unknown_backend_is_a_suite_error_naming_it():
     """The run could not start: SuiteError with pytest's words, never an empty result that looks like a pass."""
     with pytest.raises(SuiteError, match=r"(?s)exit status 4.*unknown backend 'no-such-backend'"):

@@ -213,6 +213,7 @@ def test_pyproject_registers_the_pytest_plugin():
     assert [e.value for e in installed(group="pytest11") if e.name == "attnspec"] == ["attnspec.properties.plugin"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["python -m pytest", "pytest"])
 def test_the_suite_runs_from_any_folder_with_a_plugin_not_installed_and_counts_as_pytest_does(tmp_path, command):
     project = _user_project(tmp_path)
@@ -239,6 +240,7 @@ def test_the_suite_runs_from_any_folder_with_a_plugin_not_installed_and_counts_a
     assert len(rows) == sum(_closing_counts(proc.stdout).values())
 
 
+@pytest.mark.slow
 def test_a_failure_is_one_block_with_a_reproducer_that_runs_in_a_fresh_process(tmp_path):
     project = _user_project(tmp_path)
     args = ["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:off_by_one", "-k", "test_matches_reference"]
@@ -267,6 +269,7 @@ def test_a_failure_is_one_block_with_a_reproducer_that_runs_in_a_fresh_process(t
     assert "\nE " in long.stdout.split("= FAILURES =")[1]  # pytest's own traceback, on request
 
 
+@pytest.mark.slow
 def test_a_user_folder_with_its_own_properties_and_benchmarks_packages(tmp_path):
     own = '"""The user\'s own package of this name."""\nMINE = True\n'
     project = _user_project(tmp_path, {
@@ -286,6 +289,7 @@ def test_a_user_folder_with_its_own_properties_and_benchmarks_packages(tmp_path)
     assert _closing_counts(own_tests.stdout)["passed"] == 3  # their own test; the installed suite's two dtypes
 
 
+@pytest.mark.slow
 def test_the_plugin_is_inert_in_an_unrelated_suite(tmp_path):
     project = _project(tmp_path, {"conftest.py": UNRELATED_CONFTEST, "test_mine.py": UNRELATED_TESTS})
     proc = _pytest(["--backend", "gpu", "-q"], project, _env(HYPOTHESIS_PROFILE="ci", ATTNSPEC_JSON="attnspec.json"))
@@ -296,6 +300,7 @@ def test_the_plugin_is_inert_in_an_unrelated_suite(tmp_path):
 
 # (properties/__init__.py's docstring shows `from attnspec import install` too: add "attnspec" here once
 # attnspec/__init__.py exports it)
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["attnspec.properties"])
 def test_install_runs_the_suite_inside_a_users_own_tests(tmp_path, source):
     project = _user_project(tmp_path, {"tests/test_attn_conformance.py": INSTALLED_TESTS.format(source=source),
@@ -311,6 +316,7 @@ def test_install_runs_the_suite_inside_a_users_own_tests(tmp_path, source):
     assert _closing_counts(proc.stdout) == {"passed": 6}  # four of the suite's, the user's own two
 
 
+@pytest.mark.slow
 def test_an_installed_suite_explores_under_the_suites_settings_not_the_users_profile(tmp_path):
     """A user's Hypothesis profile (the default: a 200 ms deadline, health checks) is theirs; the
     installed suite's tests explore with the suite's own settings (no deadline: a per-call limit
@@ -361,6 +367,7 @@ def test_install_names_an_object_as_the_reproducer_will_import_it():
         _spec_of(lambda q, k, v: q)
 
 
+@pytest.mark.slow
 def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
     project = _user_project(tmp_path, {"conftest.py": OPTION_PROBE_CONFTEST, "userplug.py": USER_PLUGIN})
     two = ["--pyargs", "attnspec.properties", "--backend", "mypkg.attn:sdpa", "--backend", "mypkg.attn:off_by_one",
@@ -382,6 +389,7 @@ def test_a_users_layout_plugins_and_seed_are_never_rewritten(tmp_path):
     assert "seed 12345 (--hypothesis-seed; again: --hypothesis-seed=12345)" in out
 
 
+@pytest.mark.slow
 def test_the_same_command_gives_the_same_verdicts_and_its_printed_seed_replays_them(tmp_path):
     """No seed given: the run is seeded all the same and says by what (header, JSON); run twice with the
     example database cleared and no cache it gives identical verdicts, and the printed seed given back
@@ -407,6 +415,7 @@ def test_the_same_command_gives_the_same_verdicts_and_its_printed_seed_replays_t
     assert replayed == verdicts
 
 
+@pytest.mark.slow
 def test_a_seed_given_to_hypothesis_replays_the_run(tmp_path):
     """Each test seeds from --hypothesis-seed and its id: the same seed, the same (first) failing problem."""
     project = _user_project(tmp_path)
@@ -425,6 +434,7 @@ def test_a_seed_given_to_hypothesis_replays_the_run(tmp_path):
     assert len({first, problem(8), problem(9)}) > 1  # other seeds, other draws
 
 
+@pytest.mark.slow
 def test_a_few_named_backends_get_the_deep_profile_unless_one_is_asked_for(tmp_path):
     project = _user_project(tmp_path)
 
@@ -474,6 +484,7 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", after, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_readmes_example_passes_the_default_suite_from_its_own_folder(tmp_path):
     """Copied out of README: `pytest --pyargs attnspec.properties --backend mypkg.attn:sdpa` in the
     folder holding mypkg/ (not installed), the default profile: deep for one named backend (>= 100

@@ -104,6 +104,7 @@ def test_the_planted_bugs_cover_every_family():
     assert sorted(PLANTED) == properties.families()
 
 
+@pytest.mark.slow
 def test_every_family_fails_on_its_planted_bug_with_a_reproducer(planted_run):
     work, result = planted_run
     failed = [r for r in result.conformance if r["status"] == "failed"]
@@ -118,6 +119,7 @@ def test_every_family_fails_on_its_planted_bug_with_a_reproducer(planted_run):
     assert result.returncode == 1
 
 
+@pytest.mark.slow
 def test_every_reproducer_runs_alone_in_a_fresh_process_and_prints_the_suites_verdict(planted_run, tmp_path):
     work, result = planted_run
     blocks = failure_blocks(result.output)
@@ -148,6 +150,7 @@ def test_every_reproducer_runs_alone_in_a_fresh_process_and_prints_the_suites_ve
         assert r["message"] == "\n".join(block.splitlines()[:len(r["message"].splitlines())]), (r["message"], block)
 
 
+@pytest.mark.slow
 def test_a_large_problem_travels_in_an_npz_beside_its_reproducer(planted_run):
     work, result = planted_run
     (edges,) = [r for r in result.conformance if r["property"] == "edge_shapes_match_reference"]
@@ -167,6 +170,7 @@ def stateful_run(tmp_path_factory):
     return work, result
 
 
+@pytest.mark.slow
 def test_a_stateful_bug_is_reproduced_by_replaying_the_earlier_calls_the_declined_ones_skipped(stateful_run, tmp_path):
     """The bug shows only after a call of other shapes: the problem alone passes in a fresh process, so
     the reproducer replays the calls the suite had made before it - the Ev != E probe among them,
@@ -199,6 +203,7 @@ def test_a_stateful_bug_is_reproduced_by_replaying_the_earlier_calls_the_decline
         "process)", "  the property holds here now"]
 
 
+@pytest.mark.slow
 def test_a_stateless_failure_is_reproduced_by_the_problem_alone(stateful_run, tmp_path):
     work, result = stateful_run
     row = next(r for r in result.conformance if r["backend"] == "planted-values-of-the-next-slice"
@@ -236,6 +241,7 @@ def sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None):
 '''
 
 
+@pytest.mark.slow
 def test_a_reproducer_carries_the_declared_environment_and_the_versions_of_the_run(tmp_path):
     """declare(env=...): the script records the run's values, sets them again (a variable the shell
     lacks, or has when the run had not) and says so; a version that differs from the run's is printed."""

@@ -236,6 +236,7 @@ def test_a_causal_mask_dropped_for_a_one_row_query_is_an_answer_that_changes_wit
         question="causal_alignment", observed=changes, declared=None, agrees=None))
 
 
+@pytest.mark.slow
 def test_a_contradicted_declaration_fails_with_the_suites_message_and_shows_in_the_semantics_profile(tmp_path):
     result = run_suite(["tests.plugins.planted:drops_causal_for_one_row"], json_path=str(tmp_path / "out.json"),
                        extra_args=["-k", "test_semantics.py and (causal_alignment or empty_sizes)"], profile="dev",
@@ -303,6 +304,7 @@ def test_empty_sizes_a_raise_is_the_answer_error(fn):
     assert ask(S.test_empty_sizes, _declared(fn, fully_masked="error"), "float64")[0] == "passed"
 
 
+@pytest.mark.slow
 def test_empty_sizes_a_declared_raise_at_no_keys_fails_in_the_suite(tmp_path):
     result = run_suite(["tests.plugins.planted:raises_at_no_keys_declared_zeros",
                         "tests.plugins.planted:raises_at_no_keys"], json_path=str(tmp_path / "out.json"),

@@ -147,6 +147,7 @@ def suite(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", _BROKEN_CELLS, ids=_cell_id)
 def test_suite_rejects_broken(suite, cell):
     """Rejected in this dtype (each declared dtype on its own), by a property of its family."""
@@ -165,6 +166,7 @@ def test_suite_rejects_broken(suite, cell):
                                          f"{entry.catches}: {[f[0] for f in fails]}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", _CORRECT_CELLS, ids=_cell_id)
 def test_suite_accepts_correct(suite, cell):
     entry, dtype = cell
@@ -176,6 +178,7 @@ def test_suite_accepts_correct(suite, cell):
     assert not fails, f"false alarm on correct {entry.label} ({entry.origin}) in {dtype}:\n{alarms}"
 
 
+@pytest.mark.slow
 def test_teeth_summary(suite):
     """The table: every broken implementation rejected in every dtype it declares, 0 false alarms;
     written next to the suite's JSON."""

@@ -1,0 +1,32 @@
+"""Helpers the harness tests share: random problems and the dtype a backend's results are judged in.
+
+Plain functions rather than fixtures: every caller passes its own sizes and seed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# significand bits (with the implicit one): bfloat16 (8) is narrower than float16 (11)
+SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+def qkv(seed=0, *, batch=(1, 2), Lq=4, Lk=6, E=8, Ev=None, sigma=1.0):
+    """Random q (batch + (Lq, E)), k (batch + (Lk, E)) and v (batch + (Lk, Ev); Ev defaults to E).
+
+    q and k are normal with standard deviation sigma (the spread of the logits), v standard normal;
+    drawn in that order from default_rng(seed), so a seed names one problem.
+    """
+    rng = np.random.default_rng(seed)
+    Ev = E if Ev is None else Ev
+    q = sigma * rng.standard_normal((*batch, Lq, E))
+    k = sigma * rng.standard_normal((*batch, Lk, E))
+    v = rng.standard_normal((*batch, Lk, Ev))
+    return q, k, v
+
+
+def judged_dtype(backend, dtype: str) -> str:
+    """The dtype whose error budget applies to `backend`'s results in `dtype`: its declared
+    effective precision (e.g. jax-dpa's float32 softmax, openvino-sdpa's bfloat16) where that is
+    narrower than `dtype`, else `dtype` itself."""
+    eff = backend.semantics.effective_precision
+    return eff if eff and SIGNIFICAND_BITS[eff] < SIGNIFICAND_BITS[dtype] else dtype
