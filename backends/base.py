@@ -19,11 +19,11 @@ Importing this module loads no framework.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
-from attnspec.specs.fields import FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
+from attnspec.specs.fields import CAUSAL_ALIGNMENTS, FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
 from attnspec.specs.problem import causal_mask, validate  # the definition; never the reference
+
 
 class Unsupported(Exception):
     """A combination the backend declares it does not support (a skip, with its reason)."""
@@ -43,8 +43,15 @@ class BackendFailure(AssertionError):
 
 
 # the declarations live in backends/declarations.py; everything imports them from here too
-from attnspec.backends.declarations import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, LAYOUTS, OPS,  # noqa: E402,F401
-                           Call, Capabilities, Deviation, Semantics, numpy_layout)
+from attnspec.backends.declarations import (  # noqa: E402,F401
+    FULLY_MASKED_CHOICES,
+    LAYOUTS,
+    Call,
+    Capabilities,
+    Deviation,
+    Semantics,
+    numpy_layout,
+)
 
 
 class Backend:

@@ -18,15 +18,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-
 import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties import variants as V
-from attnspec.properties.shapes import (  # noqa: F401 - the sizes' names, public here too
-    COMPILED_GQA_SHAPES, COMPILED_SHAPES, LARGE_DIMS, LARGE_LENGTHS, MEDIUM_DIMS, MEDIUM_LENGTHS, NO_LIMITS, REGIMES,
-    SMALL_MAX_DIM, SMALL_MAX_LEN, Shape, _is_small, compiled_menu, draw_shape, fitted, pick)
 from attnspec.properties.case import Case
+from attnspec.properties.shapes import (  # noqa: F401 - the sizes' names, public here too
+    COMPILED_GQA_SHAPES,
+    COMPILED_SHAPES,
+    LARGE_DIMS,
+    LARGE_LENGTHS,
+    MEDIUM_DIMS,
+    MEDIUM_LENGTHS,
+    NO_LIMITS,
+    REGIMES,
+    SMALL_MAX_DIM,
+    SMALL_MAX_LEN,
+    Shape,
+    _is_small,
+    compiled_menu,
+    draw_shape,
+    fitted,
+    pick,
+)
 from attnspec.specs import fields as F
 from attnspec.specs.plain import round_to
 

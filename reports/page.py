@@ -16,9 +16,8 @@ from markupsafe import Markup
 
 from attnspec.reports import plots
 from attnspec.reports.bench_sections import decode_data, dtypes_data, masked_data  # noqa: F401 - sections of build.SECTIONS
-from attnspec.reports.verdicts import (STATUS_TEXT, deviations_data, failures_data, text, tri,  # noqa: F401 - sections
-                                       verdict_data)
 from attnspec.reports.tables import FIT_T_MIN
+from attnspec.reports.verdicts import STATUS_TEXT, deviations_data, failures_data, text, tri, verdict_data  # noqa: F401 - sections
 
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "error": "!", "crashed": "‼", "timed_out": "…",

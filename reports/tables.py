@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnspec.reports.inputs import (CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance,
-                     merge_semantics)
+from attnspec.reports.inputs import CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance, merge_semantics
 
 BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit",
                  "clock", "problem", "kv_heads", "Lq", "Lk", "grid")

@@ -93,10 +93,10 @@ import numpy as np
 
 from attnspec.specs import budget_terms as terms
 from attnspec.specs.invariants import Verdict, worst_offender
+from attnspec.specs.plain import Plain as _Plain  # noqa: F401
+from attnspec.specs.plain import _problem, dtype_name, plain_backward, plain_forward, plain_lse, round_bfloat16, round_to  # noqa: F401 - public names
 from attnspec.specs.problem import Problem
 from attnspec.specs.reference import run_backward, run_forward
-from attnspec.specs.plain import Plain as _Plain, _problem, dtype_name, plain_backward, plain_forward, plain_lse  # noqa: F401
-from attnspec.specs.plain import round_bfloat16, round_to  # noqa: F401 - public names
 
 RULES = ("attnspec", "flash")  # this module's per-row budget; flash-attention's tensor-wide one
 

@@ -92,9 +92,6 @@ def sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-_sum_to = sum_to  # the name earlier callers import
-
-
 @dataclass(frozen=True)
 class _Steps:
     """What the forward computed, kept for the backward."""

@@ -78,7 +78,6 @@ def _problem(seed=0, B=2, H=3, Lq=5, Lk=7, E=8, Ev=4):
 
 
 def _torch_reference(query, key, value, attn_mask=None, is_causal=False, scale=None):  # (B, H, L, E)
-    import torch
     s = query @ key.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf"))

@@ -109,8 +109,9 @@ def test_every_section_has_its_template_and_data_function():
 
 def test_the_templates_ship_in_a_non_editable_install():
     """pyproject's package-data must name every file under reports/templates (a wheel has nothing else)."""
-    import tomllib
     from pathlib import PurePosixPath  # matches as setuptools' globs do: '*' stays within one folder
+
+    import tomllib
 
     with open(os.path.join(os.path.dirname(os.path.dirname(build.__file__)), "pyproject.toml"), "rb") as f:
         setuptools = tomllib.load(f)["tool"]["setuptools"]

@@ -8,10 +8,23 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends.base import Capabilities, Semantics
+from attnspec.specs.fields import EVERY_FEATURE  # the definition's every feature: these kernels take all natively
 
-from ._kernels import (ALL_DTYPES, F64_F32, NumpyBackend, attention_weights, in_dtype, resolve_scale,
-                       softmax_backward, store, sum_to, tiled_attention, visible, widened)
-from ._variants import EVERY_FEATURE, VariantKernel
+from ._kernels import (
+    ALL_DTYPES,
+    F64_F32,
+    NumpyBackend,
+    attention_weights,
+    in_dtype,
+    resolve_scale,
+    softmax_backward,
+    store,
+    sum_to,
+    tiled_attention,
+    visible,
+    widened,
+)
+from ._variants import VariantKernel
 
 
 def _einsum_weights(q, k, mask, is_causal, scale):
