@@ -28,6 +28,7 @@ import tracemalloc
 
 import numpy as np
 
+
 def native_kind(backend, dtype: str) -> str:
     """'numpy', 'jax' or 'other', from the type the backend converts inputs to."""
     module = type(backend.to_native(np.zeros((1, 1)), dtype)).__module__

@@ -103,7 +103,7 @@ def _values_small(draw, s: Shape, dtype) -> dict:
     """Each array from one draw of bytes (an entry's value from its own bytes, so Hypothesis still
     shrinks entry by entry)."""
     out = {}
-    for shift, (name, dims) in zip((0, 3, 5), _dims(s).items()):  # q, k and v spell different values
+    for shift, (name, dims) in zip((0, 3, 5), _dims(s).items(), strict=True):  # q, k and v spell different values
         n = int(np.prod(dims))
         raw = draw(st.binary(min_size=n if dtype in LOW_PRECISION else 4 * n,
                              max_size=n if dtype in LOW_PRECISION else 4 * n), label=name)

@@ -101,7 +101,7 @@ def _as_dict(row) -> dict:
         return row._asdict()
     if hasattr(row, "__dataclass_fields__"):
         return {k: getattr(row, k) for k in row.__dataclass_fields__}
-    return dict(zip(list(WORKED_COLUMNS) + ["note"], row))
+    return dict(zip(list(WORKED_COLUMNS) + ["note"], row, strict=True))
 
 
 def verdict_frame(conf: pd.DataFrame, sem: pd.DataFrame) -> pd.DataFrame:

@@ -152,7 +152,8 @@ def failures_data(f) -> dict:
         short = first[:160] + ("…" if len(first) > 160 else "")
         tried = pd.to_numeric(pd.Series([r.examples]), errors="coerce").iloc[0]
         extra = f" · {int(tried)} problems tried" if pd.notna(tried) else ""
-        extra += f" · {float(r.seconds):.1f} s" if pd.notna(pd.to_numeric(pd.Series([r.seconds]), errors="coerce").iloc[0]) else ""
+        seconds = pd.to_numeric(pd.Series([r.seconds]), errors="coerce").iloc[0]
+        extra += f" · {float(r.seconds):.1f} s" if pd.notna(seconds) else ""
         out.append({"status": text(r.status), "label": STATUS_TEXT.get(r.status, text(r.status)),
                     "anchor": anchor(r.backend, r.property, r.dtype),
                     "backend": text(r.backend), "property": text(r.property), "dtype": text(r.dtype), "extra": extra,

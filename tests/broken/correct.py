@@ -80,7 +80,8 @@ class TiledOnline(NumpyBackend):
         s = np.where(vis, (q @ np.swapaxes(k, -1, -2)) * sc, -np.inf)  # (..., Lq, Lk)
         row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
         row_max = np.where(np.isfinite(row_max), row_max, 0)
-        lse = row_max + np.log(np.maximum(np.exp(s - row_max).sum(axis=-1, keepdims=True), np.finfo(q.dtype).tiny))  # (..., Lq, 1)
+        row_sum = np.exp(s - row_max).sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+        lse = row_max + np.log(np.maximum(row_sum, np.finfo(q.dtype).tiny))  # (..., Lq, 1)
         p = np.exp(s - lse)  # (..., Lq, Lk) exp(-inf) = 0 on masked keys and empty rows
         out = p @ v  # (..., Lq, Ev)
         d = (grad_out * out).sum(axis=-1, keepdims=True)  # (..., Lq, 1) = rowsum(dA ⊙ A)
