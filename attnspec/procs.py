@@ -8,6 +8,7 @@ ASV_PYTHONPATH, the variable asv passes on).  The suite's children: attnspec/sui
 from __future__ import annotations
 
 import codecs
+import contextlib
 import importlib.util
 import os
 import queue
@@ -78,10 +79,8 @@ def kill_all() -> None:
 
 
 def _kill_group(proc) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already, or not ours to kill
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
 
 

@@ -19,11 +19,11 @@ Importing this module loads no framework.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
-from attnspec.specs.fields import FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
+from attnspec.specs.fields import CAUSAL_ALIGNMENTS, FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
 from attnspec.specs.problem import causal_mask, validate  # the definition; never the reference
+
 
 class Unsupported(Exception):
     """A combination the backend declares it does not support (a skip, with its reason)."""
@@ -43,8 +43,15 @@ class BackendFailure(AssertionError):
 
 
 # the declarations live in backends/declarations.py; everything imports them from here too
-from attnspec.backends.declarations import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, LAYOUTS, OPS,  # noqa: E402,F401
-                           Call, Capabilities, Deviation, Semantics, numpy_layout)
+from attnspec.backends.declarations import (  # noqa: E402,F401
+    FULLY_MASKED_CHOICES,
+    LAYOUTS,
+    Call,
+    Capabilities,
+    Deviation,
+    Semantics,
+    numpy_layout,
+)
 
 
 class Backend:
@@ -171,10 +178,10 @@ class Backend:
         missing = sorted(needed - caps.features, key=FEATURES.index)
         if missing:
             raise Unsupported(f"{self.name} does not support {', '.join(FEATURE_TEXT[m] for m in missing)} natively")
-        if problem is not None and problem.Lq != problem.Lk and on_diagonal(problem):
-            if problem.causal_alignment not in self.causal_alignments():
-                raise Unsupported(f"{self.name} aligns its causal mask {self.causal_alignments()[0]} only "
-                                  f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
+        if (problem is not None and problem.Lq != problem.Lk and on_diagonal(problem)
+                and problem.causal_alignment not in self.causal_alignments()):
+            raise Unsupported(f"{self.name} aligns its causal mask {self.causal_alignments()[0]} only "
+                              f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
 
     def _check_shapes(self, p) -> None:
         """Unsupported for a problem outside the declared shape limits (Capabilities.outside), naming them."""
@@ -293,7 +300,7 @@ class Backend:
         # a gradient comes back in its input's dtype (autograd), or in the output's by the declared policy
         out_dtype = tuple(dict.fromkeys((dtype, self.output_dtype(dtype))))
         return tuple(self._check(f"d{n}", g, np.shape(x), out_dtype)
-                     for n, g, x in zip(("q", "k", "v", "bias"), grads, inputs))
+                     for n, g, x in zip(("q", "k", "v", "bias"), grads, inputs, strict=False))  # a dbias not asked for: dropped
 
     def prepare(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", op="forward", **fields):
         """Convert once; return a no-argument callable that runs the native call and syncs."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, make_dataclass
 
 import numpy as np
 
-from attnspec.specs.fields import CAUSAL_ALIGNMENTS, FEATURES, FIELDS
+from attnspec.specs.fields import FEATURES, FIELDS
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 # Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.

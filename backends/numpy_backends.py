@@ -222,7 +222,7 @@ class NumpyTiled(Backend):
         Lq, Lk = q.shape[-2], k.shape[-2]
         batch = _batch(q, k, v, call)
         m = np.full(batch + (Lq, 1), -np.inf, dtype=q.dtype)  # (..., Lq, 1) running max
-        l = np.zeros(batch + (Lq, 1), dtype=q.dtype)  # (..., Lq, 1) running sum
+        row_sum = np.zeros(batch + (Lq, 1), dtype=q.dtype)  # (..., Lq, 1) running sum
         acc = np.zeros(batch + (Lq, v.shape[-1]), dtype=q.dtype)  # (..., Lq, Ev)
         for j0, j1 in self._blocks(Lq, Lk, call):
             s = tile_scores(q, k[..., j0:j1, :], call, j0, Lk)  # (..., Lq, b)
@@ -231,15 +231,15 @@ class NumpyTiled(Backend):
             alpha = np.exp(m - shift)  # (..., Lq, 1) rescales what was summed so far
             s -= shift
             np.exp(s, out=s)  # p, in place
-            l = l * alpha + s.sum(axis=-1, keepdims=True)
+            row_sum = row_sum * alpha + s.sum(axis=-1, keepdims=True)
             acc *= alpha
             acc += s @ (_expand(v[..., j0:j1, :], s.shape[-3]) if call.enable_gqa else v[..., j0:j1, :])
             m = m_new
             del s  # free this tile before the next one is computed: one tile alive at a time
         shift = np.where(np.isfinite(m), m, 0)  # (..., Lq, 1) fully masked rows: m = -inf
-        total = np.where(l == 0, 1, l)  # (..., Lq, 1) and l = 0: their output stays zero
+        total = np.where(row_sum == 0, 1, row_sum)  # (..., Lq, 1) and row_sum = 0: their output stays zero
         with np.errstate(divide="ignore"):
-            lse = np.where(l[..., 0] > 0, shift[..., 0] + np.log(total[..., 0]), -np.inf)  # (..., Lq)
+            lse = np.where(row_sum[..., 0] > 0, shift[..., 0] + np.log(total[..., 0]), -np.inf)  # (..., Lq)
         return acc / total, shift, total, lse  # (..., Lq, Ev), the row statistics, (..., Lq)
 
     @staticmethod

@@ -31,8 +31,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnspec.backends.base import (CAUSAL_ALIGNMENTS, FULLY_MASKED_CHOICES, Backend, Capabilities, Deviation, Semantics,
-                   Unsupported)
+from attnspec.backends.base import (
+    CAUSAL_ALIGNMENTS,
+    FULLY_MASKED_CHOICES,
+    Backend,
+    Capabilities,
+    Deviation,
+    Semantics,
+    Unsupported,
+)
 from attnspec.backends.layout4d import LAYOUTS_4D, LSE_LAYOUTS
 from attnspec.specs.fields import FEATURES, FIELDS
 from attnspec.specs.problem import FLOAT_DTYPE_NAMES

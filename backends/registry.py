@@ -10,7 +10,6 @@ import inspect
 import os
 import sys
 
-
 from attnspec.backends.base import Backend
 from attnspec.backends.plain import PLAIN_CALL, FunctionBackend, check_plain_call, function_backend  # noqa: F401
 

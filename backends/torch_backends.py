@@ -130,7 +130,8 @@ class TorchMath(TorchBackend):
         # batch of 1 or 2, or 24 rows: no leak)
         Deviation("nan_in_padding_changes_nothing", "torch.bmm in bfloat16 on CPU lets a NaN in one row of "
                   "its left operand reach the row before it (batch 3, 31 x 7 @ 7 x 7: row 16 -> row 15), so a "
-                  "NaN in a padded query row reaches the last real rows' scores (docs/findings.md: torch-bmm-bf16-nan)", dtypes=("bfloat16",)),))
+                  "NaN in a padded query row reaches the last real rows' scores (docs/findings.md: torch-bmm-bf16-nan)",
+                  dtypes=("bfloat16",)),))
 
     def _unpadded(self, x, call):
         """Keys or values past kv_lengths zeroed: padding is never read (0 * NaN would reach the output)."""

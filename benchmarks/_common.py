@@ -13,10 +13,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from attnspec.benchmarks import _threads  # noqa: I001 - first: thread variables before NumPy loads
+from attnspec.benchmarks import _threads  # first: thread variables before NumPy loads
 from attnspec.benchmarks._grid import BACKEND_BUDGET_SECONDS, BATCH, HEADS, MAX_CALL_SECONDS  # noqa: F401 - re-exported
 
-import numpy as np  # noqa: E402
+# isort: split
+import numpy as np  # after _threads (above): the BLAS reads its thread count when NumPy loads
 
 THREADS = _threads.THREADS
 _threads.limit()

@@ -28,9 +28,6 @@ import tracemalloc
 
 import numpy as np
 
-METHODS = ("tracemalloc", "xla-memory-analysis", "rss-peak-reset", "cuda-max-memory-allocated",
-           "jax-device-memory-stats")
-
 
 def native_kind(backend, dtype: str) -> str:
     """'numpy', 'jax' or 'other', from the type the backend converts inputs to."""

@@ -94,8 +94,8 @@ class PeakMatmul:
     parameter so results say which OpenBLAS kernel NumPy used (an older core type slows NumPy's
     BLAS; torch and XLA bring their own kernels)."""
 
-    params = [["numpy", "torch", "jax", GPU_LIBRARY], ["float32", *_grid.SIXTEEN_BIT], [os.environ.get("OPENBLAS_CORETYPE", "unset")],
-              [_common.THREADS]]
+    params = [["numpy", "torch", "jax", GPU_LIBRARY], ["float32", *_grid.SIXTEEN_BIT],
+              [os.environ.get("OPENBLAS_CORETYPE", "unset")], [_common.THREADS]]
     param_names = ["library", "dtype", "openblas_coretype", "threads"]
     timeout = 120
 

@@ -18,15 +18,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-
 import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties import variants as V
-from attnspec.properties.shapes import (  # noqa: F401 - the sizes' names, public here too
-    COMPILED_GQA_SHAPES, COMPILED_SHAPES, LARGE_DIMS, LARGE_LENGTHS, MEDIUM_DIMS, MEDIUM_LENGTHS, NO_LIMITS, REGIMES,
-    SMALL_MAX_DIM, SMALL_MAX_LEN, Shape, _is_small, compiled_menu, draw_shape, fitted, pick)
 from attnspec.properties.case import Case
+from attnspec.properties.shapes import (  # noqa: F401 - the sizes' names, public here too
+    COMPILED_GQA_SHAPES,
+    COMPILED_SHAPES,
+    LARGE_DIMS,
+    LARGE_LENGTHS,
+    MEDIUM_DIMS,
+    MEDIUM_LENGTHS,
+    NO_LIMITS,
+    REGIMES,
+    SMALL_MAX_DIM,
+    SMALL_MAX_LEN,
+    Shape,
+    _is_small,
+    compiled_menu,
+    draw_shape,
+    fitted,
+    pick,
+)
 from attnspec.specs import fields as F
 from attnspec.specs.plain import round_to
 
@@ -89,7 +103,7 @@ def _values_small(draw, s: Shape, dtype) -> dict:
     """Each array from one draw of bytes (an entry's value from its own bytes, so Hypothesis still
     shrinks entry by entry)."""
     out = {}
-    for shift, (name, dims) in zip((0, 3, 5), _dims(s).items()):  # q, k and v spell different values
+    for shift, (name, dims) in zip((0, 3, 5), _dims(s).items(), strict=True):  # q, k and v spell different values
         n = int(np.prod(dims))
         raw = draw(st.binary(min_size=n if dtype in LOW_PRECISION else 4 * n,
                              max_size=n if dtype in LOW_PRECISION else 4 * n), label=name)

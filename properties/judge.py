@@ -130,7 +130,7 @@ def check_gradients(name: str, target: Target, case: Case, g) -> tuple:
     got = target.backward(case, g)  # (dq, dk, dv[, dbias])
     verdicts = error_budget.check_backward(got, case.problem, None, None, g, dtype=target.budget_dtype,
                                            rule=rule_of(target))
-    for grad, v in zip(("dq", "dk", "dv", "dbias"), verdicts):
+    for grad, v in zip(("dq", "dk", "dv", "dbias"), verdicts, strict=False):
         if not v:
             require(Verdict(name, False, v.where, v.amount, f"{grad}: {v.message}", v.limit))
     return got

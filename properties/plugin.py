@@ -21,10 +21,9 @@ import sys
 import pytest
 
 from attnspec.properties import cores, options, profiles, results, rows
+from attnspec.properties.stash import IN_SUITE, ROW_STREAM, ROWS, RUN, TARGETS, WORKERS  # noqa: F401 - the keys
 
 INSTALLED = "__attnspec_backends__"   # set by attnspec.properties.install in a user's test module
-
-from attnspec.properties.stash import IN_SUITE, ROW_STREAM, ROWS, RUN, TARGETS, WORKERS  # noqa: F401 - the keys
 
 
 def pytest_addoption(parser, pluginmanager):
@@ -43,7 +42,8 @@ def pytest_cmdline_main(config):
     """Before pytest-xdist reads its options: the suite over several backends uses the machine's cores
     unless the user laid the run out (properties/cores.py)."""
     try:
-        suite = bool(config.args) and options.runs_suite(config) and all(options.reaches_suite(config, a, inside=True) for a in config.args)
+        suite = bool(config.args) and options.runs_suite(config) and all(
+            options.reaches_suite(config, a, inside=True) for a in config.args)
         config.stash[WORKERS] = cores.spread(config, len(options.backend_names(config)) if suite else 0)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None

@@ -20,6 +20,7 @@ that differs from the run's before the verdict.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -126,7 +127,8 @@ def script(failure, headline: str, import_paths=(), npz: str | None = None, hist
     params = {n: source.get(f"params_{n}") or _value(x) for n, x in failure.params.items()}
     lines += [f"fields = dict({', '.join(f'{n}={x}' for n, x in fields.items())})  # the problem's optional fields",
               f"params = dict({', '.join(f'{n}={x}' for n, x in params.items())})  # what the property drew besides",
-              f"problem = dict(q=q, k=k, v=v, mask=mask, is_causal={c.is_causal!r}, scale={_value(c.scale)}, fields=fields, label={c.label!r})",
+              f"problem = dict(q=q, k=k, v=v, mask=mask, is_causal={c.is_causal!r}, scale={_value(c.scale)}, "
+              f"fields=fields, label={c.label!r})",
               HISTORY_NOTE[history],
               f"EARLIER = {[] if history is False else [tuple(s) for s in failure.earlier]!r}", "",
               "if __name__ == '__main__':",
@@ -198,10 +200,8 @@ def forget(folder: str, backend: str, dtype: str, prop: str) -> None:
     for name in names:
         base, ext = os.path.splitext(name)
         if ext in (".py", ".npz") and (base == stem or (base.startswith(stem + "-") and base[len(stem) + 1:].isdigit())):
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile (another worker): nothing to clear
                 os.remove(os.path.join(folder, name))
-            except OSError:
-                pass
 
 
 # ---- running one (what the script calls) ------------------------------------------------------

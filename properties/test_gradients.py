@@ -8,9 +8,8 @@ to 65 (block edges 16, 32, 64 +-1).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
+from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import agreement, close_outputs, grad_out, check_gradients, require, rule_of, verdict
+from attnspec.properties.judge import agreement, check_gradients, close_outputs, grad_out, require, rule_of, verdict
 from attnspec.properties.test_gradients import grad_seed, whole_rows
 from attnspec.specs import error_budget
 from attnspec.specs.reference import sum_groups

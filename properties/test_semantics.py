@@ -11,10 +11,9 @@ float64 input still answers every other question.  A backend that raises gives t
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 

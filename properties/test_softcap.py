@@ -7,9 +7,8 @@ catches: a dropped cap (sgl-project/sglang#33915), the cap applied after masking
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from hypothesis import strategies as st

@@ -84,7 +84,7 @@ def compiled_configs(features: tuple | None = None) -> tuple:
     m, codes = _codes(len(fields))
     top = 3 << (m - 2)
     return tuple(Config(kind=r, scale=r // 2, window=r + r // 4, shape=r + r // 2,
-                        features=frozenset(f for f, c in zip(fields, codes) if _parity(r, c)),
+                        features=frozenset(f for f, c in zip(fields, codes, strict=True) if _parity(r, c)),
                         grouped=r & top == top) for r in range(2**m))
 
 
@@ -109,7 +109,7 @@ def chosen_features(draw, supported, need: frozenset, avoid: frozenset, config=N
         return frozenset(((config.features | grouped) & frozenset(supported) - avoid) | need)
     raw = draw(st.binary(min_size=len(OPTIONAL), max_size=len(OPTIONAL)),
                label="optional features (a byte each: 192 and up = used)")
-    return frozenset(need) | {name for name, byte in zip(OPTIONAL, raw)
+    return frozenset(need) | {name for name, byte in zip(OPTIONAL, raw, strict=True)
                               if name in supported and name not in avoid and byte >= (1 - DRAW_RATE) * 256}
 
 

@@ -105,7 +105,7 @@ def _rows_of_file(path: str, machine: str, declared: dict, grid: str | None = No
     machine = data.get("params", {}).get("machine", machine)
     rows = []
     for name, entry in data.get("results", {}).items():
-        record = dict(zip(columns, entry))  # trailing columns may be absent
+        record = dict(zip(columns, entry, strict=False))  # trailing columns may be absent
         params = record.get("params") or []
         values = record.get("result")
         if values is None:  # the whole benchmark failed (e.g. its module did not import)
@@ -119,11 +119,11 @@ def _rows_of_file(path: str, machine: str, declared: dict, grid: str | None = No
             raise ValueError(f"{path}: {name} has {len(values)} results for {len(combos)} parameter combinations")
         metric, unit, fixed, problem = KNOWN.get(
             _short(name), (name.rsplit(".", 1)[-1], declared.get(name, {}).get("unit"), {}, None))
-        for combo, value, lo, hi in zip(combos, values, ci_a, ci_b):
+        for combo, value, lo, hi in zip(combos, values, ci_a, ci_b, strict=True):
             if _is_missing(value):  # skipped (NotImplementedError in setup) or failed
                 continue
             row = {c: None for c in COLUMNS + EXTRA_COLUMNS} | fixed | {"problem": problem}
-            for key, text in zip(names, combo):
+            for key, text in zip(names, combo, strict=True):
                 row[_COLUMN_OF.get(key, key)] = _param_value(text)
             row.update(metric=metric, value=float(value), unit=unit, machine=machine, commit=commit,
                        ci_low=_finite_or_nan(lo), ci_high=_finite_or_nan(hi), grid=grid)
@@ -255,7 +255,7 @@ def fit_scaling(df, metric: str, t_min: int = 256):
     rows = df[keep.fillna(False).astype(bool)].copy()
     group_cols = [c for c in ("E", "dtype", "batch", "heads", "machine", "commit", "clock") if c in rows.columns]
     out = []
-    for (backend, op), sub in df[(df["metric"] == metric) & dense].groupby(["backend", "op"], sort=True):
+    for (backend, op), _ in df[(df["metric"] == metric) & dense].groupby(["backend", "op"], sort=True):
         fit = rows[(rows["backend"] == backend) & (rows["op"] == op)]
         x = np.log(fit["T"].astype(float).to_numpy())  # (n,)
         y = np.log(fit["value"].astype(float).to_numpy())  # (n,)

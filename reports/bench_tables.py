@@ -59,7 +59,7 @@ def dtype_frame(bench: pd.DataFrame, ts=DTYPE_T) -> pd.DataFrame:
     peaks = peaks_by_dtype(bench)
     out = []
     for (m, b, d), g in time.groupby(["machine", "backend", "dtype"]):
-        by_t = dict(zip(g["T"].astype(int), g["value"]))
+        by_t = dict(zip(g["T"].astype(int), g["value"], strict=True))
         if not any(t in by_t for t in ts):
             continue
         top = max(by_t)
@@ -109,7 +109,7 @@ def gqa_frame(bench: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (m, b), g in time.groupby(["machine", "backend"]):
         lk = int(g["Lk"].max())
-        by_h = dict(zip(g[g["Lk"] == lk]["kv_heads"].astype(int), g[g["Lk"] == lk]["value"]))
+        by_h = dict(zip(g[g["Lk"] == lk]["kv_heads"].astype(int), g[g["Lk"] == lk]["value"], strict=True))
         ratio = f"{by_h[1] / by_h[8]:.2f}" if 1 in by_h and 8 in by_h else ""
         out.append([m, b, lk] + [fmt_seconds(by_h.get(h)) for h in (8, 2, 1)] + [ratio])
     return pd.DataFrame(out, columns=columns)

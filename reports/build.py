@@ -126,7 +126,7 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     verdicts = tables.verdict_frame(conf, sem)
     csvs = (conf, sem, bench, scaling.drop(columns=["n"], errors="ignore"), worked[list(tables.WORKED_COLUMNS)],
             verdicts)
-    for name, df in zip(CSV_FILES, csvs):
+    for name, df in zip(CSV_FILES, csvs, strict=True):
         df.to_csv(os.path.join(tmp, name), index=False)
 
     head = tables.headline(bench)
@@ -158,7 +158,7 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     not_tested = verdicts[untested]
     return {"backends": len(verdicts), "conformance_rows": len(conf), "benchmark_rows": len(bench),
             "machines": machines, "problems": int(conf["status"].isin(tables.PROBLEM_STATUSES).sum()),
-            "not_tested": dict(zip(not_tested["backend"], not_tested["reason"])),
+            "not_tested": dict(zip(not_tested["backend"], not_tested["reason"], strict=True)),
             "skipped": [_relative(line, tmp) for line in skipped]}
 
 

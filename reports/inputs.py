@@ -25,7 +25,8 @@ _OPTIONAL = {"dtype": "", "attribution": "", "outside_limits": "", "declined": 0
 NOT_ATTEMPTED = "not attempted: "  # how a failed row that never ran begins (after a backend hung)
 RAW = "raw"  # the report folder keeps its inputs here, so `attnspec report` can rebuild it
 SUITE_FILE = "suite.json"
-# `python tools/detection_power.py --defects tests.defects --out DIR` (in a checkout) writes it; the report shows it when given DIR
+# `python tools/detection_power.py --defects tests.defects --out DIR` (in a checkout) writes it; the report
+# shows it when given DIR
 # (attnspec run takes reports/detection-power/, the figures measured for this checkout)
 DETECTION_FILE = "detection_power.csv"
 DETECTION_COLUMNS = ("dtype", "defect", "smallest_d_rejected", "flash_rule_smallest_d_rejected", "target",

@@ -16,9 +16,8 @@ from markupsafe import Markup
 
 from attnspec.reports import plots
 from attnspec.reports.bench_sections import decode_data, dtypes_data, masked_data  # noqa: F401 - sections of build.SECTIONS
-from attnspec.reports.verdicts import (STATUS_TEXT, deviations_data, failures_data, text, tri,  # noqa: F401 - sections
-                                       verdict_data)
 from attnspec.reports.tables import FIT_T_MIN
+from attnspec.reports.verdicts import STATUS_TEXT, deviations_data, failures_data, text, tri, verdict_data  # noqa: F401 - sections
 
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "error": "!", "crashed": "‼", "timed_out": "…",
@@ -124,13 +123,13 @@ def _semantics_cell(found) -> dict:
     agrees = [tri(r.agrees) for r in found]
     kind = "disagree" if False in agrees else "agree" if all(a is True for a in agrees) else "recorded"
     dtypes = [text(getattr(r, "dtype", "")) for r in found]
-    relative = {text(r.observed) if text(r.observed) != d else "(the dtype)" for r, d in zip(found, dtypes)}
+    relative = {text(r.observed) if text(r.observed) != d else "(the dtype)" for r, d in zip(found, dtypes, strict=True)}
     if len(relative) == 1 or not all(dtypes):
         observed = text(found[0].observed) if len(found) == 1 or relative != {"(the dtype)"} else "the input's dtype"
     else:
-        observed = " · ".join(f"{DTYPE_SHORT.get(d, d)}: {text(r.observed)}" for r, d in zip(found, dtypes))
+        observed = " · ".join(f"{DTYPE_SHORT.get(d, d)}: {text(r.observed)}" for r, d in zip(found, dtypes, strict=True))
     declared = sorted({text(r.declared) if text(r.declared) != d or len(found) == 1 else "the input's dtype"
-                       for r, d in zip(found, dtypes) if text(r.declared)})
+                       for r, d in zip(found, dtypes, strict=True) if text(r.declared)})
     return {"kind": kind, "observed": observed, "declared": ", ".join(declared)}
 
 

@@ -140,7 +140,7 @@ def family_panels(rows, ylabel: str, *, best: str, slopes: dict | None = None, s
     with plt.rc_context(_STYLE):
         fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.5 * n_cols, 2.7 * n_rows), squeeze=False,
                                  sharex=True, sharey=True)
-        for ax, fam in zip(axes.flat, fams):
+        for ax, fam in zip(axes.flat, fams, strict=False):  # the grid's spare cells stay empty
             if len(fams) > 1:
                 ax.plot(envelope.index, envelope.to_numpy() * scale, color="0.6", linewidth=2.2, alpha=0.5,
                         label="best of all backends")
@@ -218,7 +218,7 @@ ROOF = "\u2060"  # marks a roof's label (an invisible joiner): roofs keep a lege
 
 
 def _roof_legend(ax) -> None:
-    roofs = [(h, t) for h, t in zip(*ax.get_legend_handles_labels()) if t.startswith(ROOF)]
+    roofs = [(h, t) for h, t in zip(*ax.get_legend_handles_labels(), strict=True) if t.startswith(ROOF)]
     if roofs:
         ax.legend([h for h, _ in roofs], [t[1:] for _, t in roofs], fontsize=7, frameon=False, loc="lower right")
 
@@ -227,7 +227,7 @@ def _backend_legend(fig, axes) -> None:
     """One legend under the panels for every backend line (a legend per panel would repeat it)."""
     seen = {}
     for ax in axes:
-        for h, t in zip(*ax.get_legend_handles_labels()):
+        for h, t in zip(*ax.get_legend_handles_labels(), strict=True):
             if not t.startswith(ROOF):
                 seen.setdefault(t, h)
     if seen:
@@ -251,7 +251,7 @@ def decode_bandwidth(rows, roofs: dict) -> str | None:
     lqs = sorted(int(x) for x in rows["Lq"].dropna().unique())
     with plt.rc_context(_STYLE):
         fig, axes = plt.subplots(1, len(lqs), figsize=(5.8 * len(lqs), 3.4), squeeze=False, sharey=True)
-        for ax, lq in zip(axes[0], lqs):
+        for ax, lq in zip(axes[0], lqs, strict=True):
             _lines(ax, rows[rows["Lq"] == lq], "Lk", colours, several)
             for (machine, kernel, size), gbps in sorted(roofs.items()):
                 small = str(size).split()[0].isdigit() and int(str(size).split()[0]) < 64
@@ -278,7 +278,7 @@ def rate_by_panel(rows, panel: str, titles: dict, roofs: dict | None = None, yla
         set(rows[panel].dropna()) - set(titles))
     with plt.rc_context(_STYLE):
         fig, axes = plt.subplots(1, len(values), figsize=(5.2 * len(values), 3.4), squeeze=False, sharey=True)
-        for ax, v in zip(axes[0], values):
+        for ax, v in zip(axes[0], values, strict=True):
             _lines(ax, rows[rows[panel] == v], "T", colours, several)
             for text, y in (roofs or {}).get(v, []):
                 ax.axhline(y, color="black", linestyle="--", linewidth=1.0, label=ROOF + label(text))

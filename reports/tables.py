@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnspec.reports.inputs import (CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance,
-                     merge_semantics)
+from attnspec.reports.inputs import CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance, merge_semantics
 
 BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit",
                  "clock", "problem", "kv_heads", "Lq", "Lk", "grid")
@@ -102,7 +101,7 @@ def _as_dict(row) -> dict:
         return row._asdict()
     if hasattr(row, "__dataclass_fields__"):
         return {k: getattr(row, k) for k in row.__dataclass_fields__}
-    return dict(zip(list(WORKED_COLUMNS) + ["note"], row))
+    return dict(zip(list(WORKED_COLUMNS) + ["note"], row, strict=True))
 
 
 def verdict_frame(conf: pd.DataFrame, sem: pd.DataFrame) -> pd.DataFrame:

@@ -126,7 +126,8 @@ def verdict_data(f) -> dict:
                      "fails": _by_property(bad), "deviates": _by_declaration(c[c["status"] == "deviation"]),
                      "contradicted": contradicted, "reason": text(r["reason"]),
                      "checks": len(ran), "problems": _examples(c),
-                     "narrowed": int((ran["outside_limits"].fillna("").astype(str) != "").sum()), "skipped": int((c["status"] == "skipped").sum()),
+                     "narrowed": int((ran["outside_limits"].fillna("").astype(str) != "").sum()),
+                     "skipped": int((c["status"] == "skipped").sum()),
                      "times": [] if times is None else [
                          f"{x['forward time']} (T={int(x['T'])})" + (f" on {x['machine']}" if several else "")
                          for _, x in times.iterrows()]})
@@ -153,7 +154,8 @@ def failures_data(f) -> dict:
         short = first[:160] + ("…" if len(first) > 160 else "")
         tried = pd.to_numeric(pd.Series([r.examples]), errors="coerce").iloc[0]
         extra = f" · {int(tried)} problems tried" if pd.notna(tried) else ""
-        extra += f" · {float(r.seconds):.1f} s" if pd.notna(pd.to_numeric(pd.Series([r.seconds]), errors="coerce").iloc[0]) else ""
+        seconds = pd.to_numeric(pd.Series([r.seconds]), errors="coerce").iloc[0]
+        extra += f" · {float(r.seconds):.1f} s" if pd.notna(seconds) else ""
         out.append({"status": text(r.status), "label": STATUS_TEXT.get(r.status, text(r.status)),
                     "anchor": anchor(r.backend, r.property, r.dtype),
                     "backend": text(r.backend), "property": text(r.property), "dtype": text(r.dtype), "extra": extra,

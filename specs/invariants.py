@@ -3,8 +3,9 @@
 Each check returns a `Verdict`: truthy when the property holds; otherwise ``where``
 is the index of the worst offender, ``(batch..., row, col)``, and ``amount`` how far
 off it is.  Tolerances (``atol``) are one number or an array broadcastable to what is
-judged - per-row budgets (`specs.error_budget.forward_allowed_rows`) as ``allowed[..., None]``.  ``amount`` is reported even when the property holds (the worst measured
-deviation), so callers can see the margin.  Rows with no visible key are never judged:
+judged - per-row budgets (`specs.error_budget.forward_allowed_rows`) as ``allowed[..., None]``.
+``amount`` is reported even when the property holds (the worst measured deviation), so callers
+can see the margin.  Rows with no visible key are never judged:
 the spec leaves them to implementations (seed 000's three properties, and seed 003's
 "la máscara causal pone a cero las contribuciones futuras", are about real rows).
 
@@ -192,7 +193,7 @@ def gradient_scaling(grads, grads_scaled, factor: float, atol, rtol: float = 0.0
     if len(atols) != 3:
         raise ValueError(f"atol must be one tolerance or three (dq, dk, dv); got {len(atols)}")
     worst = (-np.inf, None, 0.0, 0.0)  # (excess over tolerance, where, |error|, tolerance)
-    for name, g, gs, mult, tol in zip(("dq", "dk", "dv"), grads, grads_scaled, (c, c, 1.0), atols):
+    for name, g, gs, mult, tol in zip(("dq", "dk", "dv"), grads, grads_scaled, (c, c, 1.0), atols, strict=True):
         expected = mult * np.asarray(g, dtype=np.float64)
         got = np.asarray(gs, dtype=np.float64)
         if expected.shape != got.shape:

@@ -92,9 +92,6 @@ def sum_to(x: np.ndarray, shape: tuple) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-_sum_to = sum_to  # the name earlier callers import
-
-
 @dataclass(frozen=True)
 class _Steps:
     """What the forward computed, kept for the backward."""
@@ -211,6 +208,6 @@ def merge(parts) -> tuple:
     total = np.exp(lses - shift).sum(axis=0)  # (..., Lq)
     with np.errstate(divide="ignore"):
         lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1.0)), -np.inf)  # (..., Lq)
-    out = sum(np.where(np.isfinite(l)[..., None], np.exp(l - np.where(np.isfinite(lse), lse, 0.0))[..., None] * o, 0.0)
-              for o, l in zip(outs, lses))  # (..., Lq, Ev)
+    out = sum(np.where(np.isfinite(part)[..., None], np.exp(part - np.where(np.isfinite(lse), lse, 0.0))[..., None] * o, 0.0)
+              for o, part in zip(outs, lses, strict=True))  # (..., Lq, Ev): a part weighs exp(its lse - the whole lse)
     return out, lse

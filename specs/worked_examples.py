@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from attnspec.specs import cost, invariants, reference
 from attnspec.specs.worked_examples_data import K000, PRINTED, SCORES004, SEED_PROBLEMS, SOURCES, V000, X003
+
 
 def run(problem: dict):
     """The reference forward of a SEED_PROBLEMS entry."""
@@ -93,15 +94,12 @@ class Row:
     note: str
     kind: str = "recomputed"  # "input": one of the seed's inputs, checked against its transcription only
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 class _Book:
     """Exact values, derivations (f, printed inputs) and notes for one source."""
 
     def __init__(self, key):
-        self.key, self.exact, self.derive, self.notes, self.kind, self.rounded_inputs = key, {}, {}, {}, {}, set()
+        self.key, self.exact, self.derive, self.notes, self.kind = key, {}, {}, {}, {}
 
     def put(self, q, value, derive=None, note=None, kind="value"):
         self.exact[q] = float(value)

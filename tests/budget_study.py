@@ -154,8 +154,9 @@ def measure(backend_name: str, dtype: str, problems, margins: dict) -> int:
                                          **sp.fields)
             except Unsupported:
                 continue
-            for name, got, (a, r, pl) in zip(("dq", "dk", "dv", "dbias"), grads,
-                                             eb.backward_allowed_rows(p, None, None, sp.grad_out, dtype=judged_dtype)):
+            grad_budgets = eb.backward_allowed_rows(p, None, None, sp.grad_out, dtype=judged_dtype)
+            # dbias only when both the backend and the budget have it
+            for name, got, (a, r, pl) in zip(("dq", "dk", "dv", "dbias"), grads, grad_budgets, strict=False):
                 flash = 2 * float(np.abs(pl - r).max(initial=0.0))
                 margins.setdefault((backend.name, dtype, name), Margin()).add(
                     _row_errors(got, r, None), a.ravel(), flash, sp.label)

@@ -92,7 +92,7 @@ def test_skipped_and_failed_combinations_are_dropped(df):
     # 2 backends x 3 T in the file: one None (skipped), one NaN (failed) -> 4 rows
     assert len(hand) == 4
     assert not hand["value"].isna().any()
-    assert set(zip(hand["backend"], hand["T"])) == {("numpy-naive", 64), ("numpy-naive", 128),
+    assert set(zip(hand["backend"], hand["T"], strict=True)) == {("numpy-naive", 64), ("numpy-naive", 128),
                                                     ("numpy-naive", 256), ("my.pkg:attn", 128)}
 
 

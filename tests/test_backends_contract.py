@@ -11,11 +11,10 @@ import json
 import numpy as np
 import pytest
 
-
-from attnspec.cli import main  # noqa: E402
 from attnspec.backends import registry  # noqa: E402
 from attnspec.backends.base import Backend, Unsupported  # noqa: E402
 from attnspec.backends.registry import BackendSelectionError, FunctionBackend, resolve, select  # noqa: E402
+from attnspec.cli import main  # noqa: E402
 from attnspec.specs import error_budget  # noqa: E402
 from tests.plugins import fake_plugin  # noqa: E402
 from tests.plugins.cases import random_cases  # noqa: E402

@@ -3,10 +3,8 @@ pinned PyTorch kernels never fall back to another kernel.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 
 from attnspec.backends.base import BackendFailure, BackendUnavailable, Unsupported  # noqa: E402
 from attnspec.backends.numpy_backends import NumpyTiled  # noqa: E402

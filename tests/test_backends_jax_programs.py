@@ -55,7 +55,7 @@ def test_a_kept_program_gives_the_bits_of_plain_jit_and_traces_nothing(name, dty
     backend = _fresh(name)
     backend._attend = None  # a trace would call it (and fail): a hit loads, it does not trace
     loaded = _results(backend, dtype)
-    for a, b, c in zip(plain, stored, loaded):
+    for a, b, c in zip(plain, stored, loaded, strict=True):
         assert a.dtype == b.dtype == c.dtype
         assert a.tobytes() == b.tobytes() == c.tobytes()
 
@@ -86,11 +86,11 @@ def test_a_program_that_does_not_load_is_compiled_again(kept):
             out.write(b"not a program")
     jax_programs._loaded.clear()
     got = _results(_fresh("jax-naive"))
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got, strict=True))
     jax_programs._loaded.clear()  # the rewritten files load again
     backend = _fresh("jax-naive")
     backend._attend = None
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, _results(backend)))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, _results(backend), strict=True))
 
 
 def test_programs_of_an_older_adapter_source_are_removed(kept):
@@ -116,4 +116,4 @@ def test_a_folder_another_checkout_pruned_is_no_error(kept):
     import shutil
     shutil.rmtree(folder)  # gone under this process, which believes it made it
     got = _results(_fresh("jax-naive"))  # raised FileNotFoundError from tempfile.mkstemp before
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got, strict=True))

@@ -9,10 +9,8 @@ with their reason ("no CUDA device").
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 
 from attnspec.backends.base import Unsupported  # noqa: E402
 from attnspec.backends.registry import ZOO, builtin_names, resolve  # noqa: E402
@@ -66,7 +64,7 @@ def test_backward_matches_reference(name, dtype):
     for case in _cases(backend, dtype):
         q, k, v, mask, causal, scale = case.args()
         grads = backend.backward(q, k, v, case.grad_out, mask, causal, scale, dtype=dtype)
-        for grad, x, n in zip(grads, (q, k, v), "qkv"):
+        for grad, x, n in zip(grads, (q, k, v), "qkv", strict=True):
             assert grad.shape == x.shape, f"{name} {case.name}: d{n} shape {grad.shape}, expected {x.shape}"
         for verdict in error_budget.check_backward(grads, q, k, v, case.grad_out, mask, causal, scale, judged):
             assert verdict, f"{name} {case.name}: {verdict.message}"

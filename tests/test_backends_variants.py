@@ -16,10 +16,8 @@ per configuration, so it runs the combined problem in float32 only.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 
 from attnspec.backends.base import Unsupported  # noqa: E402
 from attnspec.backends.registry import resolve  # noqa: E402
@@ -189,8 +187,9 @@ def test_backends_command_lists_each_feature_as_declared(capsys):
     lines = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("features declared"))
     header = lines[start + 1].split()
-    assert header[:4] == ["name", "bias", "dbias", "gqa"] and "lse" in header  # the field table's order and "padded_rows" in header
-    cells = dict(zip(header, next(li for li in lines[start:] if li.startswith("torch-sdpa-cpu-flash ")).split()))
+    # the field table's order
+    assert header[:4] == ["name", "bias", "dbias", "gqa"] and "lse" in header and "padded_rows" in header
+    cells = dict(zip(header, next(li for li in lines[start:] if li.startswith("torch-sdpa-cpu-flash ")).split(), strict=False))
     assert (cells["gqa"], cells["bias"], cells["dbias"], cells["window"], cells["lse"]) == ("yes", "yes", ".", ".", "yes")
 
 
@@ -211,7 +210,7 @@ def test_eager_flex_uniform_hooks_equal_per_field_hooks_bit_for_bit(dtype):
         p = _problem(features, seed=3, dtype=dtype)
         outs = [b.forward(p["q"], p["k"], p["v"], dtype=dtype, return_lse=True, **p["fields"])
                 for b in (uniform, per_field)]
-        for got, want, what in zip(outs[0], outs[1], ("output", "lse")):
+        for got, want, what in zip(outs[0], outs[1], ("output", "lse"), strict=True):
             assert np.array_equal(got, want, equal_nan=True), f"{features} {dtype}: {what} differs"
 
 

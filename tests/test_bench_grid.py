@@ -297,7 +297,7 @@ def test_asv_skips_the_openmp_count_of_numpy_alone(tmp_path, monkeypatch):
     (path,) = [p for p in os.listdir(os.path.join(results_dir, "box")) if p != "machine.json"]
     with open(os.path.join(results_dir, "box", path)) as f:
         result, params = json.load(f)["results"]["bench_machine.Threads.track_threads"][:2]
-    counts = dict(zip((json.loads(p.replace("'", '"')) for p in params[0]), result))
+    counts = dict(zip((json.loads(p.replace("'", '"')) for p in params[0]), result, strict=True))
     assert counts["blas"] == 1  # NumPy's BLAS, pinned to one thread
     assert isinstance(counts["openmp"], float) and math.isnan(counts["openmp"]), counts  # skipped; None = failed
     assert results_dir.startswith(str(tmp_path))  # under the current folder, not attnspec's

@@ -89,7 +89,7 @@ def test_small_defects_are_rejected_by_the_output_budget(dtype):
 
     problems = study_problems(dtype, 12, seed=0, gradients=False)
     counts = []
-    for kind, d in zip(("temperature", "gain"), TARGETS[dtype]):
+    for kind, d in zip(("temperature", "gain"), TARGETS[dtype], strict=True):
         backend = defects.make(kind, d, dtype)
         rejected = 0
         for sp in problems:
@@ -98,7 +98,7 @@ def test_small_defects_are_rejected_by_the_output_budget(dtype):
         counts.append(rejected)
     print(f"\n{dtype}: temperature {TARGETS[dtype][0]:g} rejected on {counts[0]}/12, gain {TARGETS[dtype][1]:g} "
           f"on {counts[1]}/12")
-    assert all(c >= max(0, r - 1) for c, r in zip(counts, REJECTED[dtype])), counts
+    assert all(c >= max(0, r - 1) for c, r in zip(counts, REJECTED[dtype], strict=True)), counts
 
 
 def test_a_float16_softcap_gradient_of_subnormal_terms_rounded_to_zero_is_within_budget():

@@ -4,8 +4,8 @@ checked and benchmarked from there (outputs under that folder, never in attnspec
 from __future__ import annotations
 
 import csv
-import io
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -154,7 +154,8 @@ def test_a_run_whose_asv_file_is_truncated_reports_the_rest_and_exits_1(capsys, 
 @needs_report
 def test_report_with_one_truncated_input_writes_the_rest_and_exits_1(capsys, tmp_path):
     good = os.path.join(SAMPLE, "suite_cpu.json")
-    text = open(good).read()
+    with open(good) as f:
+        text = f.read()
     bad = tmp_path / "suite_gpu.json"
     bad.write_text(text[: len(text) // 2])  # a writer killed half-way
     out = tmp_path / "o"
@@ -446,8 +447,8 @@ def test_a_named_backend_with_nothing_tested_fails_the_run(capsys, monkeypatch, 
 def test_an_unavailable_backend_fails_the_run_only_when_asked_for(capsys, monkeypatch, tmp_path, asked):
     """Named with --backend and not tested: exit 1.  Left out of the default selection (not installed): exit 0."""
     monkeypatch.delenv("ATTNSPEC_BACKENDS", raising=False)
-    monkeypatch.setattr(run_cmd, "probe", lambda names: [("numpy-naive", True, "", "numpy-naive"),
-                                                         ("torch-sdpa-cuda-flash", False, "no CUDA device", "torch-sdpa-cuda-flash")])
+    monkeypatch.setattr(run_cmd, "probe", lambda names: [
+        ("numpy-naive", True, "", "numpy-naive"), ("torch-sdpa-cuda-flash", False, "no CUDA device", "torch-sdpa-cuda-flash")])
     passed = dict(backend="numpy-naive", property="rows_sum_to_one", dtype="float64", status="passed", examples=6,
                   seconds=0.1, counterexample=None, message=None)
     monkeypatch.setattr(suites, "run_suites", lambda chosen, *a, **kw: {"conformance": [passed], "semantics": []})

@@ -28,9 +28,9 @@ def test_d_zero_is_torch_math_bit_for_bit(kind, dtype):
     mask = np.random.default_rng(2).random((5, 40)) < 0.7  # (Lq, Lk)
     for kw in (dict(is_causal=True), dict(mask=mask), dict(return_lse=True)):
         a, b = zero.forward(q, k, v, dtype=dtype, **kw), tm.forward(q, k, v, dtype=dtype, **kw)
-        for x, y in zip(*(((a,), (b,)) if not isinstance(a, tuple) else (a, b))):
+        for x, y in zip(*(((a,), (b,)) if not isinstance(a, tuple) else (a, b)), strict=True):
             np.testing.assert_array_equal(x, y)
-    for x, y in zip(zero.backward(q, k, v, g, dtype=dtype), tm.backward(q, k, v, g, dtype=dtype)):
+    for x, y in zip(zero.backward(q, k, v, g, dtype=dtype), tm.backward(q, k, v, g, dtype=dtype), strict=True):
         np.testing.assert_array_equal(x, y)
 
 

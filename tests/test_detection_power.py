@@ -52,7 +52,7 @@ def test_grid_runs_from_large_to_small_in_steps_of_about_three(monkeypatch):
     for dtype in dp.DTYPES:
         g = dp.grid(dtype)
         assert g == sorted(g, reverse=True) and g[0] == 10.0 ** dp.GRIDS[dtype][0]
-        assert all(2.9 < a / b < 3.4 for a, b in zip(g, g[1:]))
+        assert all(2.9 < a / b < 3.4 for a, b in zip(g, g[1:], strict=False))
         assert all("." not in dp._defect("gain", d, dtype)[0].split(":")[1] for d in g)  # resolve() splits at dots
         for target in dp.TARGETS[dtype].values():
             assert any(abs(d - target) <= 1e-12 * target for d in g), (dtype, target)
@@ -63,7 +63,7 @@ def test_grid_runs_from_large_to_small_in_steps_of_about_three(monkeypatch):
 def test_summary_takes_the_smallest_d_every_run_rejects():
     rows = [dict(dtype="float16", defect="gain", rule=rule, d=d, rate=rate, runs=3, control_failed="")
             for rule, rates in (("attnspec", (1, 1, 2 / 3, 0)), ("flash", (1, 1, 1, 1 / 3)))
-            for d, rate in zip((1e-2, 3e-3, 1e-3, 3e-4), rates)]
+            for d, rate in zip((1e-2, 3e-3, 1e-3, 3e-4), rates, strict=True)]
     (row,) = dp.summarize(rows)
     assert row["smallest_d_rejected"] == 3e-3 and row["smallest_d_sometimes"] == 1e-3
     assert row["flash_rule_smallest_d_rejected"] == 1e-3 and row["flash_rule_smallest_d_sometimes"] == 3e-4

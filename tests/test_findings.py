@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,14 +26,14 @@ MACHINE_DEPENDENT = {"torch_bmm_bf16_nan.py": "it depends on the CPU's bfloat16 
 
 
 def test_the_register_lists_every_reproducer_and_nothing_else():
-    text = open(REGISTER, encoding="utf-8").read()
+    text = Path(REGISTER).read_text(encoding="utf-8")
     linked = set(re.findall(r"\(findings/(\w+\.py)\)", text))
     assert linked == set(SCRIPTS), (sorted(linked - set(SCRIPTS)), sorted(set(SCRIPTS) - linked))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_reproducer_uses_its_library_and_numpy_only(script):
-    source = open(os.path.join(FINDINGS, script), encoding="utf-8").read()
+    source = Path(os.path.join(FINDINGS, script)).read_text(encoding="utf-8")
     assert "attnspec" not in source.replace("docs/findings.md", "")
 
 
@@ -63,7 +64,7 @@ def test_the_finding_reproduces(script):
 def test_only_the_library_missing_is_a_skip_and_a_crash_is_no_verdict(tmp_path, body, status, says):
     # a library that is installed but fails to import (here: a dependency missing) must not read as
     # "missing here" (77), and a crash must not read as "no longer reproduces" (1)
-    (tmp_path / "_common.py").write_text(open(os.path.join(FINDINGS, "_common.py"), encoding="utf-8").read())
+    (tmp_path / "_common.py").write_text(Path(os.path.join(FINDINGS, "_common.py")).read_text(encoding="utf-8"))
     (tmp_path / "broken_library.py").write_text("import attnspec_no_such_dependency\n")
     (tmp_path / "case.py").write_text(f"from _common import need, verdict\n{body}\n")
     done, _ = _run("case.py", cwd=tmp_path)

@@ -80,7 +80,6 @@ def _problem(seed=0, B=2, H=3, Lq=5, Lk=7, E=8, Ev=4):
 
 
 def _torch_reference(query, key, value, attn_mask=None, is_causal=False, scale=None):  # (B, H, L, E)
-    import torch
     s = query @ key.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf"))
@@ -110,7 +109,7 @@ def test_a_torch_function_receives_its_tensors_in_its_layout_dtype_and_device():
     g = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
     got = backend.backward(q, k, v, g, mask, dtype="float32")  # autograd: no backward written
     want = resolve("numpy-naive").backward(q, k, v, g, mask)
-    assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want))
+    assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want, strict=True))
     # a 2-D problem (no batch, no head axis) folds to (1, L, 1, E) and comes back (Lq, Ev)
     assert backend.forward(q[0, 0], k[0, 0], v[0, 0], dtype="float32").shape == (5, 4)
     assert seen[-1][3] == (1, 5, 1, 8)
@@ -139,7 +138,7 @@ def test_a_jax_function_receives_jax_arrays_and_is_differentiated_by_vjp():
     assert seen[-1] == (True, "bfloat16", (2, 5, 3, 8))
     g = np.random.default_rng(2).standard_normal((2, 3, 5, 4))
     got, want = backend.backward(q, k, v, g, dtype="float32"), resolve("numpy-naive").backward(q, k, v, g)
-    assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want))
+    assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(got, want, strict=True))
 
 
 def _padded_lse_function(padding_returned):
@@ -256,7 +255,7 @@ def test_fields_reach_a_torch_function_folded_to_its_batch():
     grads = resolve_function(sdpa).backward(q, k, v, g, dtype="float32", **fields)
     ref = resolve("numpy-naive").backward(q, k, v, g, **fields)
     assert len(grads) == 4 and grads[3].shape == bias.shape
-    assert all(np.abs(a - b).max() < 1e-4 for a, b in zip(grads, ref))  # float32, sums over 6 sequences
+    assert all(np.abs(a - b).max() < 1e-4 for a, b in zip(grads, ref, strict=True))  # float32, sums over 6 sequences
 
 
 def test_fold4d_round_trips_both_layouts_and_cuts_an_lse_in_either_axis_order():

@@ -160,7 +160,8 @@ def test_a_headless_browser_opens_the_page(page, tmp_path):
 
 def test_the_header_names_the_baselines_benchmarked_but_not_checked(tmp_path, monkeypatch):
     """`attnspec run --backend X` times X beside --baselines it does not check: the page says which."""
-    monkeypatch.setattr(inputs, "copy_asv_results", lambda src, dst, commit, skipped=None: os.makedirs(dst, exist_ok=True) or True)
+    monkeypatch.setattr(inputs, "copy_asv_results",
+                        lambda src, dst, commit, skipped=None: os.makedirs(dst, exist_ok=True) or True)
     monkeypatch.setattr(tables, "benchmarks_frame", lambda dirs, skipped=None: bench_rows())
     (tmp_path / "asv" / "vm").mkdir(parents=True)
     checked = [r for r in conformance_rows() if r["backend"] not in ("numpy-naive", "jax-dpa")] + [

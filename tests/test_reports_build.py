@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -109,8 +110,9 @@ def test_every_section_has_its_template_and_data_function():
 
 def test_the_templates_ship_in_a_non_editable_install():
     """pyproject's package-data must name every file under reports/templates (a wheel has nothing else)."""
-    import tomllib
     from pathlib import PurePosixPath  # matches as setuptools' globs do: '*' stays within one folder
+
+    import tomllib
 
     with open(os.path.join(os.path.dirname(os.path.dirname(build.__file__)), "pyproject.toml"), "rb") as f:
         setuptools = tomllib.load(f)["tool"]["setuptools"]
@@ -144,7 +146,7 @@ def test_the_page_is_written_from_a_folder_outside_the_checkout(tmp_path):
 def test_failure_attribution_reaches_the_csv_and_older_results_read_without_it(tmp_path):
     """The suite's rows gained "attribution" (the features a failure needs); results written before
     it lack the field and read as empty, not as a corrupt file."""
-    data = json.loads(open(SUITE).read())
+    data = json.loads(Path(SUITE).read_text())
     failed = next(i for i, r in enumerate(data["conformance"]) if r["status"] == "failed")
     data["conformance"][failed]["attribution"] = "needs: causal, gqa"
     assert all("attribution" not in r for i, r in enumerate(data["conformance"]) if i != failed)
@@ -161,7 +163,8 @@ def test_failure_attribution_reaches_the_csv_and_older_results_read_without_it(t
 def test_a_check_its_declared_limits_narrowed_says_so_in_the_csv_the_matrix_and_the_verdict(tmp_path):
     """A passed edge grid that a declared limit cut (suite rows' outside_limits) is never shown as a plain
     pass: the CSV keeps the count, the matrix chip's tooltip and the verdict line say it."""
-    data = json.loads(open(SUITE).read())
+    with open(SUITE) as f:
+        data = json.load(f)
     passed = next(i for i, r in enumerate(data["conformance"]) if r["status"] == "passed")
     data["conformance"][passed]["outside_limits"] = "3 outside the declared limits (E > 128: 3)"
     suite = tmp_path / "suite.json"
@@ -176,7 +179,7 @@ def test_a_check_its_declared_limits_narrowed_says_so_in_the_csv_the_matrix_and_
 
 def test_strings_from_backends_are_escaped(tmp_path):
     evil = "<script>alert('x')</script>"
-    data = json.loads(open(SUITE).read())
+    data = json.loads(Path(SUITE).read_text())
     data["conformance"][0].update(backend=evil, status="failed", message=f"bad {evil}", counterexample=evil)
     data["semantics"][0].update(backend=evil, observed=evil, declared="<b>zeros</b>", agrees=False)
     suite = tmp_path / "evil.json"
@@ -196,7 +199,7 @@ def test_strings_from_backends_are_escaped(tmp_path):
 
 
 def test_checks_a_hung_backend_never_ran_are_one_entry_and_nothing_tested_is_not_a_pass(tmp_path):
-    data = json.loads(open(SUITE).read())
+    data = json.loads(Path(SUITE).read_text())
     row = dict(examples=0, seconds=0.0, counterexample="", dtype="float32")
     data["conformance"] += [dict(row, backend="hangs", property="(suite)", dtype="", status="timed_out",
                                  message="a forward call did not return within the per-call limit")]
@@ -252,7 +255,7 @@ def test_merging_two_machines_and_two_suite_runs(tmp_path):
     gpu_suite.write_text(json.dumps({"conformance": [
         dict(backend="torch-sdpa-cuda-flash", property="rows_sum_to_one", dtype="float16", status="passed",
              examples=10, seconds=0.5, counterexample=None, message=None)], "semantics": []}))
-    cpu_suite = json.loads(open(SUITE).read())
+    cpu_suite = json.loads(Path(SUITE).read_text())
     cpu_suite["conformance"].append(dict(backend="torch-sdpa-cuda-flash", property="rows_sum_to_one", dtype="float16",
                                          status="skipped", examples=0, seconds=0, counterexample=None,
                                          message="no CUDA device"))

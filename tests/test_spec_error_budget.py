@@ -21,7 +21,7 @@ def tiled_forward(q, k, v, mask=None, is_causal=False, scale=None, dtype="float1
     acc_t = np.float64 if dtype == "float64" else np.float32
     qr, kr, vr = (eb.round_to(x, dtype).astype(acc_t) for x in (q, k, v))
     m = np.full(vis.shape[:-1] + (1,), -np.inf, acc_t)  # (..., Lq, 1) running max
-    l = np.zeros_like(m)  # (..., Lq, 1) running sum of exponentials
+    row_sum = np.zeros_like(m)  # (..., Lq, 1) running sum of exponentials
     acc = np.zeros(vis.shape[:-1] + (vr.shape[-1],), acc_t)  # (..., Lq, Ev)
     for j in range(0, p.Lk, block):
         s = (qr @ np.swapaxes(kr[..., j:j + block, :], -1, -2)) * acc_t(p.scale)  # (..., Lq, b)
@@ -32,10 +32,10 @@ def tiled_forward(q, k, v, mask=None, is_causal=False, scale=None, dtype="float1
         alpha = np.exp(np.where(np.isfinite(m), m, safe) - safe).astype(acc_t)  # (..., Lq, 1)
         if forget_rescale:  # the classic online-softmax bug
             alpha = np.ones_like(alpha)
-        l = l * alpha + pt.sum(axis=-1, keepdims=True)
+        row_sum = row_sum * alpha + pt.sum(axis=-1, keepdims=True)
         acc = acc * alpha + pt @ vr[..., j:j + block, :]  # (..., Lq, Ev)
         m = m_new
-    return eb.round_to(acc / np.where(l == 0, 1.0, l), dtype)  # (..., Lq, Ev)
+    return eb.round_to(acc / np.where(row_sum == 0, 1.0, row_sum), dtype)  # (..., Lq, Ev)
 
 
 # this module's problem: (B, H) = (2, 3), Lq 24, Lk 40, E 16, Ev 8 unless a test says otherwise

@@ -35,7 +35,7 @@ def test_key_value_lengths_differ():
 @pytest.mark.parametrize("which", ["query", "key", "value"])
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex128])
 def test_non_floating_dtype(which, dtype):
-    args = dict(zip(("query", "key", "value"), qkv()))
+    args = dict(zip(("query", "key", "value"), qkv(), strict=True))
     args[which] = args[which].astype(dtype)
     with pytest.raises(ValueError, match=rf"{which} must have a floating dtype; got {np.dtype(dtype).name}"):
         P.validate(**args)
@@ -43,7 +43,7 @@ def test_non_floating_dtype(which, dtype):
 
 @pytest.mark.parametrize("which", ["query", "key", "value"])
 def test_rank_below_two(which):
-    args = dict(zip(("query", "key", "value"), qkv()))
+    args = dict(zip(("query", "key", "value"), qkv(), strict=True))
     args[which] = np.zeros(3)
     with pytest.raises(ValueError, match=rf"{which} must be an array of rank >= 2.*\(3,\)"):
         P.validate(**args)

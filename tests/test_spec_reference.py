@@ -80,7 +80,7 @@ def test_backward_matches_central_finite_differences(kw):
     kw = dict(kw, mask=mask)
     analytic = ref.backward(q, k, v, g, **kw)
     h = 1e-5  # central differences: truncation ~h^2 = 1e-10, rounding ~1e-16/h = 1e-11
-    for x, grad, name in zip((q, k, v), analytic, "qkv"):
+    for x, grad, name in zip((q, k, v), analytic, "qkv", strict=True):
         assert grad.shape == x.shape
         fd = np.zeros_like(x)
         for i in np.ndindex(x.shape):

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from attnspec.backends.plain import FunctionBackend, declare
 from attnspec.properties import draws
+from attnspec.properties import test_masking as masking  # a module: pytest collects no property here
 from attnspec.properties.draws import draw_case
 from attnspec.properties.judge import Failed, agreement
 from attnspec.properties.target import Session, Target
-from attnspec.properties import test_masking as masking  # a module: pytest collects no property here
 from attnspec.specs import reference
 
 BLOCK = 64  # the planted kernel's key block

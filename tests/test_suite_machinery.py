@@ -76,7 +76,7 @@ def test_drawn_inputs_are_exact_normal_numbers_of_the_dtype(dtype, data):
     scale = case.scale if case.scale is not None else 1 / np.sqrt(case.dims["E"])
     assert score_terms(case.q, case.k, scale, case.group) <= SCORE_CAP[dtype]
     assert set(case.fields) <= set(F.NAMES)
-    case.problem  # validates: a ValueError naming the field otherwise
+    assert case.problem is not None  # validates: a ValueError naming the field otherwise
 
 
 @settings(max_examples=60, database=None, deadline=None)
@@ -121,7 +121,7 @@ def test_amplitude_lands_the_largest_score_term_where_the_draw_asks():
     k = np.array([0.5, 0.75]).reshape(1, 1, 1, 2)  # S = 0.5
     for i, (_, log2_goal) in enumerate(draws.AMPLITUDES):
         for dtype in DTYPES:
-            j = draws.amplitude(lambda strategy, label=None: i, dtype, q, k, 1.0, 1)  # the i-th score size
+            j = draws.amplitude(lambda strategy, label=None, i=i: i, dtype, q, k, 1.0, 1)  # the i-th score size
             goal = SCORE_CAP[dtype] if log2_goal is None else min(2.0**log2_goal, SCORE_CAP[dtype])
             s = score_terms(q * 2.0**j, k * 2.0**j, 1.0)
             assert goal / 4 < s <= goal <= SCORE_CAP[dtype], (i, dtype, j, s)

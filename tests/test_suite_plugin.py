@@ -18,9 +18,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTEST = os.path.join(os.path.dirname(sys.executable), "pytest")

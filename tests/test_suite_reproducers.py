@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +70,7 @@ def failure_blocks(output: str) -> dict:
     section = re.split(r"\n=+ attnspec: per backend", section)[0]
     parts = re.split(r"(?:^|\n)_{3,} (test_\S+) _{3,}\n", section)
     # under pytest-xdist each block starts with the worker's line ("[gw0] linux -- Python ...")
-    return {name: re.sub(r"^\[gw\d+\] .*\n", "", text) for name, text in zip(parts[1::2], parts[2::2])}
+    return {name: re.sub(r"^\[gw\d+\] .*\n", "", text) for name, text in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def verdict_of_block(block: str) -> list:
@@ -86,7 +87,7 @@ def run_reproducer(path: str, cwd) -> subprocess.CompletedProcess:
 
 def run_all(paths, cwd) -> dict:
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(paths, pool.map(lambda p: run_reproducer(p, cwd), paths)))
+        return dict(zip(paths, pool.map(lambda p: run_reproducer(p, cwd), paths), strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +156,7 @@ def test_a_large_problem_travels_in_an_npz_beside_its_reproducer(planted_run):
     work, result = planted_run
     (edges,) = [r for r in result.conformance if r["property"] == "edge_shapes_match_reference"]
     npz = edges["reproducer"][:-3] + ".npz"
-    assert os.path.isfile(npz) and os.path.basename(npz) in open(edges["reproducer"], encoding="utf-8").read()
+    assert os.path.isfile(npz) and os.path.basename(npz) in Path(edges["reproducer"]).read_text(encoding="utf-8")
 
 
 # ---- state kept between calls ---------------------------------------------------------------------
@@ -181,7 +182,7 @@ def test_a_stateful_bug_is_reproduced_by_replaying_the_earlier_calls_the_decline
                and r["property"] == "matches_reference")
     assert row["status"] == "failed", result.output[-3000:]
     block = blocks["test_matches_reference[planted-after-reshape-float64]"]
-    text = open(row["reproducer"], encoding="utf-8").read()
+    text = Path(row["reproducer"]).read_text(encoding="utf-8")
     earlier = re.search(r"^EARLIER = (.*)$", text, re.M).group(1)
     assert "The problem alone PASSED in a fresh process" in text  # checked when written: the history is kept
     assert "(1, 1, 3, 3)" in earlier  # the suite's Ev != E probe (E = 2, Ev = 3): a call the backend declines
@@ -209,7 +210,7 @@ def test_a_stateless_failure_is_reproduced_by_the_problem_alone(stateful_run, tm
     row = next(r for r in result.conformance if r["backend"] == "planted-values-of-the-next-slice"
                and r["property"] == "batch_head_independence")
     assert row["status"] == "failed", result.output[-3000:]
-    text = open(row["reproducer"], encoding="utf-8").read()
+    text = Path(row["reproducer"]).read_text(encoding="utf-8")
     # checked in a fresh process when written: it fails alone, so the suite's earlier calls are left out
     assert re.search(r"^EARLIER = \[\]$", text, re.M) and "fails alone in a fresh process" in text
     run = run_reproducer(row["reproducer"], tmp_path)
@@ -255,7 +256,7 @@ def test_a_reproducer_carries_the_declared_environment_and_the_versions_of_the_r
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     import json
     row = next(r for r in json.loads((project / "out.json").read_text())["conformance"] if r["status"] == "failed")
-    text = open(row["reproducer"], encoding="utf-8").read()
+    text = Path(row["reproducer"]).read_text(encoding="utf-8")
     assert "RUN_ENV = {'MYKERNEL_BUGGY': '1', 'MYKERNEL_OTHER': None}" in text
     versions = eval(re.search(r"^RUN_VERSIONS = (\{.*?\})", text, re.M).group(1))  # noqa: S307 - our own literal
     import numpy

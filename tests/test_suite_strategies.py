@@ -174,7 +174,7 @@ def _drawn_features(case, drawn) -> frozenset:
     mask made a -inf bias (draws.as_bias) is the mask kind's, not the feature draw's."""
     if drawn.get(AS_BIAS_LABEL) != 0:
         return case.features
-    chosen_bias = any(b >= (1 - DRAW_RATE) * 256 for f, b in zip(OPTIONAL, _feature_bytes(drawn)) if f == "bias")
+    chosen_bias = any(b >= (1 - DRAW_RATE) * 256 for f, b in zip(OPTIONAL, _feature_bytes(drawn), strict=True) if f == "bias")
     return case.features - ({"bias"} - ({"bias"} if chosen_bias else set()))
 
 
@@ -185,7 +185,7 @@ def test_a_case_uses_exactly_the_features_its_draw_chose():
     assert set(OPTIONAL) <= resolve("numpy-naive").capabilities.features
     for case, drawn in every_feature_sample():
         raw = _feature_bytes(drawn)
-        chosen = {f for f, b in zip(OPTIONAL, raw) if b >= (1 - DRAW_RATE) * 256}
+        chosen = {f for f, b in zip(OPTIONAL, raw, strict=True) if b >= (1 - DRAW_RATE) * 256}
         assert _drawn_features(case, drawn) & set(OPTIONAL) == chosen, (raw, case)
 
 

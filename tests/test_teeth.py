@@ -23,13 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-
 from attnspec.backends.base import Unsupported  # noqa: E402
 from attnspec.backends.registry import resolve  # noqa: E402
 from attnspec.specs import error_budget, reference  # noqa: E402
+from tests import teeth_report as teeth  # noqa: E402
 from tests.broken import BROKEN, CORRECT, FAMILIES  # noqa: E402
 from tests.broken import witnesses as W  # noqa: E402
-from tests import teeth_report as teeth  # noqa: E402
 
 
 def _in_dtype(p: dict, dtype: str) -> dict:

@@ -46,7 +46,8 @@ def test_the_suite_accepts_the_triton_example_interpreted(tmp_path):
                PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH")))))
     out = tmp_path / "triton.json"
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p", "no:cacheprovider",
-           "--backend", SPEC, "--attnspec-examples", "2", "--attnspec-no-shrink", "-k", "not edge_shapes", "--attnspec-json", str(out)]
+           "--backend", SPEC, "--attnspec-examples", "2", "--attnspec-no-shrink", "-k", "not edge_shapes",
+           "--attnspec-json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert out.exists(), done.stdout[-3000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())["conformance"]

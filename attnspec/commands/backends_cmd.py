@@ -92,8 +92,8 @@ def _feature_cell(row, key) -> str:
 
 def _aligned(header, cells) -> list:
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip(), "  ".join("-" * w for w in widths)]
-    return lines + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip(), "  ".join("-" * w for w in widths)]
+    return lines + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
 
 def format_features(rows) -> str:

@@ -56,7 +56,7 @@ if _MISSING is None:
         return tl.where(seen, s, float("-inf")), seen
 
     @triton.jit
-    def _forward(Q, K, V, M, O, LSE, scale, Lq, Lk, E, Ev, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    def _forward(Q, K, V, M, O, LSE, scale, Lq, Lk, E, Ev, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,  # noqa: E741 - O: the output, as Q K V
                  BLOCK: tl.constexpr, BE: tl.constexpr, BEV: tl.constexpr):
         bh = tl.program_id(1)
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -83,7 +83,8 @@ if _MISSING is None:
         out = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
         tl.store(O + bh * Lq * Ev + rows[:, None] * Ev + dv[None, :], out.to(O.dtype.element_ty),
                  mask=(rows[:, None] < Lq) & (dv[None, :] < Ev))
-        tl.store(LSE + bh * Lq + rows, tl.where(l_i == 0, float("inf"), m_i + tl.log(tl.where(l_i == 0, 1.0, l_i))), mask=rows < Lq)
+        lse = tl.where(l_i == 0, float("inf"), m_i + tl.log(tl.where(l_i == 0, 1.0, l_i)))  # empty rows: +inf
+        tl.store(LSE + bh * Lq + rows, lse, mask=rows < Lq)
 
     @triton.jit
     def _backward_kv(Q, K, V, M, DO, LSE, D, DK, DV, scale, Lq, Lk, E, Ev, HAS_MASK: tl.constexpr,

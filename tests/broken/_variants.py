@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends.base import Capabilities, Semantics
-from attnspec.specs.fields import EVERY_FEATURE  # the definition's every feature: these kernels take all natively
 
 from ._kernels import ALL_DTYPES, NumpyBackend, store, sum_to, widened
 

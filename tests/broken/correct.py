@@ -8,10 +8,23 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends.base import Capabilities, Semantics
+from attnspec.specs.fields import EVERY_FEATURE  # the definition's every feature: these kernels take all natively
 
-from ._kernels import (ALL_DTYPES, F64_F32, NumpyBackend, attention_weights, in_dtype, resolve_scale,
-                       softmax_backward, store, sum_to, tiled_attention, visible, widened)
-from ._variants import EVERY_FEATURE, VariantKernel
+from ._kernels import (
+    ALL_DTYPES,
+    F64_F32,
+    NumpyBackend,
+    attention_weights,
+    in_dtype,
+    resolve_scale,
+    softmax_backward,
+    store,
+    sum_to,
+    tiled_attention,
+    visible,
+    widened,
+)
+from ._variants import VariantKernel
 
 
 def _einsum_weights(q, k, mask, is_causal, scale):
@@ -67,7 +80,8 @@ class TiledOnline(NumpyBackend):
         s = np.where(vis, (q @ np.swapaxes(k, -1, -2)) * sc, -np.inf)  # (..., Lq, Lk)
         row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
         row_max = np.where(np.isfinite(row_max), row_max, 0)
-        lse = row_max + np.log(np.maximum(np.exp(s - row_max).sum(axis=-1, keepdims=True), np.finfo(q.dtype).tiny))  # (..., Lq, 1)
+        row_sum = np.exp(s - row_max).sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+        lse = row_max + np.log(np.maximum(row_sum, np.finfo(q.dtype).tiny))  # (..., Lq, 1)
         p = np.exp(s - lse)  # (..., Lq, Lk) exp(-inf) = 0 on masked keys and empty rows
         out = p @ v  # (..., Lq, Ev)
         d = (grad_out * out).sum(axis=-1, keepdims=True)  # (..., Lq, 1) = rowsum(dA ⊙ A)

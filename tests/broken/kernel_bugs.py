@@ -6,8 +6,7 @@ import numpy as np
 
 from attnspec.backends.base import Capabilities, Semantics
 
-from ._kernels import (NumpyBackend, masked_softmax, numpy_caps, resolve_scale, scores, store, tiled_attention,
-                       visible, widened)
+from ._kernels import NumpyBackend, masked_softmax, numpy_caps, resolve_scale, scores, store, tiled_attention, visible, widened
 from ._variants import VariantKernel
 
 
