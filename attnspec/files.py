@@ -16,21 +16,29 @@ import tempfile
 import time
 
 
-def write_atomic(path: str, text: str) -> str:
+@contextlib.contextmanager
+def _replacing(path: str):
+    """A temporary file beside `path` for the block to fill; renamed over `path` when the block ends,
+    removed if it raises (Ctrl-C included), so `path` is the old file or the new one, never a prefix."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; results are for reading
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def write_atomic(path: str, text: str) -> str:
+    with _replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 
@@ -39,17 +47,8 @@ def write_json_atomic(path: str, data) -> str:
 
 
 def copy_atomic(src: str, dst: str) -> str:
-    folder = os.path.dirname(os.path.abspath(dst))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dst)}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
+    with _replacing(dst) as tmp:
         shutil.copy2(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
     return dst
 
 
