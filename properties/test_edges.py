@@ -35,23 +35,44 @@ if TYPE_CHECKING:
 
 HEAD_DIMS = (8, 16, 32, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256)
 LENGTHS = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
+MASKED_KEYS = (63, 64, 65, 127, 128, 129, 255, 256, 257)  # a kernel's masked path past its first key tile
 DECODE_KEYS = (512, 1024, 2048)
 
 
 def grid() -> list:
-    """(label, B, H, Lq, Lk, E, is_causal) for every edge; E = Ev (flash kernels need it)."""
-    shapes = [(f"head dim {E}", 1, 2, 9, 65, E, False) for E in HEAD_DIMS]
-    shapes += [(f"Lq {L}", 1, 2, L, 33, 64, False) for L in LENGTHS]
-    shapes += [(f"Lk {L}", 1, 2, 7, L, 64, False) for L in LENGTHS]
-    shapes += [(f"causal L {L}", 1, 1, L, L, 32, True) for L in LENGTHS]
-    shapes += [(f"decode Lk {L}", 2, 2, 1, L, 64, False) for L in DECODE_KEYS]
+    """(label, B, H, Lq, Lk, E, is_causal, masked) for every edge; E = Ev (flash kernels need it)."""
+    shapes = [(f"head dim {E}", 1, 2, 9, 65, E, False, False) for E in HEAD_DIMS]
+    shapes += [(f"Lq {L}", 1, 2, L, 33, 64, False, False) for L in LENGTHS]
+    shapes += [(f"Lk {L}", 1, 2, 7, L, 64, False, False) for L in LENGTHS]
+    shapes += [(f"causal L {L}", 1, 1, L, L, 32, True, False) for L in LENGTHS]
+    shapes += [(f"masked Lk {L}", 1, 2, 5, L, 32, False, True) for L in MASKED_KEYS]
+    shapes += [(f"decode Lk {L}", 2, 2, 1, L, 64, False, False) for L in DECODE_KEYS]
     return shapes
 
 
-def grid_case(label, B, H, Lq, Lk, E, is_causal, dtype: str, seed: int) -> Case:
+def tile_mask(Lq: int, Lk: int, rng) -> np.ndarray:
+    """(Lq, Lk) hidden-key structures at tile scale, every row seeing its last key: row 0 sees only
+    past its first 128 keys (or only its last key) - a first key block fully hidden -; row 1 a
+    block of 64 hidden in the middle; the others a random half hidden.  Kernels that skip, drop or
+    mis-rescale a masked block (a dispatcher's mask-less long path; a running max of -inf over a
+    hidden first block) fail here every run, not by the chance of a draw."""
+    keep = rng.random((Lq, Lk)) < 0.5  # (Lq, Lk)
+    keep[0] = np.arange(Lk) >= min(128, Lk - 1)
+    if Lq > 1:
+        keep[1] = ~((np.arange(Lk) >= 64) & (np.arange(Lk) < 128)) if Lk > 128 else np.arange(Lk) % 2 == 1
+    keep[:, -1] = True
+    return keep
+
+
+def grid_case(label, B, H, Lq, Lk, E, is_causal, masked, dtype: str, seed: int, as_bias: bool = False) -> Case:
     rng = np.random.default_rng(seed)
     q, k, v = (in_format(rng.standard_normal((B, H, L, E)), dtype) for L in (Lq, Lk, Lk))  # (B, H, L, E)
-    return Case(q, k, v, None, is_causal, None, label=label)
+    if not masked:
+        return Case(q, k, v, None, is_causal, None, label=label)
+    keep = tile_mask(Lq, Lk, rng)  # (Lq, Lk)
+    if as_bias:  # a backend without boolean masks takes the same hidden keys as a -inf bias
+        return Case(q, k, v, None, is_causal, None, {"bias": np.where(keep, 0.0, -np.inf)}, label=label)
+    return Case(q, k, v, keep, is_causal, None, label=label)
 
 
 def _mine(target: Target, i: int) -> bool:
@@ -71,8 +92,9 @@ def grid_problems(target: Target) -> list:
     """The grid's problems this target runs; those its declared limits exclude (Capabilities.outside)
     are left out by construction and counted on the target, by the limit (its JSON row says so)."""
     out, left, n = [], {}, 0
-    for i, (label, B, H, Lq, Lk, E, causal) in enumerate(grid()):
-        if not _mine(target, i) or (causal and not target.caps.causal):
+    hides = target.caps.masks or target.supports("bias")
+    for i, (label, B, H, Lq, Lk, E, causal, masked) in enumerate(grid()):
+        if not _mine(target, i) or (causal and not target.caps.causal) or (masked and not hides):
             continue
         broken = target.caps.outside(E, E, Lq, Lk, causal)
         if broken:
@@ -80,12 +102,13 @@ def grid_problems(target: Target) -> list:
             for why in dict.fromkeys(_limit(w) for w in broken):
                 left[why] = left.get(why, 0) + 1
             continue
-        out.append((grid_case(label, B, H, Lq, Lk, E, causal, target.dtype, seed=i), {}))
+        out.append((grid_case(label, B, H, Lq, Lk, E, causal, masked, target.dtype, seed=i,
+                              as_bias=not target.caps.masks), {}))
     target.left_out, target.outside_limits = n, left
     return out
 
 
 @prop(grid=grid_problems)
 def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
-    """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, decode)."""
+    """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, masked key tiles, decode)."""
     agreement(target, case)
