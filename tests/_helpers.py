@@ -30,3 +30,13 @@ def judged_dtype(backend, dtype: str) -> str:
     narrower than `dtype`, else `dtype` itself."""
     eff = backend.semantics.effective_precision
     return eff if eff and SIGNIFICAND_BITS[eff] < SIGNIFICAND_BITS[dtype] else dtype
+
+
+def target_of(backend, dtype: str = "float32", *, spec: str | None = None, equal_dims: bool | None = None):
+    """A Target (the backend at one dtype) outside a suite run, for tests of draws, checks and outcomes.
+
+    spec: how a reproducer would name it (default: the backend's name); equal_dims: whether it
+    declines Ev != E, when known (False: no probe call is made)."""
+    from attnspec.properties.target import Session, Target
+
+    return Target(Session(backend, spec or backend.name, equal_dims=equal_dims), dtype)

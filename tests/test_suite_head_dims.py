@@ -15,7 +15,8 @@ from attnspec.properties.case import Case
 from attnspec.properties.draws import draw_case
 from attnspec.properties.judge import agreement
 from attnspec.properties.runner import run_suite
-from attnspec.properties.target import Session, Target, signature
+from attnspec.properties.target import Target, signature
+from tests._helpers import target_of
 from tests.plugins.head_dims import NumpyHeadDim8
 
 PLUGIN = "tests.plugins.head_dims:NumpyHeadDim8"
@@ -42,7 +43,7 @@ class CompiledHeadDims8(NumpyHeadDim8):
 
 
 def target(backend, dtype="float32") -> Target:
-    return Target(Session(backend, f"{type(backend).__module__}:{type(backend).__name__}"), dtype)
+    return target_of(backend, dtype, spec=f"{type(backend).__module__}:{type(backend).__name__}")
 
 
 @pytest.mark.parametrize("bad", [0, -8, 2.0, True, "8"])

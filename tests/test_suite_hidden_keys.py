@@ -20,6 +20,7 @@ from attnspec.properties.draws import draw_case
 from attnspec.properties.judge import Failed, agreement
 from attnspec.properties.target import Session, Target
 from attnspec.specs import reference
+from tests._helpers import target_of
 
 BLOCK = 64  # the planted kernel's key block
 
@@ -44,8 +45,7 @@ def first_block_nan(query, key, value, attn_mask=None, is_causal=False, scale=No
 
 
 def _target(dtype="float32") -> Target:
-    backend = FunctionBackend(first_block_nan, "first-block-nan")
-    return Target(Session(backend, "first-block-nan", equal_dims=False), dtype)
+    return target_of(FunctionBackend(first_block_nan, "first-block-nan"), dtype, equal_dims=False)
 
 
 def _sample(t: Target, n: int, **constraints) -> list:

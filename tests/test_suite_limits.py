@@ -13,8 +13,9 @@ from attnspec.backends.plain import FunctionBackend, declare
 from attnspec.properties import test_edges as edges  # a module: pytest collects no property here
 from attnspec.properties.draws import draw_case
 from attnspec.properties.judge import agreement
-from attnspec.properties.target import Session, Target
+from attnspec.properties.target import Target
 from attnspec.specs import reference
+from tests._helpers import target_of
 
 LIMITS = dict(max_head_dim=32, head_dim_power_of_two=True, length_multiple=4, max_length=128,
               causal_equal_lengths=True)
@@ -29,8 +30,7 @@ def _kernel(query, key, value, attn_mask=None, is_causal=False, scale=None):
 
 def _target(**limits) -> Target:
     fn = declare(**(limits or LIMITS))(_kernel)
-    backend = FunctionBackend(fn, "limited")
-    return Target(Session(backend, "limited", equal_dims=False), "float32")
+    return target_of(FunctionBackend(fn, "limited"), "float32", equal_dims=False)
 
 
 @pytest.mark.parametrize("probe", [False, True])

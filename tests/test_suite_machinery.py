@@ -27,10 +27,11 @@ from attnspec.properties.explore import Counterexample, attempt
 from attnspec.properties.plugin import make_targets
 from attnspec.properties.results import headline, verdict_lines
 from attnspec.properties.runner import SuiteError, run_suite
-from attnspec.properties.target import Session, Target
+from attnspec.properties.target import Target
 from attnspec.specs import fields as F
 from attnspec.specs import reference
 from attnspec.specs.plain import round_to
+from tests._helpers import target_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -45,7 +46,7 @@ REORDERED = 1e-12
 def target(dtype: str) -> Target:
     """numpy-naive (every optional feature) at any dtype: draws only read its capabilities and the
     dtype; Ev != E is known to be taken, so no call is made."""
-    return Target(Session(resolve("numpy-naive"), "numpy-naive", equal_dims=False), dtype)
+    return target_of(resolve("numpy-naive"), dtype, equal_dims=False)
 
 
 def exact_in(x: np.ndarray, dtype: str) -> bool:

@@ -21,6 +21,7 @@ from attnspec.properties.explore import Exploration, explore
 from attnspec.properties.plugin import skip_reason
 from attnspec.properties.runner import run_suite
 from attnspec.properties.target import Session, Target
+from tests._helpers import target_of as shared_target_of
 from tests.plugins import planted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +121,7 @@ def _declared(fn, **declarations):
 
 def target_of(fn, dtype: str) -> Target:
     backend = FunctionBackend(fn if hasattr(fn, "__attnspec__") else declare(fn, dtypes=DTYPES), fn.__name__)
-    return Target(Session(backend, fn.__name__), dtype)
+    return shared_target_of(backend, dtype, spec=fn.__name__)
 
 
 def ask(question, fn, dtype: str, full=False):

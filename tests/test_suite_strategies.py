@@ -27,11 +27,12 @@ from attnspec.backends.registry import resolve
 from attnspec.properties import draws, variants
 from attnspec.properties.draws import SCORE_CAP, draw_case
 from attnspec.properties.explore import Exploration, Property, explore
-from attnspec.properties.target import Session, Target
+from attnspec.properties.target import Target
 from attnspec.properties.variants import DRAW_RATE, OPTIONAL, PER_SEQUENCE
 from attnspec.specs import fields as F
 from attnspec.specs import reference
 from attnspec.specs.plain import round_to
+from tests._helpers import target_of
 
 N = 250
 # a row is saturated when one key takes this much of the weight; bfloat16's scores stop at 8
@@ -47,8 +48,7 @@ FEATURES_LABEL = "optional features"  # the label of variants.chosen_features' o
 def target(dtype: str, backend=None) -> Target:
     """A backend (numpy-naive: every optional feature) at any dtype; draws read only its capabilities
     and the dtype, and Ev != E is known to be taken, so no call is made."""
-    backend = backend or resolve("numpy-naive")
-    return Target(Session(backend, backend.name, equal_dims=False), dtype)
+    return target_of(backend or resolve("numpy-naive"), dtype, equal_dims=False)
 
 
 @contextlib.contextmanager
