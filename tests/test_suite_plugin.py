@@ -22,6 +22,8 @@ import sys
 import pytest
 import tomllib
 
+pytest_plugins = ["pytester"]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTEST = os.path.join(os.path.dirname(sys.executable), "pytest")
 if not os.path.exists(PYTEST):
@@ -289,13 +291,27 @@ def test_a_user_folder_with_its_own_properties_and_benchmarks_packages(tmp_path)
     assert _closing_counts(own_tests.stdout)["passed"] == 3  # their own test; the installed suite's two dtypes
 
 
-@pytest.mark.slow
-def test_the_plugin_is_inert_in_an_unrelated_suite(tmp_path):
-    project = _project(tmp_path, {"conftest.py": UNRELATED_CONFTEST, "test_mine.py": UNRELATED_TESTS})
-    proc = _pytest(["--backend", "gpu", "-q"], project, _env(HYPOTHESIS_PROFILE="ci", ATTNSPEC_JSON="attnspec.json"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "2 passed" in proc.stdout and "attnspec" not in proc.stdout
-    assert not (project / ".attnspec").exists() and not (project / "attnspec.json").exists()
+def test_the_plugin_is_inert_in_an_unrelated_suite(pytester, monkeypatch):
+    """In this process (pytester): the plugin loaded by its entry point beside a suite that has its
+    own --backend option, its own `target` fixture and its own Hypothesis profile touches none of them."""
+    from hypothesis import settings
+
+    pytester.makeconftest(UNRELATED_CONFTEST)
+    pytester.makepyfile(test_mine=UNRELATED_TESTS)
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "ci")
+    monkeypatch.setenv("ATTNSPEC_JSON", "attnspec.json")
+    previous = settings.get_current_profile_name()
+    try:
+        # in this process attnspec is imported already: pytest's warning that it cannot rewrite its
+        # asserts names it, and is not the plugin speaking
+        result = pytester.runpytest_inprocess("--backend", "gpu", "-p", "no:cacheprovider",
+                                              "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    finally:  # the user's conftest loads its profile in this process: ours comes back
+        settings.load_profile(previous)
+    result.assert_outcomes(passed=2)
+    spoken = [line for line in result.outlines if "attnspec" in line and not line.startswith("plugins:")]
+    assert not spoken, spoken  # no header line, summary or file of ours (pytest's plugin list names it)
+    assert not (pytester.path / ".attnspec").exists() and not (pytester.path / "attnspec.json").exists()
 
 
 # (properties/__init__.py's docstring shows `from attnspec import install` too: add "attnspec" here once
