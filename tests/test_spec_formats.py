@@ -101,7 +101,7 @@ def _packed_args():
     (dict(cu_seqlens_k=np.array([0.0, 3, 6])), "cu_seqlens_k must be an integer array"),
     (dict(cu_seqlens_k=np.array([0, 6], np.int32)), "cu_seqlens_k must be"),
     (dict(max_seqlen_q=2), "max_seqlen_q must be an int >= the longest sequence"),
-    (dict(q=np.zeros((5, 3, 4))), "multiple of k's Hkv"),
+    (dict(k=np.zeros((6, 4, 4)), v=np.zeros((6, 4, 4))), "multiple of k.s Hkv"),
 ])
 def test_bad_packed_input_names_the_argument(change, message):
     with pytest.raises(ValueError, match=message):
