@@ -1,0 +1,70 @@
+"""Family: packed calls (cu_seqlens) - flash_attn_varlen_func's format (issue 30).
+
+Run only on backends that declare per-sequence positions and the ``packed`` format.  A drawn
+padded problem with per-sequence lengths (and sometimes left padding) is lowered to the packed
+form (`specs.formats.to_packed`) with NaN in every token nothing may read - past
+``cu_seqlens[-1]``, past ``seqused_k`` - and the output raised back.  Bugs this catches:
+alignment by the padded lengths instead of each sequence's (every anchor aligns per sequence),
+reading past ``cu_seqlens`` or using the padded seqlen_k (vllm-project/flash-attention#18), one
+sequence leaking into another, zero-length sequences and ``total_q < B``
+(Dao-AILab/flash-attention#1537, #1619).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnspec.properties import serving_calls as S
+from attnspec.properties.explore import prop
+from attnspec.properties.judge import agreement, close_outputs, unchanged
+
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_packed_sequences_match_reference(target: Target, case: Case, params: dict):
+    """Each sequence of a packed call equals the reference on that sequence alone (positions its own;
+    NaN past cu_seqlens[-1] and past seqused_k)."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    agreement(target, case, S.packed(target, case, params["unused"], params["seed"]))
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_packed_other_sequence_changes_nothing(target: Target, case: Case, params: dict):
+    """Changing every token of one sequence leaves every other sequence's rows bit for bit alone."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    before = S.packed(target, case, params["unused"], params["seed"])  # (B, H, Lq, Ev)
+    b = params["seed"] % case.dims["B"]
+    other = case.replace(q=case.q.copy(), k=case.k.copy(), v=case.v.copy())
+    other.q[b], other.k[b], other.v[b] = 2 * case.q[b], -case.k[b], 1 - case.v[b]
+    rows = case.judged_rows().copy()
+    rows[b] = False
+    unchanged("packed_other_sequence_changes_nothing", before, S.packed(target, other, params["unused"], params["seed"]),
+              rows, f"sequence {b}'s tokens changed; a row of another sequence")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_packed_equals_its_padded_call(target: Target, case: Case, params: dict):
+    """The backend's packed call and its own padded call of the same problem agree within both budgets."""
+    S.skip_without(target, "packed")
+    if "padded" not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no padded call")
+    case = S.problem_of(case, params)
+    close_outputs("packed_equals_its_padded_call", target, case, S.packed(target, case, params["unused"]),
+                  target.forward(case), case, "packed against padded")
+
+
+@prop(requires=S.REQUIRES, grid=S.edge_cases)
+def test_packed_edges(target: Target, case: Case, params: dict):
+    """Zero-length sequences (total_q < B), max_seqlen = 1, keys at tile edges, Lq_b > Lk_b under causal."""
+    S.skip_without(target, "packed")
+    out = agreement(target, case, S.packed(target, case, unused=1, seed=params["seed"]))
+    empty = ~case.judged_rows()  # rows that see nothing, padded rows included: zeros or the declared choice
+    if target.backend.semantics.fully_masked == "zeros":
+        unchanged("packed_edges", np.zeros_like(out), out, empty, "a row that sees no key")
