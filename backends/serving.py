@@ -118,7 +118,8 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
 def forward_via_format(backend, q, k, v, mask, is_causal, scale, dtype, return_lse, fields):
     """`Backend.forward` of a backend that takes no padded call: through the first format it declares."""
     fmt = backend.capabilities.formats[0]
-    kw = dict(mask=mask, is_causal=is_causal, scale=scale, return_lse=return_lse, **fields)
+    # fixed placement and no tokens past the sequences: a plain call is deterministic (the families vary them)
+    kw = dict(mask=mask, is_causal=is_causal, scale=scale, return_lse=return_lse, rng=0, **fields)
     if fmt == "packed":
         return forward_packed(backend, q, k, v, dtype, **kw)
     return forward_paged(backend, q, k, v, dtype, layout=fmt.split("-", 1)[1], **kw)

@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_per_sequence_positions_match_reference(target: Target, case: Case, params: dict):
+    """A padded batch that declares per-sequence positions: each sequence aligned at its own lengths
+    (and left padding), not at the padded Lk - Lq."""
+    if "padded" not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no padded call (its format's own properties check it)")
+    agreement(target, S.problem_of(case, params))
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_packed_sequences_match_reference(target: Target, case: Case, params: dict):
     """Each sequence of a packed call equals the reference on that sequence alone (positions its own;
     NaN past cu_seqlens[-1] and past seqused_k)."""
