@@ -123,6 +123,11 @@ class Backend:
         """A paged call (backends/serving.py): (B, Hq, Lq, Ev), or (out, lse (B, Hq, Lq))."""
         raise Unsupported(f"{self.name} takes no paged call")
 
+    def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call: Call):
+        """Write k_new, v_new (B, n, Hkv, D) into the caches in place at args.cache_seqlens, then the paged
+        call over the grown cache (backends/serving.py): (B, Hq, Lq, Ev)."""
+        raise Unsupported(f"{self.name} takes no append")
+
     def sync(self, y) -> None:
         """Wait until y is computed (CUDA synchronize, JAX block_until_ready)."""
 

@@ -62,7 +62,7 @@ class FlashFunctionBackend(Backend):
         features = {"gqa", "seq_lengths", "seq_positions"} | {f for p, f in _OPTIONAL.items() if p in self.params}
         if decl.features is not None:
             features = set(decl.features)
-        fmt = ("packed",) if self.form == "varlen" else ("paged-NHD",)
+        fmt = ("packed",) if self.form == "varlen" else ("paged-NHD",) + (("append",) if {"k", "v"} <= self.params else ())
         self.capabilities = replace(caps, features=frozenset(features), formats=fmt, masks=False,
                                     mask_with_causal=True)
         self.semantics = replace(sem, causal_alignment="bottom_right")  # per sequence, flash-attention's
@@ -104,6 +104,16 @@ class FlashFunctionBackend(Backend):
             kw["seqused_k"] = args.seqused_k
         return self.fn(q, k, v, **kw)  # (total_q, Hq, Ev), or (out, lse (Hq, total_q))
 
+    _new_keys: dict = {}  # k=, v= of an append, for the one call (native_paged_append)
+
+    def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call):
+        """flash_attn_with_kvcache(k=, v=): the new keys (B, n, Hkv, D) appended in place, then attention."""
+        self._new_keys = {"k": k_new, "v": v_new}
+        try:
+            return self.native_paged(q, k_cache, v_cache, args, call)
+        finally:
+            self._new_keys = {}
+
     def native_paged(self, q, k_cache, v_cache, args, call):
         B, Lq = q.shape[0], q.shape[2]
         lens = np.asarray(args.cache_seqlens)
@@ -111,12 +121,13 @@ class FlashFunctionBackend(Backend):
         if call.q_lengths is not None and (np.asarray(call.q_lengths) < Lq).any():
             raise Unsupported(f"{self.name} takes every query row as real (flash_attn_with_kvcache has no query "
                               "lengths): padded query rows are not its problem")
-        self._aligned(call, np.full(B, Lq), lens - pads)
+        self._aligned(call, np.full(B, Lq), lens - pads + (self._new_keys["k"].shape[1] if self._new_keys else 0))
         kw = dict(cache_seqlens=args.cache_seqlens, block_table=args.block_table, **self._options(call))
         if args.cache_leftpad is not None:
             if "cache_leftpad" not in self.params:
                 raise Unsupported(f"{self.name} has no parameter cache_leftpad")
             kw["cache_leftpad"] = args.cache_leftpad
+        kw.update(self._new_keys)
         y = self.fn(np.ascontiguousarray(np.swapaxes(q, 1, 2)), k_cache, v_cache, **kw)  # q (B, Lq, Hq, E)
         if call.return_lse:
             return np.swapaxes(y[0], 1, 2), y[1]  # (B, Hq, Lq, Ev), (B, Hq, Lq)

@@ -18,7 +18,7 @@ from attnspec.specs.masks import sequence_offsets
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
 _ALL_FEATURES = EVERY_FEATURE | {"seq_positions"}  # the whole definition (specs.fields), per-sequence positions too
-_FORMATS = ("padded", "packed", "paged-NHD", "paged-HND")  # specs.formats.FORMATS: backends/numpy_formats.py
+_FORMATS = ("padded", "packed", "paged-NHD", "paged-HND", "append")  # specs.formats.FORMATS: backends/numpy_formats.py
 _ROW_BLOCK = 128  # rows per index-masking step: bounds the bool temporary to 128*Lk
 
 
@@ -168,6 +168,7 @@ class NumpyNaive(Backend):
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
     native_packed = numpy_formats.gathered_packed  # its own gather into a padded batch
     native_paged = numpy_formats.gathered_paged
+    native_paged_append = numpy_formats.appended_paged
 
     def _weights(self, q, k, call):
         s = tile_scores(q, k, call, 0, k.shape[-2])  # (..., Lq, Lk)
@@ -222,6 +223,7 @@ class NumpyTiled(Backend):
                                 bias_gradient=True, layouts=LAYOUTS, formats=_FORMATS)
     native_packed = numpy_formats.tiled_packed  # natively: a sequence's slice, the pages as key blocks
     native_paged = numpy_formats.tiled_paged
+    native_paged_append = numpy_formats.appended_paged
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",))
 

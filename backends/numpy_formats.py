@@ -118,3 +118,16 @@ def tiled_paged(self, q, k_cache, v_cache, args, call):
         lses.append(lse)
     out = np.concatenate(outs)  # (B, Hq, Lq, Ev)
     return (out, np.concatenate(lses)) if call.return_lse else out
+
+
+def appended_paged(self, q, k_cache, v_cache, k_new, v_new, args, call):
+    """Both numpy backends: the new keys written through the block table in place, then the paged call."""
+    P, lens = args.page_size, np.asarray(args.cache_seqlens, np.int64)
+    table = np.asarray(args.block_table, np.int64)
+    for b in range(table.shape[0]):
+        for t in range(k_new.shape[1]):
+            page, slot = table[b, (lens[b] + t) // P], (lens[b] + t) % P
+            cut = (page, slot) if args.layout == "NHD" else (page, slice(None), slot)
+            k_cache[cut], v_cache[cut] = k_new[b, t], v_new[b, t]  # (Hkv, D)
+    grown = replace(args, cache_seqlens=(lens + k_new.shape[1]).astype(np.int32))
+    return self.native_paged(q, k_cache, v_cache, grown, call)

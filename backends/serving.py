@@ -123,3 +123,39 @@ def forward_via_format(backend, q, k, v, mask, is_causal, scale, dtype, return_l
     if fmt == "packed":
         return forward_packed(backend, q, k, v, dtype, **kw)
     return forward_paged(backend, q, k, v, dtype, layout=fmt.split("-", 1)[1], **kw)
+
+
+def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16, layout="NHD", rng=None,
+                 fill=np.nan, **fields):
+    """An append then attention (``native_paged_append``): the problem's last ``n_new`` keys of each
+    sequence (its kv_lengths) are the new ones, the cache holds those before them and `fill` where they go.
+    Returns (output (B, Hq, Lq, Ev), (k_cache, v_cache) after the call as NumPy, (k_cache, v_cache) as
+    the reference update leaves them (`specs.formats.appended`))."""
+    if "append" not in backend.capabilities.formats:
+        raise Unsupported(f"{backend.name} takes no append (declares {', '.join(backend.capabilities.formats)})")
+    p, call = _prepared(backend, f"paged-{layout}", q, k, v, dtype, False, fields)
+    pg = Fm.to_paged(p, page_size, layout, fill=fill, rng=rng)
+    B, P, ends = p.batch_shape[0], page_size, np.asarray(pg.cache_seqlens, dtype=np.int64)
+    starts = np.zeros(B, np.int64) if pg.cache_leftpad is None else np.asarray(pg.cache_leftpad, np.int64)
+    if n_new < 0 or (ends - starts < n_new).any():
+        raise ValueError(f"n_new must be in [0, the shortest sequence's keys {int((ends - starts).min())}]; got {n_new}")
+    kc, vc = pg.k_cache.copy(), pg.v_cache.copy()
+    k_new = np.zeros((B, n_new, kc.shape[2 if layout == "NHD" else 1], p.E))  # (B, n, Hkv, E)
+    v_new = np.zeros((B, n_new, k_new.shape[2], p.Ev))  # (B, n, Hkv, Ev)
+    for b in range(B):
+        for t, j in enumerate(range(ends[b] - n_new, ends[b])):
+            page, slot = pg.block_table[b, j // P], j % P
+            cut = (page, slot) if layout == "NHD" else (page, slice(None), slot)
+            k_new[b, t], v_new[b, t] = kc[cut], vc[cut]
+            kc[cut], vc[cut] = fill, fill  # before the append: past cache_seqlens, not written yet
+    before = ends - n_new
+    args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, before), _ints(backend, pg.cache_leftpad),
+                     layout, page_size)
+    call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
+    qn, kcn, vcn, kn, vn = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), kc, vc,
+                                            k_new, v_new)
+    y = backend._call("paged append", backend.native_paged_append, qn, kcn, vcn, kn, vn, args, call)
+    out = backend._check("paged append output", y, p.batch_shape + (p.Lq, p.Ev), backend.output_dtype(dtype))
+    stored = [np.asarray(backend.from_native(x), dtype=np.float64) for x in (kcn, vcn)]
+    rounded = [np.asarray(backend.from_native(x), dtype=np.float64) for x in backend._natives(dtype, kc, vc, k_new, v_new)]
+    return out, tuple(stored), Fm.appended(*rounded[:2], pg.block_table, before, *rounded[2:], layout)

@@ -93,3 +93,10 @@ def edge_cases(target: Target) -> list:
             fields["causal_alignment"] = "bottom_right"
         out.append((Case(q, k, v, None, causal, None, fields, label=label), {"seed": len(out)}))
     return out
+
+
+def append(target: Target, case: Case, n_new: int, page_size: int, layout: str, seed: int = 0):
+    """The backend's append of each sequence's last n_new keys, then attention: (out, caches after,
+    caches as the reference update leaves them) (`backends.serving.append_paged`)."""
+    return target._guarded("paged append", serving.append_paged, target.backend, case.q, case.k, case.v, n_new,
+                           dtype=target.dtype, page_size=page_size, layout=layout, rng=seed, **case.call_kwargs)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
-def test_per_sequence_positions_match_reference(target: Target, case: Case, params: dict):
+def test_per_sequence_positions(target: Target, case: Case, params: dict):
     """A padded batch that declares per-sequence positions: each sequence aligned at its own lengths
     (and left padding), not at the padded Lk - Lq."""
     if "padded" not in target.caps.formats:
@@ -35,7 +35,7 @@ def test_per_sequence_positions_match_reference(target: Target, case: Case, para
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
-def test_packed_sequences_match_reference(target: Target, case: Case, params: dict):
+def test_packed_matches_reference(target: Target, case: Case, params: dict):
     """Each sequence of a packed call equals the reference on that sequence alone (positions its own;
     NaN past cu_seqlens[-1] and past seqused_k)."""
     S.skip_without(target, "packed")
@@ -44,7 +44,7 @@ def test_packed_sequences_match_reference(target: Target, case: Case, params: di
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
-def test_packed_other_sequence_changes_nothing(target: Target, case: Case, params: dict):
+def test_packed_isolation(target: Target, case: Case, params: dict):
     """Changing every token of one sequence leaves every other sequence's rows bit for bit alone."""
     S.skip_without(target, "packed")
     case = S.problem_of(case, params)
@@ -54,19 +54,19 @@ def test_packed_other_sequence_changes_nothing(target: Target, case: Case, param
     other.q[b], other.k[b], other.v[b] = 2 * case.q[b], -case.k[b], 1 - case.v[b]
     rows = case.judged_rows().copy()
     rows[b] = False
-    unchanged("packed_other_sequence_changes_nothing", before, S.packed(target, other, params["unused"], params["seed"]),
+    unchanged("packed_isolation", before, S.packed(target, other, params["unused"], params["seed"]),
               rows, f"sequence {b}'s tokens changed; a row of another sequence")
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
-def test_packed_equals_its_padded_call(target: Target, case: Case, params: dict):
+def test_packed_equals_padded(target: Target, case: Case, params: dict):
     """The backend's packed call and its own padded call of the same problem agree within both budgets."""
     S.skip_without(target, "packed")
     if "padded" not in target.caps.formats:
         import pytest
         pytest.skip(f"{target.name} takes no padded call")
     case = S.problem_of(case, params)
-    close_outputs("packed_equals_its_padded_call", target, case, S.packed(target, case, params["unused"]),
+    close_outputs("packed_equals_padded", target, case, S.packed(target, case, params["unused"]),
                   target.forward(case), case, "packed against padded")
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from attnspec.properties import serving_calls as S
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import agreement, unchanged
+from attnspec.properties.judge import agreement, close_outputs, require, unchanged, verdict
 
 if TYPE_CHECKING:
     from attnspec.properties.case import Case
@@ -41,13 +41,13 @@ def test_paged_matches_reference(target: Target, case: Case, params: dict):
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
-def test_page_placement_changes_nothing(target: Target, case: Case, params: dict):
+def test_page_placement_bitwise(target: Target, case: Case, params: dict):
     """Two random placements of the same pages (same page size) give the same output, bit for bit."""
     layout = _layout(target, params)
     case = S.problem_of(case, params, queries=False)
     a = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
     b = S.paged(target, case, params["page_size"], layout, params["seed"] + 1)
-    unchanged("page_placement_changes_nothing", a, b, case.judged_rows(), "the pages placed elsewhere in the pool")
+    unchanged("page_placement_bitwise", a, b, case.judged_rows(), "the pages placed elsewhere in the pool")
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -80,3 +80,57 @@ def test_paged_edges(target: Target, case: Case, params: dict):
     out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"]))
     if target.backend.semantics.fully_masked == "zeros":
         unchanged("paged_edges", np.zeros_like(out), out, ~case.judged_rows(), "a row that sees no key")
+
+
+def _appending(target: Target) -> None:
+    if "append" not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no append (declares {', '.join(target.caps.formats)})")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_append_writes_its_slots_only(target: Target, case: Case, params: dict):
+    """After an append (a decode step or a chunk) the cache is the reference update bit for bit - every
+    other slot, NaN ones included, unchanged - and the output attends over the grown cache."""
+    from hypothesis import assume
+
+    _appending(target)
+    layout = _layout(target, params)
+    case = S.problem_of(case, params, queries=False)
+    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
+    room = int((ends - case.fields.get("kv_starts", 0)).min())
+    n = min(1 if params["seed"] % 2 else case.dims["Lq"], room)  # a decode step, or a chunk of Lq
+    assume(n > 0)
+    out, stored, want = S.append(target, case, n, params["page_size"], layout, params["seed"])
+    for name, got, ref in zip(("k_cache", "v_cache"), stored, want, strict=True):
+        same = (got == ref) | (np.isnan(got) & np.isnan(ref))
+        where = None if same.all() else tuple(int(i) for i in np.argwhere(~same)[0])
+        require(verdict("append_writes_its_slots_only", same.all(), where, float((~same).sum()),
+                        f"{name} after appending {n} key(s) a sequence: slot {where} (page, ...) differs from the "
+                        f"reference update ({int((~same).sum())} values)", 0.0))
+    agreement(target, case, out)
+
+
+@prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
+def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict):
+    """A prompt's queries split in two chunks, each against the cache as it stood then (the first against
+    the keys before the second chunk's), concatenate to the whole call: chunked prefill attends to the
+    past, not only within its chunk (kekzl/imp#117)."""
+    from hypothesis import assume
+
+    layout = _layout(target, params)
+    if "bottom_right" not in target.alignments:
+        import pytest
+        pytest.skip(f"{target.name} aligns top-left only: a chunk's queries are not placed after the cache")
+    case = S.problem_of(case, params, queries=False).replace(causal_alignment="bottom_right")  # the cache's
+    B, Lq = case.dims["B"], case.dims["Lq"]
+    c = Lq // 2
+    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (B,))
+    early = ends - (Lq - c)  # (B,) the cache when the first chunk ran
+    assume(c > 0 and (early >= np.broadcast_to(case.fields.get("kv_starts", 0), (B,))).all())
+    whole = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
+    first = case.replace(q=case.q[:, :, :c], kv_lengths=early)
+    second = case.replace(q=case.q[:, :, c:])
+    parts = np.concatenate([S.paged(target, first, params["page_size"], layout, params["seed"]),
+                            S.paged(target, second, params["page_size"], layout, params["seed"])], axis=2)
+    close_outputs("chunks_concatenate_to_prefill", target, case, parts, whole, case, f"chunks of {c} and {Lq - c}")

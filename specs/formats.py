@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 PAGED_LAYOUTS = ("NHD", "HND")
-FORMATS = ("padded", "packed") + tuple(f"paged-{layout}" for layout in PAGED_LAYOUTS)
+# "append": a paged call that first writes new keys into the cache in place (in its paged layouts)
+FORMATS = ("padded", "packed") + tuple(f"paged-{layout}" for layout in PAGED_LAYOUTS) + ("append",)
 
 
 @dataclass(frozen=True)
@@ -259,3 +260,24 @@ def gather_paged(k_cache, v_cache, block_table, cache_seqlens, layout: str = "NH
     k, v = kc[page, j % P], vc[page, j % P]  # (B, Lk, Hkv, D)
     k, v = (np.where(inside[..., None, None], x, 0) for x in (k, v))
     return np.swapaxes(k, 1, 2), np.swapaxes(v, 1, 2)  # (B, Hkv, Lk, E), (B, Hkv, Lk, Ev)
+
+
+def appended(k_cache, v_cache, block_table, cache_seqlens, k_new, v_new, layout: str = "NHD") -> tuple:
+    """The reference update of an append (flash_attn_with_kvcache(k=, v=), FlashInfer's append_paged_kv_cache):
+    copies of the caches with new key t of sequence b, k_new[b, t] ((B, n, Hkv, E)), at slot
+    cache_seqlens[b] + t through the block table; every other slot as it was, bit for bit."""
+    lens = np.asarray(cache_seqlens, dtype=np.int64)
+    n = np.shape(k_new)[1]
+    validate_paged(k_cache, v_cache, block_table, lens + n, None, layout)  # the grown cache must fit its table
+    kc, vc = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
+    P = kc.shape[1 if layout == "NHD" else 2]
+    table = np.asarray(block_table, dtype=np.int64)
+    for b in range(table.shape[0]):
+        for t in range(n):
+            j = lens[b] + t
+            page, slot = table[b, j // P], j % P
+            if layout == "NHD":
+                kc[page, slot], vc[page, slot] = k_new[b, t], v_new[b, t]  # (Hkv, D)
+            else:
+                kc[page, :, slot], vc[page, :, slot] = k_new[b, t], v_new[b, t]
+    return kc, vc

@@ -88,7 +88,7 @@ def test_flash_attention_signatures_are_recognised():
     assert flash_form(flash_twins.flash_attn_with_kvcache) == "kvcache"
     assert flash_form(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: None) == ""
     varlen, kvcache = resolve(VARLEN), resolve(KVCACHE)
-    assert varlen.capabilities.formats == ("packed",) and kvcache.capabilities.formats == ("paged-NHD",)
+    assert varlen.capabilities.formats == ("packed",) and kvcache.capabilities.formats == ("paged-NHD", "append")
     for b in (varlen, kvcache):
         assert {"seq_positions", "window", "softcap", "alibi", "lse", "gqa"} <= b.capabilities.features
         assert b.causal_alignments() == ("bottom_right",) and not b.capabilities.masks
@@ -114,3 +114,22 @@ def test_the_flash_twins_decline_what_flash_attention_cannot_say():
     q, k, v, fields = _problem()
     with pytest.raises(Unsupported, match="has no query lengths"):
         resolve(KVCACHE).forward(q, k, v, **fields)
+
+
+def test_an_append_writes_the_reference_update_and_attends_over_the_grown_cache():
+    q, k, v, fields = _problem(q_lengths=None, window=None)
+    for spec in ("numpy-naive", "numpy-tiled", KVCACHE):
+        out, stored, want = serving.append_paged(resolve(spec), q, k, v, 2, page_size=3, rng=7, **fields)
+        for got, ref in zip(stored, want, strict=True):
+            np.testing.assert_array_equal(got, ref)  # NaN where nothing was written: NaN still
+        _close(out, q, k, v, fields)
+
+
+def test_the_append_property_rejects_a_write_one_slot_late(tmp_path):
+    from attnspec.properties.runner import run_suite
+    result = run_suite(["tests.broken.serving_bugs:AppendOneLate", KVCACHE], json_path=str(tmp_path / "out.json"),
+                       extra_args=["-k", "append_writes_its_slots_only", "--attnspec-no-shrink"], profile="dev",
+                       cwd=str(tmp_path), pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])], timeout=300)
+    rows = {(r["backend"], r["dtype"]): r["status"] for r in result.conformance}
+    assert rows[("broken-append-one-late", "float64")] == "failed", result.output[-3000:]
+    assert {s for (b, _), s in rows.items() if b != "broken-append-one-late"} == {"passed"}, rows

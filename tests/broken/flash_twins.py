@@ -70,11 +70,28 @@ def _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip=""):
     return k_cache[pages, j % P], v_cache[pages, j % P]
 
 
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, slip=""):
+    """k, v (B, n, Hkv, D) written in place at slots cache_seqlens[b] + t (through block_table when paged)."""
+    for b in range(k.shape[0]):
+        for t in range(k.shape[1]):
+            j = int(cache_seqlens[b]) + t + (1 if slip == "append_one_late" else 0)
+            if block_table is None:
+                k_cache[b, j], v_cache[b, j] = k[b, t], v[b, t]
+            else:
+                P = k_cache.shape[1]
+                k_cache[block_table[b, j // P], j % P], v_cache[block_table[b, j // P], j % P] = k[b, t], v[b, t]
+
+
 def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_table=None, softmax_scale=None,
-            causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False, slip=""):
-    """q (B, Lq, Hq, E); k_cache (B, S, Hkv, E) or paged (num_pages, P, Hkv, E) with block_table."""
+            causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False, slip="",
+            k=None, v=None):
+    """q (B, Lq, Hq, E); k_cache (B, S, Hkv, E) or paged (num_pages, P, Hkv, E) with block_table; k, v
+    (B, n, Hkv, D): appended in place at cache_seqlens first, then attention over the grown cache."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     B = q.shape[0]
+    if k is not None:
+        _append(k_cache, v_cache, k, v, cache_seqlens, block_table, slip)
+        cache_seqlens = np.asarray(cache_seqlens) + k.shape[1]
     out = np.zeros(q.shape[:3] + v_cache.shape[-1:])  # (B, Lq, Hq, Ev)
     lse = np.full((B, q.shape[2], q.shape[1]), -np.inf)  # (B, Hq, Lq)
     for b in range(B):
@@ -97,8 +114,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             alibi_slopes=None, return_softmax_lse=False):
-    """The correct twin of flash-attention's flash_attn_with_kvcache (no append here: k, v must be None)."""
-    if k is not None or v is not None:
-        raise NotImplementedError("appending to the cache (k=, v=) is not in this twin")
+    """The correct twin of flash-attention's flash_attn_with_kvcache: k, v appended in place at cache_seqlens."""
     return kvcache(q, k_cache, v_cache, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal, window_size,
-                   softcap, alibi_slopes, return_softmax_lse)
+                   softcap, alibi_slopes, return_softmax_lse, k=k, v=v)

@@ -86,3 +86,15 @@ class AlignsByPaddedLengths(NumpyNaive):
 
     def native_attention(self, q, k, v, call):
         return super().native_attention(q, k, v, replace(call, positions="global"))
+
+
+class AppendOneLate(_Twin):
+    """Appends each new key one slot past cache_seqlens[b] (an off-by-one in the write offset; the class of
+    Dao-AILab/flash-attention#772, the wrong entry of the cache updated).  Not in the proof of teeth's
+    catalogue: its witness would need an append, which Backend.forward never makes;
+    tests/test_backends_formats.py runs the append property on it instead."""
+
+    name = "broken-append-one-late"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "append_one_late"
+    dtypes = ("float64",)
