@@ -66,11 +66,12 @@ def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.n
                            **case.call_kwargs)
 
 
-def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, return_lse=False):
-    """The backend's paged call on the case (random placement from `seed`), (B, H, Lq, Ev)."""
+def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1):
+    """The backend's paged call on the case (random placement from `seed`), (B, H, Lq, Ev); spare_columns=0:
+    the longest sequence fills its block table exactly."""
     return target._guarded("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
-                           dtype=target.dtype, page_size=page_size, layout=layout, return_lse=return_lse, fill=fill,
-                           rng=seed, **case.call_kwargs)
+                           dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
+                           spare_columns=spare_columns, **case.call_kwargs)
 
 
 def edge_cases(target: Target) -> list:
