@@ -239,14 +239,15 @@ FIELDS = (
           keeps=_keeps_kv_lengths, positional=True, per_sequence=True),
     # issue 30: positions per sequence (the anchors' varlen and KV-cache alignment) and left padding.
     # Not drawn by the default draws (drawn=False, so their byte layout and kill rates stay as they
-    # were): properties/test_packed.py and test_paged.py draw them for the backends that declare them.
+    # were): properties/test_packed.py and test_paged.py draw them for the backends that declare them,
+    # on the batches the per-sequence lengths they need are drawn on (hence per_sequence=False here).
     Field("positions", "seq_positions", "global", "value",
           "per-sequence positions (causal, window, ALiBi per sequence; left padding)", _positions,
-          positional=True, drawn=False, per_sequence=True),
+          positional=True, drawn=False),
     Field("kv_starts", "seq_positions", None, "int32",
           "per-sequence positions (causal, window, ALiBi per sequence; left padding)",
           _ints("kv_starts", "one start per batch element, before the head axis", lambda d: (), lambda d: d.Lk),
-          keeps=_keeps_kv_starts, positional=True, drawn=False, per_sequence=True),
+          keeps=_keeps_kv_starts, positional=True, drawn=False),
     Field("q_segment_ids", "segment_ids", None, "int32", "segment ids (packed sequences)",
           _ints("q_segment_ids", "(..., Lq), one id per query", lambda d: (d.Lq,)), keeps=_keeps_segments,
           axes=(("query", -1),), per_sequence=True),
