@@ -8,6 +8,8 @@ per-sequence positions and the format.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from attnspec.backends import serving
 from attnspec.properties.case import Case
+from attnspec.properties.judge import Failed
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -56,6 +59,17 @@ def problem_of(case: Case, params: dict, queries: bool = True) -> Case:
     starts = params.get("kv_starts")
     return case.replace(positions="per_sequence", kv_starts=starts if starts is not None and np.any(starts) else None,
                         **({} if queries else {"q_lengths": None}))
+
+
+@contextlib.contextmanager
+def as_called(case: Case):
+    """A failure inside names the problem as called (positions per sequence, left padding): the
+    drawn problem the report prints has them in its params."""
+    try:
+        yield
+    except Failed as f:
+        v = f.verdict
+        raise Failed(dataclasses.replace(v, message=f"{v.message}\n  as called: {case!r}")) from None
 
 
 def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.nan, tail: int = 2,

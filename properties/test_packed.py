@@ -31,7 +31,9 @@ def test_per_sequence_positions(target: Target, case: Case, params: dict):
     if "padded" not in target.caps.formats:
         import pytest
         pytest.skip(f"{target.name} takes no padded call (its format's own properties check it)")
-    agreement(target, S.problem_of(case, params))
+    case = S.problem_of(case, params)
+    with S.as_called(case):
+        agreement(target, case)
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -40,7 +42,8 @@ def test_packed_matches_reference(target: Target, case: Case, params: dict):
     NaN past cu_seqlens[-1] and past seqused_k)."""
     S.skip_without(target, "packed")
     case = S.problem_of(case, params)
-    agreement(target, case, S.packed(target, case, params["unused"], params["seed"]))
+    with S.as_called(case):
+        agreement(target, case, S.packed(target, case, params["unused"], params["seed"]))
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -54,8 +57,9 @@ def test_packed_isolation(target: Target, case: Case, params: dict):
     other.q[b], other.k[b], other.v[b] = 2 * case.q[b], -case.k[b], 1 - case.v[b]
     rows = case.judged_rows().copy()
     rows[b] = False
-    unchanged("packed_isolation", before, S.packed(target, other, params["unused"], params["seed"]),
-              rows, f"sequence {b}'s tokens changed; a row of another sequence")
+    with S.as_called(case):
+        unchanged("packed_isolation", before, S.packed(target, other, params["unused"], params["seed"]),
+                  rows, f"sequence {b}'s tokens changed; a row of another sequence")
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -66,15 +70,17 @@ def test_packed_equals_padded(target: Target, case: Case, params: dict):
         import pytest
         pytest.skip(f"{target.name} takes no padded call")
     case = S.problem_of(case, params)
-    close_outputs("packed_equals_padded", target, case, S.packed(target, case, params["unused"]),
-                  target.forward(case), case, "packed against padded")
+    with S.as_called(case):
+        close_outputs("packed_equals_padded", target, case, S.packed(target, case, params["unused"]),
+                      target.forward(case), case, "packed against padded")
 
 
 @prop(requires=S.REQUIRES, grid=S.edge_cases)
 def test_packed_edges(target: Target, case: Case, params: dict):
     """Zero-length sequences (total_q < B), max_seqlen = 1, keys at tile edges, Lq_b > Lk_b under causal."""
     S.skip_without(target, "packed")
-    out = agreement(target, case, S.packed(target, case, unused=1, seed=params["seed"]))
+    with S.as_called(case):
+        out = agreement(target, case, S.packed(target, case, unused=1, seed=params["seed"]))
     empty = ~case.judged_rows()  # rows that see nothing, padded rows included: zeros or the declared choice
     if target.backend.semantics.fully_masked == "zeros":
         unchanged("packed_edges", np.zeros_like(out), out, empty, "a row that sees no key")

@@ -37,7 +37,8 @@ def test_paged_matches_reference(target: Target, case: Case, params: dict):
     """A paged call equals the reference on the contiguous problem (positions per sequence, left padding)."""
     layout = _layout(target, params)
     case = S.problem_of(case, params, queries=False)
-    agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"]))
+    with S.as_called(case):
+        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"]))
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -47,7 +48,8 @@ def test_page_placement_bitwise(target: Target, case: Case, params: dict):
     case = S.problem_of(case, params, queries=False)
     a = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
     b = S.paged(target, case, params["page_size"], layout, params["seed"] + 1)
-    unchanged("page_placement_bitwise", a, b, case.judged_rows(), "the pages placed elsewhere in the pool")
+    with S.as_called(case):
+        unchanged("page_placement_bitwise", a, b, case.judged_rows(), "the pages placed elsewhere in the pool")
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -77,7 +79,8 @@ def test_paged_edges(target: Target, case: Case, params: dict):
     """Edge problems in a paged cache of 4-key pages, no spare table column: empty sequences, one key,
     63/64/65 keys (64: a cache exactly full, its table too), more queries than keys."""
     layout = _layout(target, {"layout": "NHD"})
-    out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))
+    with S.as_called(case):
+        out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))
     if target.backend.semantics.fully_masked == "zeros":
         unchanged("paged_edges", np.zeros_like(out), out, ~case.judged_rows(), "a row that sees no key")
 
@@ -108,7 +111,8 @@ def test_append_writes_its_slots_only(target: Target, case: Case, params: dict):
         require(verdict("append_writes_its_slots_only", same.all(), where, float((~same).sum()),
                         f"{name} after appending {n} key(s) a sequence: slot {where} (page, ...) differs from the "
                         f"reference update ({int((~same).sum())} values)", 0.0))
-    agreement(target, case, out)
+    with S.as_called(case):
+        agreement(target, case, out)
 
 
 @prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
@@ -133,4 +137,5 @@ def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict)
     second = case.replace(q=case.q[:, :, c:])
     parts = np.concatenate([S.paged(target, first, params["page_size"], layout, params["seed"]),
                             S.paged(target, second, params["page_size"], layout, params["seed"])], axis=2)
-    close_outputs("chunks_concatenate_to_prefill", target, case, parts, whole, case, f"chunks of {c} and {Lq - c}")
+    with S.as_called(case):
+        close_outputs("chunks_concatenate_to_prefill", target, case, parts, whole, case, f"chunks of {c} and {Lq - c}")
