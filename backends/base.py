@@ -119,6 +119,10 @@ class Backend:
         """A packed call (backends/serving.py): (total_q, Hq, Ev), or (out, lse (Hq, total_q))."""
         raise Unsupported(f"{self.name} takes no packed call")
 
+    def native_packed_backward(self, q, k, v, grad_out, args, call: Call):
+        """The packed call's (dq, dk, dv), each shaped like its packed input (backends/serving.py)."""
+        raise Unsupported(f"{self.name} takes no packed backward")
+
     def native_paged(self, q, k_cache, v_cache, args, call: Call):
         """A paged call (backends/serving.py): (B, Hq, Lq, Ev), or (out, lse (B, Hq, Lq))."""
         raise Unsupported(f"{self.name} takes no paged call")

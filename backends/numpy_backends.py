@@ -169,6 +169,7 @@ class NumpyNaive(Backend):
     native_packed = numpy_formats.gathered_packed  # its own gather into a padded batch
     native_paged = numpy_formats.gathered_paged
     native_paged_append = numpy_formats.appended_paged
+    native_packed_backward = numpy_formats.gathered_packed_backward
 
     def _weights(self, q, k, call):
         s = tile_scores(q, k, call, 0, k.shape[-2])  # (..., Lq, Lk)
@@ -224,6 +225,7 @@ class NumpyTiled(Backend):
     native_packed = numpy_formats.tiled_packed  # natively: a sequence's slice, the pages as key blocks
     native_paged = numpy_formats.tiled_paged
     native_paged_append = numpy_formats.appended_paged
+    native_packed_backward = numpy_formats.gathered_packed_backward
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",))
 

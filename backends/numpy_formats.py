@@ -57,6 +57,29 @@ def gathered_packed(self, q, k, v, args, call):
     return _packed_out(outs, lses, q.shape[0], q, call)
 
 
+def gathered_packed_backward(self, q, k, v, grad_out, args, call):
+    """Both numpy backends: the packed sequences gathered into a padded batch, its backward, scattered back."""
+    cu_q, cu_k, used = _packed_extents(args)
+    B, Hq, Hkv = cu_q.size - 1, q.shape[1], k.shape[1]
+    qp = np.zeros((B, Hq, args.max_seqlen_q, q.shape[2]), dtype=q.dtype)  # (B, Hq, Lq, E)
+    gp = np.zeros((B, Hq, args.max_seqlen_q, v.shape[2]), dtype=q.dtype)  # (B, Hq, Lq, Ev)
+    kp = np.zeros((B, Hkv, args.max_seqlen_k, k.shape[2]), dtype=k.dtype)  # (B, Hkv, Lk, E)
+    vp = np.zeros((B, Hkv, args.max_seqlen_k, v.shape[2]), dtype=v.dtype)  # (B, Hkv, Lk, Ev)
+    for b in range(B):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b] + used[b])
+        qp[b, :, :cu_q[b + 1] - cu_q[b]], gp[b, :, :cu_q[b + 1] - cu_q[b]] = (np.swapaxes(x[rows], 0, 1)
+                                                                              for x in (q, grad_out))
+        kp[b, :, :used[b]], vp[b, :, :used[b]] = (np.swapaxes(x[keys], 0, 1) for x in (k, v))
+    padded = replace(call, positions="per_sequence", q_lengths=np.diff(cu_q), kv_lengths=used, kv_starts=None)
+    dqp, dkp, dvp = self.native_attention_backward(qp, kp, vp, gp, padded)[:3]
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)  # tokens no sequence owns: exactly 0
+    for b in range(B):
+        dq[cu_q[b]:cu_q[b + 1]] = np.swapaxes(dqp[b, :, :cu_q[b + 1] - cu_q[b]], 0, 1)
+        dk[cu_k[b]:cu_k[b] + used[b]] = np.swapaxes(dkp[b, :, :used[b]], 0, 1)
+        dv[cu_k[b]:cu_k[b] + used[b]] = np.swapaxes(dvp[b, :, :used[b]], 0, 1)
+    return dq, dk, dv
+
+
 def gathered_paged(self, q, k_cache, v_cache, args, call):
     """numpy-naive: the pages gathered into contiguous keys, then its padded kernel."""
     from attnspec.specs.formats import gather_paged

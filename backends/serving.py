@@ -159,3 +159,46 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     stored = [np.asarray(backend.from_native(x), dtype=np.float64) for x in (kcn, vcn)]
     rounded = [np.asarray(backend.from_native(x), dtype=np.float64) for x in backend._natives(dtype, kc, vc, k_new, v_new)]
     return out, tuple(stored), Fm.appended(*rounded[:2], pg.block_table, before, *rounded[2:], layout)
+
+
+def _scatter_keys(x, cu_k, starts, ends, Lk: int) -> np.ndarray:
+    """(total_k, Hkv, D) packed key gradients -> (B, Hkv, Lk, D): sequence b's at [starts_b, ends_b), zeros elsewhere."""
+    B = len(starts)
+    out = np.zeros((B, x.shape[1], Lk, x.shape[2]), dtype=np.float64)
+    for b in range(B):
+        n = ends[b] - starts[b]
+        out[b, :, starts[b]:ends[b]] = np.swapaxes(x[cu_k[b]:cu_k[b] + n], 0, 1)
+    return out
+
+
+def backward_packed(backend, q, k, v, grad_out, dtype="float64", *, tail=0, unused=0, rng=None, **fields):
+    """((dq, dk, dv) raised to the padded shapes, the largest |gradient| on tokens no sequence owns)
+    of the backend's packed backward (``native_packed_backward(q, k, v, grad_out, args, call)`` ->
+    packed (dq, dk, dv)); grad_out (B, Hq, Lq, Ev), NaN on the packed rows past cu_seqlens_q[-1]."""
+    p, call = _prepared(backend, "packed", q, k, v, dtype, False, fields)
+    if not backend.capabilities.gradients:
+        raise Unsupported(f"{backend.name} computes no gradients")
+    pk = Fm.to_packed(p, tail=tail, unused=unused, fill=0.0, rng=rng)  # 0, not NaN: a gradient must be exactly 0 there
+    B = p.batch_shape[0]
+    ql, ks, ke = Fm._extents(p)
+    g = np.broadcast_to(np.asarray(grad_out, dtype=np.float64), p.batch_shape + (p.Lq, p.Ev))
+    rows = [np.swapaxes(g[b, :, :ql[b]], 0, 1) for b in range(B)]  # each (q_len_b, Hq, Ev)
+    g_packed = np.concatenate(rows + [np.full((pk.q.shape[0] - int(ql.sum()), p.Hq, p.Ev), np.nan)])
+    args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
+                      pk.max_seqlen_k, _ints(backend, pk.seqused_k))
+    call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
+    natives = backend._natives(dtype, pk.q, pk.k, pk.v, g_packed)
+    grads = backend._call("packed backward", backend.native_packed_backward, *natives, args, call)
+    if not isinstance(grads, (tuple, list)) or len(grads) != 3:
+        raise BackendFailure(backend.name, f"packed backward returned {type(grads).__name__}, expected (dq, dk, dv)")
+    dq, dk, dv = (np.asarray(backend._check(f"packed d{n}", x, shape, None), dtype=np.float64)
+                  for n, x, shape in zip("qkv", grads, (pk.q.shape, pk.k.shape, pk.v.shape), strict=True))
+    cu_k = np.asarray(pk.cu_seqlens_k, np.int64)
+    owned_k = np.zeros(pk.k.shape[0], dtype=bool)  # (total_k,) keys some sequence uses
+    for b in range(B):
+        owned_k[cu_k[b]:cu_k[b] + ke[b] - ks[b]] = True
+    stray = max(float(np.abs(dq[int(ql.sum()):]).max(initial=0.0)),
+                float(np.abs(dk[~owned_k]).max(initial=0.0)), float(np.abs(dv[~owned_k]).max(initial=0.0)))
+    padded = (Fm.from_packed(dq[:int(ql.sum())], pk.cu_seqlens_q, p.Lq),
+              _scatter_keys(dk, cu_k, ks, ke, p.Lk), _scatter_keys(dv, cu_k, ks, ke, p.Lk))
+    return padded, stray

@@ -115,3 +115,9 @@ def append(target: Target, case: Case, n_new: int, page_size: int, layout: str, 
     caches as the reference update leaves them) (`backends.serving.append_paged`)."""
     return target._guarded("paged append", serving.append_paged, target.backend, case.q, case.k, case.v, n_new,
                            dtype=target.dtype, page_size=page_size, layout=layout, rng=seed, **case.call_kwargs)
+
+
+def packed_backward(target: Target, case: Case, grad_out, unused: int = 0, seed: int = 0, tail: int = 2):
+    """((dq, dk, dv) padded, the largest |gradient| on tokens no sequence owns) of the packed backward."""
+    return target._guarded("packed backward", serving.backward_packed, target.backend, case.q, case.k, case.v,
+                           grad_out, dtype=target.dtype, tail=tail, unused=unused, rng=seed, **case.call_kwargs)

@@ -17,7 +17,9 @@ import numpy as np
 
 from attnspec.properties import serving_calls as S
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import agreement, close_outputs, unchanged
+from attnspec.properties.judge import agreement, close_outputs, grad_out, require, rule_of, unchanged, verdict
+from attnspec.specs import error_budget
+from attnspec.specs.invariants import Verdict
 
 if TYPE_CHECKING:
     from attnspec.properties.case import Case
@@ -84,3 +86,20 @@ def test_packed_edges(target: Target, case: Case, params: dict):
     empty = ~case.judged_rows()  # rows that see nothing, padded rows included: zeros or the declared choice
     if target.backend.semantics.fully_masked == "zeros":
         unchanged("packed_edges", np.zeros_like(out), out, empty, "a row that sees no key")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence, gradients=True)
+def test_packed_gradients_match_reference(target: Target, case: Case, params: dict):
+    """dQ, dK, dV of a packed call, each sequence's within its budget, and exactly 0 on the tokens no
+    sequence owns (past cu_seqlens[-1], past seqused_k: pytorch/pytorch#176793's NaN gradients there)."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    g = grad_out(case, target.dtype, params["seed"])  # (B, H, Lq, Ev)
+    grads, stray = S.packed_backward(target, case, g, params["unused"], params["seed"])
+    with S.as_called(case):
+        verdicts = error_budget.check_backward(grads, case.problem, None, None, g, dtype=target.budget_dtype,
+                                               rule=rule_of(target))
+        for name, v in zip(("dq", "dk", "dv"), verdicts, strict=False):
+            require(v if v else Verdict(v.name, False, v.where, v.amount, f"{name}: {v.message}", v.limit))
+        require(verdict("packed_gradients_match_reference", stray == 0.0, None, stray,
+                        f"a gradient of {stray:.6g} on a token no sequence owns; it must be exactly 0", 0.0))

@@ -125,11 +125,30 @@ def test_an_append_writes_the_reference_update_and_attends_over_the_grown_cache(
         _close(out, q, k, v, fields)
 
 
-def test_the_append_property_rejects_a_write_one_slot_late(tmp_path):
+def test_packed_gradients_match_the_reference_and_vanish_on_tokens_no_sequence_owns():
+    q, k, v, fields = _problem()
+    g = np.random.default_rng(1).standard_normal((3, 4, 5, 6))  # (B, Hq, Lq, Ev)
+    want = reference.backward(q, k, v, g, **fields)
+    for backend in (NumpyNaive(), NumpyTiled(block=2)):
+        grads, stray = serving.backward_packed(backend, q, k, v, g, tail=2, unused=2, rng=3, **fields)
+        assert stray == 0.0
+        for got, ref in zip(grads, want, strict=True):
+            np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+    _, stray = serving.backward_packed(resolve("tests.broken.serving_bugs:PackedGradientPastCuSeqlens"), q, k, v, g,
+                                       tail=2, **fields)
+    assert stray == 1.0
+
+
+def test_the_append_and_packed_gradient_properties_reject_their_planted_bugs(tmp_path):
     from attnspec.properties.runner import run_suite
-    result = run_suite(["tests.broken.serving_bugs:AppendOneLate", KVCACHE], json_path=str(tmp_path / "out.json"),
-                       extra_args=["-k", "append_writes_its_slots_only", "--attnspec-no-shrink"], profile="dev",
-                       cwd=str(tmp_path), pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])], timeout=300)
-    rows = {(r["backend"], r["dtype"]): r["status"] for r in result.conformance}
-    assert rows[("broken-append-one-late", "float64")] == "failed", result.output[-3000:]
-    assert {s for (b, _), s in rows.items() if b != "broken-append-one-late"} == {"passed"}, rows
+    planted = {"broken-append-one-late": "tests.broken.serving_bugs:AppendOneLate",
+               "broken-packed-gradient-past-cu-seqlens": "tests.broken.serving_bugs:PackedGradientPastCuSeqlens"}
+    result = run_suite([*planted.values(), KVCACHE, "numpy-naive"], json_path=str(tmp_path / "out.json"),
+                       extra_args=["-k", "append_writes_its_slots_only or packed_gradients_match_reference",
+                                   "--attnspec-no-shrink"], profile="dev", cwd=str(tmp_path),
+                       pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])], timeout=300)
+    rows = {(r["backend"], r["property"], r["dtype"]): r["status"] for r in result.conformance}
+    assert rows[("broken-append-one-late", "append_writes_its_slots_only", "float64")] == "failed", result.output[-3000:]
+    assert rows[("broken-packed-gradient-past-cu-seqlens", "packed_gradients_match_reference", "float64")] == "failed"
+    others = {s for (b, _, _), s in rows.items() if b not in planted}
+    assert others == {"passed", "skipped"} or others == {"passed"}, rows  # the kvcache twin: no packed backward

@@ -98,3 +98,23 @@ class AppendOneLate(_Twin):
     form_fn = staticmethod(flash_twins.kvcache)
     slip = "append_one_late"
     dtypes = ("float64",)
+
+
+class PackedGradientPastCuSeqlens(NumpyNaive):
+    """A packed backward that leaves stale values (here: ones) in dK/dV of the tokens no sequence owns -
+    past cu_seqlens_k[-1] and past seqused_k - instead of zeros (pytorch/pytorch#176793: NaN gradients
+    when the tensors are longer than cu_seqlens[-1]).  Run by tests/test_backends_formats.py."""
+
+    name = "broken-packed-gradient-past-cu-seqlens"
+    capabilities = replace(NumpyNaive.capabilities, dtypes=("float64",))
+
+    def native_packed_backward(self, q, k, v, grad_out, args, call):
+        import numpy as np
+        dq, dk, dv = super().native_packed_backward(q, k, v, grad_out, args, call)
+        stale = np.ones(k.shape[0], dtype=bool)  # (total_k,)
+        cu, used = np.asarray(args.cu_seqlens_k), (np.diff(args.cu_seqlens_k) if args.seqused_k is None
+                                                   else np.asarray(args.seqused_k))
+        for b in range(len(cu) - 1):
+            stale[cu[b]:cu[b] + used[b]] = False
+        dk[stale], dv[stale] = 1.0, 1.0
+        return dq, dk, dv
