@@ -180,7 +180,7 @@ def backward_packed(backend, q, k, v, grad_out, dtype="float64", *, tail=0, unus
         raise Unsupported(f"{backend.name} computes no gradients")
     pk = Fm.to_packed(p, tail=tail, unused=unused, fill=0.0, rng=rng)  # 0, not NaN: a gradient must be exactly 0 there
     B = p.batch_shape[0]
-    ql, ks, ke = Fm._extents(p)
+    ql, ks, ke = Fm.extents(p)
     g = np.broadcast_to(np.asarray(grad_out, dtype=np.float64), p.batch_shape + (p.Lq, p.Ev))
     rows = [np.swapaxes(g[b, :, :ql[b]], 0, 1) for b in range(B)]  # each (q_len_b, Hq, Ev)
     g_packed = np.concatenate(rows + [np.full((pk.q.shape[0] - int(ql.sum()), p.Hq, p.Ev), np.nan)])

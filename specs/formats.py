@@ -132,7 +132,7 @@ def validate_paged(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad=N
 
 # ---- lowering a padded problem ------------------------------------------------------------------
 
-def _extents(p):
+def extents(p):
     """(q_len, kv_start, kv_end) per sequence of a rank-4 problem (B, H, L, E), each (B,) int64."""
     B = p.batch_shape[0]
 
@@ -150,7 +150,7 @@ def unpackable(p) -> str:
         if getattr(p, name) is not None:
             return f"a {name.replace('q_', '')} has no packed or paged form"
     if p.positions != "per_sequence" and (p.is_causal or p.window is not None or p.alibi_slopes is not None):
-        ql, ks, ke = _extents(p)
+        ql, ks, ke = extents(p)
         from attnspec.specs.masks import offset, sequence_offsets
         if (sequence_offsets(p.Lq, p.Lk, p.causal_alignment, ql, ke, ks) != offset(p.Lq, p.Lk, p.causal_alignment)).any():
             return "global positions differ from the sequences' own (packed and paged calls count per sequence)"
@@ -171,7 +171,7 @@ def to_packed(p, *, tail: int = 0, unused: int = 0, fill=np.nan, rng=None) -> Pa
     if why:
         raise ValueError(f"this problem has no packed form: {why}")
     B = p.batch_shape[0]
-    ql, ks, ke = _extents(p)
+    ql, ks, ke = extents(p)
     q, k, v = _heads_first(p.query, B), _heads_first(p.key, B), _heads_first(p.value, B)
     extra = (np.zeros(B, dtype=np.int64) if not unused else
              np.random.default_rng(rng).integers(0, unused + 1, size=B))  # (B,) unused keys of each span
@@ -224,7 +224,7 @@ def to_paged(p, page_size: int, layout: str = "NHD", *, pool: float = 2.5, spare
         raise ValueError(f"layout must be one of {PAGED_LAYOUTS}; got {layout!r}")
     gen = np.random.default_rng(rng)
     B = p.batch_shape[0]
-    _, ks, ke = _extents(p)
+    _, ks, ke = extents(p)
     k, v = _heads_first(p.key, B), _heads_first(p.value, B)  # (B, Hkv, Lk, D)
     need = -(-ke // page_size)  # (B,) pages each sequence reads
     pages = max(1, int(np.ceil(pool * max(int(need.sum()), 1))))
