@@ -115,6 +115,23 @@ class Backend:
         """(dq, dk, dv), plus dbias when capabilities.bias_gradient and call.bias is given."""
         return self.native_backward(q, k, v, grad_out, call.mask, call.is_causal, call.scale)
 
+    def native_packed(self, q, k, v, args, call: Call):
+        """A packed call (backends/serving.py): (total_q, Hq, Ev), or (out, lse (Hq, total_q))."""
+        raise Unsupported(f"{self.name} takes no packed call")
+
+    def native_packed_backward(self, q, k, v, grad_out, args, call: Call):
+        """The packed call's (dq, dk, dv), each shaped like its packed input (backends/serving.py)."""
+        raise Unsupported(f"{self.name} takes no packed backward")
+
+    def native_paged(self, q, k_cache, v_cache, args, call: Call):
+        """A paged call (backends/serving.py): (B, Hq, Lq, Ev), or (out, lse (B, Hq, Lq))."""
+        raise Unsupported(f"{self.name} takes no paged call")
+
+    def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call: Call):
+        """Write k_new, v_new (B, n, Hkv, D) into the caches in place at args.cache_seqlens, then the paged
+        call over the grown cache (backends/serving.py): (B, Hq, Lq, Ev)."""
+        raise Unsupported(f"{self.name} takes no append")
+
     def sync(self, y) -> None:
         """Wait until y is computed (CUDA synchronize, JAX block_until_ready)."""
 
@@ -178,7 +195,8 @@ class Backend:
         missing = sorted(needed - caps.features, key=FEATURES.index)
         if missing:
             raise Unsupported(f"{self.name} does not support {', '.join(FEATURE_TEXT[m] for m in missing)} natively")
-        if (problem is not None and problem.Lq != problem.Lk and on_diagonal(problem)
+        if (problem is not None and (problem.Lq != problem.Lk or problem.positions == "per_sequence")
+                and on_diagonal(problem)
                 and problem.causal_alignment not in self.causal_alignments()):
             raise Unsupported(f"{self.name} aligns its causal mask {self.causal_alignments()[0]} only "
                               f"(asked: {problem.causal_alignment}, Lq={problem.Lq} != Lk={problem.Lk})")
@@ -250,6 +268,9 @@ class Backend:
         Inputs: float64 NumPy; ``fields``: the optional problem fields of `specs.problem.validate`;
         ``layout``: the memory layout q, k, v reach the native call in (LAYOUTS).
         """
+        if "padded" not in self.capabilities.formats:  # a varlen or paged kernel: through its format
+            from attnspec.backends.serving import forward_via_format
+            return forward_via_format(self, q, k, v, mask, is_causal, scale, dtype, return_lse, fields)
         p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
         self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
         self._check_shapes(p)
@@ -270,6 +291,8 @@ class Backend:
     def forward_as_returned(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
         """(output as NumPy, the dtype name it came back in): `forward` without the output-dtype check,
         for the semantics profile's question of which dtype a backend returns."""
+        if "padded" not in self.capabilities.formats:  # through its format: the dtype as checked there
+            return self.forward(q, k, v, mask, is_causal, scale, dtype, **fields), self.output_dtype(dtype)
         p = validate(q, k, v, mask, is_causal, scale, **fields)
         self.check_supported(dtype, "forward", problem=p)
         self._check_shapes(p)
@@ -333,7 +356,7 @@ class Backend:
                            "op_dtypes": {op: list(d) for op, d in c.op_dtypes}},
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
-                "layouts": list(c.layouts),
+                "layouts": list(c.layouts), "formats": list(c.formats),
                 "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
                 "padded_rows": s.padded_rows, "output_dtypes": [list(x) for x in s.output_dtypes],
                 "effective_precision": s.effective_precision, "notes": list(s.notes),

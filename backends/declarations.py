@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, make_dataclass
 import numpy as np
 
 from attnspec.specs.fields import FEATURES, FIELDS
+from attnspec.specs.formats import FORMATS
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 # Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.
@@ -50,6 +51,9 @@ class Capabilities:
     max_length: int = 0            # Lq, Lk at most this; 0: no maximum
     causal_equal_lengths: bool = False  # causal only with Lq == Lk (no alignment question asked)
     op_dtypes: tuple = ()          # (op, dtypes) pairs narrowing `dtypes` for an op (OPS), e.g. a backward in fp16 only
+    # the call formats it takes (specs.formats.FORMATS; backends/serving.py): the first is how a backend
+    # without "padded" is called for a padded problem
+    formats: tuple = ("padded",)
 
     def __post_init__(self):
         unknown = sorted(set(self.features) - set(FEATURES))
@@ -67,6 +71,9 @@ class Capabilities:
             if op not in OPS or isinstance(dtypes, str):
                 raise ValueError(f"Capabilities.op_dtypes: pairs of an op ({', '.join(OPS)}) and a tuple of dtypes; "
                                  f"got {(op, dtypes)!r}")
+        if isinstance(self.formats, str) or not self.formats or set(self.formats) - set(FORMATS):
+            raise ValueError(f"Capabilities.formats: a non-empty tuple of {', '.join(FORMATS)}; got {self.formats!r}")
+        object.__setattr__(self, "formats", tuple(self.formats))
         if not any(self.takes_head_dim(E) for E in range(1, 1025)):
             raise ValueError("Capabilities: the declared head-dim limits leave no head dim up to 1024")
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnspec.backends import numpy_formats
 from attnspec.backends.base import LAYOUTS, Backend, Capabilities, Semantics
 from attnspec.specs.fields import EVERY_FEATURE
+from attnspec.specs.masks import sequence_offsets
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
-_ALL_FEATURES = EVERY_FEATURE  # the whole definition (specs.fields)
+_ALL_FEATURES = EVERY_FEATURE | {"seq_positions"}  # the whole definition (specs.fields), per-sequence positions too
+_FORMATS = ("padded", "packed", "paged-NHD", "paged-HND", "append")  # specs.formats.FORMATS: backends/numpy_formats.py
 _ROW_BLOCK = 128  # rows per index-masking step: bounds the bool temporary to 128*Lk
 
 
@@ -23,7 +26,11 @@ def _scale(q, scale):
     return q.dtype.type(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
 
 
-def _offset(call, Lq, Lk) -> int:
+def _offset(call, Lq, Lk):
+    """Query 0's diagonal: Lk - Lq bottom-right, else 0; per sequence (B..., 1, 1, 1) with per-sequence positions."""
+    if call.positions == "per_sequence":
+        o = sequence_offsets(Lq, Lk, call.causal_alignment, call.q_lengths, call.kv_lengths, call.kv_starts)
+        return np.asarray(o)[..., None, None, None]
     return Lk - Lq if call.causal_alignment == "bottom_right" else 0
 
 
@@ -41,11 +48,12 @@ def _hide_by_index(s, call, Lq, Lk, col0):
     o = _offset(call, Lq, Lk)
     cols = np.arange(col0, col0 + s.shape[-1])  # (b,)
     for r in range(0, Lq, _ROW_BLOCK):
-        diag = np.arange(r, min(r + _ROW_BLOCK, Lq))[:, None] + o  # (rb, 1) the key on query i's diagonal
+        rows = np.arange(r, min(r + _ROW_BLOCK, Lq))[:, None]  # (rb, 1)
+        diag = rows + o  # (rb, 1) or (B..., 1, rb, 1) per sequence: the key on query i's diagonal
         if right is not None:  # small bool blocks only: (rb, b)
-            np.copyto(s[..., r:r + len(diag), :], -np.inf, where=cols[None, :] > diag + right)
+            np.copyto(s[..., r:r + len(rows), :], -np.inf, where=cols[None, :] > diag + right)
         if left is not None:
-            np.copyto(s[..., r:r + len(diag), :], -np.inf, where=cols[None, :] < diag - left)
+            np.copyto(s[..., r:r + len(rows), :], -np.inf, where=cols[None, :] < diag - left)
 
 
 def _grow(s, shape):
@@ -81,8 +89,9 @@ def tile_scores(q, k, call, col0, Lk):
         np.copyto(s, -np.inf, where=np.isneginf(bias))
     if call.alibi_slopes is not None:
         dist = np.abs(np.arange(Lq)[:, None] + _offset(call, Lq, Lk) - np.arange(col0, j1)[None, :])  # (Lq, b)
-        s = _grow(s, (len(call.alibi_slopes), Lq, b))
-        s -= (np.asarray(call.alibi_slopes, np.float64)[:, None, None] * dist).astype(s.dtype)  # (Hq, Lq, b)
+        term = np.asarray(call.alibi_slopes, np.float64)[:, None, None] * dist  # (Hq, Lq, b) or (B..., Hq, Lq, b)
+        s = _grow(s, term.shape)
+        s -= term.astype(s.dtype)
     mask = _cols(call.mask, col0, j1)
     if mask is not None:
         s = _grow(s, mask.shape)
@@ -90,6 +99,8 @@ def tile_scores(q, k, call, col0, Lk):
     _hide_by_index(s, call, Lq, Lk, col0)
     if call.kv_lengths is not None:
         np.copyto(s, -np.inf, where=np.arange(col0, j1) >= np.asarray(call.kv_lengths)[..., None, None, None])
+    if call.kv_starts is not None:  # left padding: hidden (and zeroed by _unpadded: never read)
+        np.copyto(s, -np.inf, where=np.arange(col0, j1) < np.asarray(call.kv_starts)[..., None, None, None])
     if call.q_lengths is not None:
         np.copyto(s, -np.inf, where=np.arange(Lq)[:, None] >= np.asarray(call.q_lengths)[..., None, None, None])
     if call.q_segment_ids is not None:
@@ -108,10 +119,15 @@ def _batch(q, k, v, call) -> tuple:
 
 
 def _unpadded(x, call):
-    """Keys past kv_lengths zeroed: padding is never read (it may hold NaN or garbage)."""
-    if call.kv_lengths is None:
+    """Keys past kv_lengths and before kv_starts zeroed: padding is never read (it may hold NaN or garbage)."""
+    if call.kv_lengths is None and call.kv_starts is None:
         return x
-    padded = np.arange(x.shape[-2]) >= np.asarray(call.kv_lengths)[..., None, None]  # (..., 1, Lk)
+    j = np.arange(x.shape[-2])
+    padded = np.zeros(x.shape[-2], dtype=bool)
+    if call.kv_lengths is not None:
+        padded = padded | (j >= np.asarray(call.kv_lengths)[..., None, None])  # (..., 1, Lk)
+    if call.kv_starts is not None:
+        padded = padded | (j < np.asarray(call.kv_starts)[..., None, None])
     return np.where(padded[..., None], x.dtype.type(0), x)  # (..., Hkv, Lk, D)
 
 
@@ -148,8 +164,12 @@ class NumpyNaive(Backend):
 
     name = "numpy-naive"
     capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
-                                bias_gradient=True, layouts=LAYOUTS)
+                                bias_gradient=True, layouts=LAYOUTS, formats=_FORMATS)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
+    native_packed = numpy_formats.gathered_packed  # its own gather into a padded batch
+    native_paged = numpy_formats.gathered_paged
+    native_paged_append = numpy_formats.appended_paged
+    native_packed_backward = numpy_formats.gathered_packed_backward
 
     def _weights(self, q, k, call):
         s = tile_scores(q, k, call, 0, k.shape[-2])  # (..., Lq, Lk)
@@ -201,7 +221,11 @@ class NumpyTiled(Backend):
 
     name = "numpy-tiled"
     capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
-                                bias_gradient=True, layouts=LAYOUTS)
+                                bias_gradient=True, layouts=LAYOUTS, formats=_FORMATS)
+    native_packed = numpy_formats.tiled_packed  # natively: a sequence's slice, the pages as key blocks
+    native_paged = numpy_formats.tiled_paged
+    native_paged_append = numpy_formats.appended_paged
+    native_packed_backward = numpy_formats.gathered_packed_backward
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",))
 
@@ -215,17 +239,21 @@ class NumpyTiled(Backend):
         end = Lk
         if call.is_causal or (call.window is not None and call.window[1] is not None):
             right = 0 if call.is_causal else call.window[1]
-            end = max(0, min(Lk, Lq - 1 + _offset(call, Lq, Lk) + right + 1))
+            end = max(0, min(Lk, Lq - 1 + int(np.max(_offset(call, Lq, Lk), initial=-Lq)) + right + 1))
         return [(j0, min(j0 + self.block, end)) for j0 in range(0, end, self.block)]
 
-    def _forward(self, q, k, v, call):
+    def _forward(self, q, k, v, call, tiles=None):
+        """tiles: (j0, key block, value block) in order; default k and v cut into self.block keys
+        (a paged call's tiles are its pages: backends/numpy_formats.py)."""
         Lq, Lk = q.shape[-2], k.shape[-2]
         batch = _batch(q, k, v, call)
+        if tiles is None:
+            tiles = ((j0, k[..., j0:j1, :], v[..., j0:j1, :]) for j0, j1 in self._blocks(Lq, Lk, call))
         m = np.full(batch + (Lq, 1), -np.inf, dtype=q.dtype)  # (..., Lq, 1) running max
         row_sum = np.zeros(batch + (Lq, 1), dtype=q.dtype)  # (..., Lq, 1) running sum
         acc = np.zeros(batch + (Lq, v.shape[-1]), dtype=q.dtype)  # (..., Lq, Ev)
-        for j0, j1 in self._blocks(Lq, Lk, call):
-            s = tile_scores(q, k[..., j0:j1, :], call, j0, Lk)  # (..., Lq, b)
+        for j0, kb, vb in tiles:
+            s = tile_scores(q, kb, call, j0, Lk)  # (..., Lq, b)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., Lq, 1)
             shift = np.where(np.isfinite(m_new), m_new, 0)  # rows with nothing visible yet
             alpha = np.exp(m - shift)  # (..., Lq, 1) rescales what was summed so far
@@ -233,7 +261,7 @@ class NumpyTiled(Backend):
             np.exp(s, out=s)  # p, in place
             row_sum = row_sum * alpha + s.sum(axis=-1, keepdims=True)
             acc *= alpha
-            acc += s @ (_expand(v[..., j0:j1, :], s.shape[-3]) if call.enable_gqa else v[..., j0:j1, :])
+            acc += s @ (_expand(vb, s.shape[-3]) if call.enable_gqa else vb)
             m = m_new
             del s  # free this tile before the next one is computed: one tile alive at a time
         shift = np.where(np.isfinite(m), m, 0)  # (..., Lq, 1) fully masked rows: m = -inf

@@ -212,6 +212,9 @@ def check_plain_call(fn, name: str) -> str | None:
     params = _parameters(fn)
     if params is None:
         return None
+    from attnspec.backends.flash_functions import flash_form
+    if flash_form(fn):  # flash-attention's varlen or kvcache signature: called that way
+        return None
     try:
         inspect.signature(fn).bind(None, None, None, attn_mask=None, is_causal=False, scale=None)
     except TypeError as e:
@@ -235,6 +238,9 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
 def function_backend(fn, name: str) -> Backend:
     """The backend of a plain function: over NumPy arrays, or its framework's tensors as it declares."""
     decl = getattr(fn, "__attnspec__", None) or Declaration()
+    from attnspec.backends.flash_functions import FlashFunctionBackend, flash_form
+    if decl.framework == "numpy" and flash_form(fn):  # flash_attn_varlen_func / flash_attn_with_kvcache
+        return FlashFunctionBackend(fn, name)
     if decl.framework == "numpy":
         return FunctionBackend(fn, name)
     from attnspec.backends import native_functions

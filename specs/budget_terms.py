@@ -52,7 +52,7 @@ def score_terms(p: Problem, raw=None, tanh_share: float = 0.0) -> np.ndarray:
         b = np.abs(_f64(p.bias))
         terms = terms + np.where(np.isinf(b), 0.0, b)
     if p.alibi_slopes is not None:
-        terms = terms + np.abs(alibi_bias(p.alibi_slopes, p.Lq, p.Lk, p.causal_alignment))
+        terms = terms + np.abs(alibi_bias(p.alibi_slopes, p.Lq, p.Lk, p.causal_alignment, p.offsets))
     return np.where(vis, terms, 0.0)
 
 

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from attnspec.specs.masks import CAUSAL_ALIGNMENTS, normalize_window, offset, window_mask
+from attnspec.specs.masks import CAUSAL_ALIGNMENTS, POSITIONS, normalize_window, offset, sequence_offsets, window_mask
 
 
 class Dims(NamedTuple):
@@ -126,6 +126,15 @@ def _alignment(value, d: Dims):
     return value
 
 
+def _positions(value, d: Dims):
+    if value not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}; got {value!r}")
+    if value == "per_sequence" and not d.batch_shape:
+        raise ValueError(f"positions='per_sequence' needs inputs with a head axis, shaped (..., H, L, E); "
+                         f"got query {d.query_shape}")
+    return value
+
+
 def _window(value, d: Dims):
     return normalize_window(value)
 
@@ -175,8 +184,22 @@ def _keeps_bias(bias, p):
     return ~np.isneginf(np.asarray(bias, dtype=np.float64))  # -inf hides
 
 
+def offsets_of(p):
+    """Per-sequence diagonal offsets (lead...,) when positions are per sequence, else None (the global
+    `offset`): what the causal triangle, the window and ALiBi are measured from (`masks.sequence_offsets`)."""
+    if p.fields["positions"] != "per_sequence":
+        return None
+    o = sequence_offsets(p.Lq, p.Lk, p.causal_alignment, p.fields["q_lengths"], p.fields["kv_lengths"],
+                         p.fields["kv_starts"])
+    return np.broadcast_to(o, p.batch_shape[:-1])  # (lead...,)
+
+
 def _keeps_window(window, p):
-    return window_mask(p.Lq, p.Lk, window, p.causal_alignment)  # (Lq, Lk)
+    return window_mask(p.Lq, p.Lk, window, p.causal_alignment, offsets_of(p))  # (Lq, Lk) or (lead..., 1, Lq, Lk)
+
+
+def _keeps_kv_starts(kv_starts, p):
+    return np.arange(p.Lk)[None, :] >= _per_sequence(kv_starts)  # (lead..., 1, 1, Lk): left padding hidden
 
 
 def _keeps_q_lengths(q_lengths, p):
@@ -194,7 +217,8 @@ def _keeps_segments(q_ids, p):
 
 
 def _uses_bottom_right(alignment, p) -> bool:
-    return alignment == "bottom_right" and p.Lq != p.Lk and on_diagonal(p)
+    per_sequence = p.fields["positions"] == "per_sequence"  # sequences' own lengths differ: it matters
+    return alignment == "bottom_right" and (p.Lq != p.Lk or per_sequence) and on_diagonal(p)
 
 
 _PAIR = (("query", -2), ("key", -1))  # (..., Lq, Lk)
@@ -213,6 +237,17 @@ FIELDS = (
     Field("kv_lengths", "seq_lengths", None, "int32", "per-sequence lengths (padding)",
           _ints("kv_lengths", "one length per batch element, before the head axis", lambda d: (), lambda d: d.Lk),
           keeps=_keeps_kv_lengths, positional=True, per_sequence=True),
+    # issue 30: positions per sequence (the anchors' varlen and KV-cache alignment) and left padding.
+    # Not drawn by the default draws (drawn=False, so their byte layout and kill rates stay as they
+    # were): properties/test_packed.py and test_paged.py draw them for the backends that declare them,
+    # on the batches the per-sequence lengths they need are drawn on (hence per_sequence=False here).
+    Field("positions", "seq_positions", "global", "value",
+          "per-sequence positions (causal, window, ALiBi per sequence; left padding)", _positions,
+          positional=True, drawn=False),
+    Field("kv_starts", "seq_positions", None, "int32",
+          "per-sequence positions (causal, window, ALiBi per sequence; left padding)",
+          _ints("kv_starts", "one start per batch element, before the head axis", lambda d: (), lambda d: d.Lk),
+          keeps=_keeps_kv_starts, positional=True, drawn=False),
     Field("q_segment_ids", "segment_ids", None, "int32", "segment ids (packed sequences)",
           _ints("q_segment_ids", "(..., Lq), one id per query", lambda d: (d.Lq,)), keeps=_keeps_segments,
           axes=(("query", -1),), per_sequence=True),
@@ -232,7 +267,10 @@ PAIRS = (("q_segment_ids", "kv_segment_ids"),)
 FEATURES = tuple(dict.fromkeys(f.feature for f in FIELDS)) + ("lse",)
 FEATURE_TEXT = {**{f.feature: f.text for f in reversed(FIELDS)}, "lse": "returning the log-sum-exp"}
 FIELDS_OF = {feature: tuple(f.name for f in FIELDS if f.feature == feature) for feature in FEATURES}
-EVERY_FEATURE = frozenset(FEATURES)  # what an adapter implementing the whole definition declares
+# What an adapter implementing the whole definition declares - but per-sequence positions (issue 30),
+# which each adapter declares on its own once it implements them (numpy-naive, numpy-tiled do)
+SERVING_FEATURES = frozenset({"seq_positions"})
+EVERY_FEATURE = frozenset(FEATURES) - SERVING_FEATURES
 
 
 def _features(test) -> tuple:
@@ -256,6 +294,15 @@ def check_pairs(values: dict) -> None:
     for a, b in PAIRS:
         if (values[a] is None) != (values[b] is None):
             raise ValueError(f"{a} and {b} go together; got only {a if values[b] is None else b}")
+    starts = values["kv_starts"]
+    if starts is not None:
+        if values["positions"] != "per_sequence":
+            raise ValueError("kv_starts counts key positions from each sequence's start: it needs "
+                             f"positions='per_sequence'; got positions={values['positions']!r}")
+        ends = values["kv_lengths"]
+        if ends is not None and (np.asarray(starts) > np.asarray(ends)).any():
+            raise ValueError(f"kv_starts must not exceed kv_lengths (a sequence's keys are [kv_starts, kv_lengths)); "
+                             f"got kv_starts={np.asarray(starts).tolist()}, kv_lengths={np.asarray(ends).tolist()}")
 
 
 def is_off(name: str, value) -> bool:
@@ -280,5 +327,5 @@ def along(fields: dict, side: str, take) -> dict:
 
 
 __all__ = ["CAUSAL_ALIGNMENTS", "DIAGONAL", "DRAWN", "Dims", "EVERY_FEATURE", "FEATURES", "FEATURE_TEXT", "FIELDS",
-           "FIELDS_OF", "Field", "IN_SHAPE", "NAMES", "OFF", "PER_SEQUENCE", "POSITIONAL", "BY_NAME", "along",
-           "check_pairs", "is_off", "offset", "on_diagonal"]
+           "FIELDS_OF", "Field", "IN_SHAPE", "NAMES", "OFF", "PER_SEQUENCE", "POSITIONAL", "BY_NAME", "SERVING_FEATURES",
+           "along", "check_pairs", "is_off", "offset", "offsets_of", "on_diagonal"]

@@ -170,10 +170,13 @@ def convex_combination(output, value, visible=None, atol=0.0) -> Verdict:
     return _verdict("convex_combination", dev, judged, atol, "outside the visible V range by")
 
 
-def zero_future_mass(weights, alignment: str = "top_left") -> Verdict:
-    """Weights on keys the causal mask hides are exactly zero (not merely small)."""
+def zero_future_mass(weights, alignment: str = "top_left", offsets=None) -> Verdict:
+    """Weights on keys the causal mask hides are exactly zero (not merely small).
+
+    ``offsets``: per-sequence diagonal offsets (lead...,) (`specs.masks.sequence_offsets`, a problem's
+    ``offsets``) when positions are per sequence: each sequence's future is measured from its own."""
     w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
-    seen = causal_mask(w.shape[-2], w.shape[-1], alignment)  # (Lq, Lk)
+    seen = causal_mask(w.shape[-2], w.shape[-1], alignment, offsets)  # (Lq, Lk) or (lead..., 1, Lq, Lk)
     judged = np.broadcast_to(~seen & seen.any(axis=-1, keepdims=True), w.shape)  # (..., Lq, Lk)
     return _verdict(f"zero_future_mass[{alignment}]", np.abs(w), judged, 0.0, "weight on a future key")
 

@@ -75,6 +75,11 @@ class Problem:
         return F.offset(self.Lq, self.Lk, self.causal_alignment)
 
     @property
+    def offsets(self):
+        """Per-sequence diagonal offsets (lead...,) with positions='per_sequence', else None (`offset`)."""
+        return F.offsets_of(self)
+
+    @property
     def Hq(self) -> int:
         return self.batch_shape[-1] if self.batch_shape else 1
 
@@ -190,7 +195,7 @@ def visible(problem: Problem) -> np.ndarray:
     if p.mask is not None:
         vis = vis & np.asarray(p.mask, dtype=bool)
     if p.is_causal:
-        vis = vis & causal_mask(p.Lq, p.Lk, p.causal_alignment)
+        vis = vis & causal_mask(p.Lq, p.Lk, p.causal_alignment, F.offsets_of(p))
     for f in F.FIELDS:
         value = p.fields[f.name]
         if f.keeps is not None and not f.is_off(value):

@@ -120,7 +120,7 @@ def scores_of(p: Problem, A=EXACT, q=None, k=None) -> tuple:
         with np.errstate(invalid="ignore"):
             s = A.r(A.a(s) + np.where(np.isneginf(b), 0.0, b))  # -inf entries are hidden by `visible`
     if p.alibi_slopes is not None:
-        s = A.r(A.a(s) + A.a(A.r(alibi_bias(p.alibi_slopes, p.Lq, p.Lk, p.causal_alignment))))
+        s = A.r(A.a(s) + A.a(A.r(alibi_bias(p.alibi_slopes, p.Lq, p.Lk, p.causal_alignment, p.offsets))))
     return raw, s
 
 

@@ -48,6 +48,9 @@ def _fields(feature: str, rng, alignment: str = "top_left") -> dict:
         return {"window": (2, 1), "causal_alignment": alignment}
     if feature == "seq_lengths":
         return {"q_lengths": np.array([LQ, 3]), "kv_lengths": np.array([LK, 4])}  # batch 1: rows 3, 4 padded
+    if feature == "seq_positions":  # a chunk after cached keys, a left-padded cache: per-sequence diagonals
+        return {"positions": "per_sequence", "q_lengths": np.array([3, LQ]), "kv_lengths": np.array([LK, 6]),
+                "kv_starts": np.array([0, 1]), "is_causal": True, "causal_alignment": "bottom_right"}
     if feature == "segment_ids":
         return {"q_segment_ids": np.array([[0, 0, 1, 1, 1], [0, 1, 1, 2, 2]]),
                 "kv_segment_ids": np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 2, 2]])}

@@ -44,7 +44,7 @@ def test_permuting_moves_every_field_with_an_axis_on_that_side(side):
 def test_the_rows_say_what_the_derived_sets_hold():
     assert F.POSITIONAL == {f.feature for f in F.FIELDS if f.positional}
     assert F.DIAGONAL <= F.POSITIONAL
-    assert F.EVERY_FEATURE == set(F.FEATURES)
+    assert F.EVERY_FEATURE | F.SERVING_FEATURES == set(F.FEATURES) and not F.EVERY_FEATURE & F.SERVING_FEATURES
     assert variants.OPTIONAL == F.DRAWN and "causal_bottom_right" not in F.DRAWN  # drawn with the diagonal
     assert variants.PER_SEQUENCE == {f.feature for f in F.FIELDS if f.per_sequence}
     for f in F.FIELDS:

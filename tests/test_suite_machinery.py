@@ -148,7 +148,17 @@ def test_without_grouped_heads_is_the_same_problem(data):
         assert np.array_equal(getattr(grouped, name), getattr(repeated, name)), name
 
 
-@pytest.mark.parametrize("feature", [f for f in F.FEATURES if f not in ("gqa", "lse")])
+def test_without_per_sequence_positions_turns_off_its_fields_only():
+    """seq_positions is not drawn by draw_case (its families add it): without() on a case that has it."""
+    from attnspec.properties.case import Case
+    z = np.zeros((2, 1, 3, 2))
+    case = Case(z, z, z, None, True, None, {"positions": "per_sequence", "kv_starts": np.array([1, 0]),
+                                            "kv_lengths": np.array([3, 2]), "causal_alignment": "bottom_right"})
+    off = case.without("seq_positions")
+    assert "seq_positions" not in off.features and set(off.fields) == {"kv_lengths", "causal_alignment"}
+
+
+@pytest.mark.parametrize("feature", [f for f in F.FEATURES if f not in ("gqa", "lse") and f not in F.SERVING_FEATURES])
 def test_without_a_feature_turns_off_its_fields_only(feature):
     """without(feature): that feature's fields at their off value (removed), every other field untouched."""
     seen = []

@@ -44,6 +44,8 @@ PLANTED = {
     "sequences": ("tests.plugins.deviating:LeaksPaddingNaN", "leaks-padding-nan", "float64"),
     "softcap": ("tests.broken.variant_bugs:SoftcapAfterMask", "broken-softcap-after-mask", "float64"),
     "alibi": ("tests.broken.variant_bugs:AlibiPow2Slopes", "broken-alibi-pow2-slopes", "float64"),
+    "packed": ("tests.broken.serving_bugs:PaddedSeqlenK", "broken-padded-seqlen-k", "float32"),
+    "paged": ("tests.broken.serving_bugs:IgnoresCacheLeftpad", "broken-ignores-cache-leftpad", "float32"),
     "semantics": ("tests.broken.kernel_bugs:NaNForFullyMaskedDeclaredZeros", "broken-nan-fully-masked-declared-zeros",
                   "float64"),
 }

@@ -59,9 +59,11 @@ SEGMENTS = ("other_segment_changes_nothing",) + REF
 PADDED = ("padded_rows", "nan_in_padding_changes_nothing")
 SOFTCAP = ("capped_scores_bounded", "softcap_gradient_matches_reference") + MASKED + CAUSAL + REF
 ALIBI = ("alibi_matches_reference", "alibi_equals_explicit_bias") + REF
+# issue 30: properties/test_packed.py, test_paged.py
+SERVING = ("packed_", "paged_", "page_placement", "per_sequence")
 
 FAMILIES = ("scale", "softmax", "masking", "alignment", "online kernel", "gradients", "grouped heads", "bias",
-            "lse", "window", "sequences", "softcap", "alibi")
+            "lse", "window", "sequences", "softcap", "alibi", "serving")
 
 
 BROKEN = (
@@ -129,6 +131,17 @@ BROKEN = (
           "one sequence's segment ids for the whole batch", "sequences"),
     Entry("variant_bugs:AlibiPow2Slopes", ALIBI, w.alibi_6_heads, "ALiBi 2^(-8h/H) for 6 heads, ml-explore/mlx#343",
           "alibi"),
+    # issue 30: per-sequence positions, packed and paged calls
+    Entry("serving_bugs:AlignsByPaddedLengths", SERVING, w.chunked_prefill,
+          "aligned at the padded Lk - Lq, not per sequence", "serving"),
+    Entry("serving_bugs:ReadsPastCuSeqlens", SERVING, w.chunked_prefill,
+          "one key past cu_seqlens_k, flash-attention#1661", "serving"),
+    Entry("serving_bugs:PaddedSeqlenK", SERVING, w.chunked_prefill,
+          "the padded seqlen_k for every sequence, vllm-project/flash-attention#18", "serving"),
+    Entry("serving_bugs:PagePlacement", SERVING, w.paged_leftpad,
+          "pages read in sorted order, pytorch/pytorch#182593", "serving"),
+    Entry("serving_bugs:IgnoresCacheLeftpad", SERVING, w.paged_leftpad,
+          "cache_leftpad never used, flash-attention#1788", "serving"),
 )
 
 CORRECT = (
@@ -141,4 +154,6 @@ CORRECT = (
     Entry("correct:GqaRepeatKv", origin="every field; GQA by repeating K/V; mask, window selected"),
     Entry("correct:GqaGroupedQueries", origin="every field; GQA by grouping queries; mask, window as -inf bias"),
     Entry("correct:DsScaleRounded", origin="dS * scale rounded to the dtype before dQ and dK (issue 29)"),
+    Entry("flash_twins:flash_attn_varlen_func", origin="flash-attention's varlen signature and layout (issue 30)"),
+    Entry("flash_twins:flash_attn_with_kvcache", origin="flash-attention's kvcache signature, paged (issue 30)"),
 )

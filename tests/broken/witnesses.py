@@ -173,6 +173,20 @@ def packed_unequal(seed=0):
                     kv_segment_ids=np.array([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]]))
 
 
+def chunked_prefill(seed=0):
+    """Issue 30: a chunk of 3 queries after 1 cached key (4 keys) and one decode query after 5 (6 keys),
+    positions per sequence, causal bottom-right: the padded lengths' diagonal (Lk - Lq = 3) is wrong for
+    both; the first sequence is shorter than the padded seqlen_k."""
+    return _problem(*_heads(2, 2, 3, 6, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    positions="per_sequence", q_lengths=np.array([3, 1]), kv_lengths=np.array([4, 6]))
+
+
+def paged_leftpad(seed=0):
+    """Issue 30: two decode-chunk rows against caches left-padded by 2 and 1 (keys [2, 7) and [1, 5))."""
+    return _problem(*_heads(2, 2, 2, 7, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    positions="per_sequence", kv_lengths=np.array([7, 5]), kv_starts=np.array([2, 1]))
+
+
 # ALiBi's slopes for 6 heads (the 4 of 4 heads, then every other one of 8): specs.problem.alibi_slopes(6),
 # written out because nothing here reads specs (tests/test_teeth.py checks they agree)
 ALIBI_SLOPES_6 = np.array([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
@@ -211,4 +225,4 @@ ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scal
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
        window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
-       first_tile_bias_hidden, ds_scale_underflow)
+       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad)

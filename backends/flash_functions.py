@@ -1,0 +1,134 @@
+"""Plain functions with flash-attention's serving signatures, called that way (issue 30).
+
+A function whose parameters use flash-attention's names is a backend of its own call format, fed
+in flash-attention's layouts (NumPy arrays, or whatever its declaration says the framework is not:
+NumPy only here):
+
+- ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``:
+  the ``packed`` format - q ``(total_q, Hq, E)``, k/v ``(total_k, Hkv, E)``, ``cu_seqlens_*`` int32;
+- ``flash_attn_with_kvcache(q, k_cache, v_cache, ..., cache_seqlens, cache_leftpad, block_table, ...)``:
+  the ``paged-NHD`` format - q ``(B, Lq, Hq, E)``, caches ``(num_pages, page_size, Hkv, E)``.
+
+Keywords passed when the problem uses them and the signature has them: ``softmax_scale``,
+``causal``, ``window_size=(left, right)`` (-1 unbounded), ``softcap``, ``alibi_slopes`` (Hq,),
+``seqused_k``, ``cache_leftpad``, ``return_softmax_lse`` (then ``(out, lse)``, lse ``(Hq, total_q)``
+varlen, ``(B, Hq, Lq)`` kvcache).  Both align causal, window and ALiBi bottom-right per sequence, as
+flash-attention does; a problem that needs another alignment, or padded query rows in a kvcache
+call (it has no query lengths), is declined with the reason.  Forward only.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import numpy as np
+
+from attnspec.backends.base import Backend, Unsupported
+
+VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+KVCACHE = ("k_cache", "v_cache", "cache_seqlens")
+# parameter -> the feature it takes (beyond what the format itself carries)
+_OPTIONAL = {"window_size": "window", "softcap": "softcap", "alibi_slopes": "alibi", "return_softmax_lse": "lse"}
+
+
+def _names(fn) -> set:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def flash_form(fn) -> str:
+    """"varlen", "kvcache" or "" (not a flash-attention signature)."""
+    names = _names(fn)
+    if set(VARLEN) <= names:
+        return "varlen"
+    if set(KVCACHE) <= names:
+        return "kvcache"
+    return ""
+
+
+class FlashFunctionBackend(Backend):
+    """A plain function with flash-attention's varlen or kvcache signature over NumPy arrays."""
+
+    def __init__(self, fn, name: str):
+        from attnspec.backends.plain import Declaration, declared
+        self.fn, self.name, self.form = fn, name, flash_form(fn)
+        self.params = _names(fn)
+        decl = getattr(fn, "__attnspec__", None) or Declaration()
+        self.declaration = decl
+        self.env_vars = decl.env
+        caps, sem = declared(fn, decl, False, f"a plain function with flash-attention's {self.form} signature")
+        features = {"gqa", "seq_lengths", "seq_positions"} | {f for p, f in _OPTIONAL.items() if p in self.params}
+        if decl.features is not None:
+            features = set(decl.features)
+        fmt = ("packed",) if self.form == "varlen" else ("paged-NHD",) + (("append",) if {"k", "v"} <= self.params else ())
+        self.capabilities = replace(caps, features=frozenset(features), formats=fmt, masks=False,
+                                    mask_with_causal=True)
+        self.semantics = replace(sem, causal_alignment="bottom_right")  # per sequence, flash-attention's
+
+    def native_dtype(self, y):
+        return str(np.asarray(y).dtype)
+
+    def _options(self, call) -> dict:
+        kw = {"softmax_scale": call.scale, "causal": bool(call.is_causal)}
+        if call.window is not None:
+            kw["window_size"] = tuple(-1 if w is None else int(w) for w in call.window)
+        if call.softcap is not None:
+            kw["softcap"] = float(call.softcap)
+        if call.alibi_slopes is not None:
+            kw["alibi_slopes"] = call.alibi_slopes
+        if call.return_lse:
+            kw["return_softmax_lse"] = True
+        missing = sorted(set(kw) - self.params - {"softmax_scale", "causal"})
+        if missing:
+            raise Unsupported(f"{self.name} has no parameter {', '.join(missing)}")
+        return {n: x for n, x in kw.items() if n in self.params}
+
+    def _aligned(self, call, q_lens, kv_lens) -> None:
+        """Decline a problem whose alignment is not flash-attention's bottom-right per sequence."""
+        diagonal = call.is_causal or call.window is not None or call.alibi_slopes is not None
+        if diagonal and call.causal_alignment != "bottom_right" and (np.asarray(q_lens) != np.asarray(kv_lens)).any():
+            raise Unsupported(f"{self.name} aligns causal, window and ALiBi bottom-right per sequence "
+                              f"(asked: {call.causal_alignment})")
+
+    def native_packed(self, q, k, v, args, call):
+        cu_q, cu_k = np.asarray(args.cu_seqlens_q), np.asarray(args.cu_seqlens_k)
+        used = np.diff(cu_k) if args.seqused_k is None else np.asarray(args.seqused_k)
+        self._aligned(call, np.diff(cu_q), used)
+        kw = dict(cu_seqlens_q=args.cu_seqlens_q, cu_seqlens_k=args.cu_seqlens_k, max_seqlen_q=args.max_seqlen_q,
+                  max_seqlen_k=args.max_seqlen_k, **self._options(call))
+        if args.seqused_k is not None:
+            if "seqused_k" not in self.params:
+                raise Unsupported(f"{self.name} has no parameter seqused_k")
+            kw["seqused_k"] = args.seqused_k
+        return self.fn(q, k, v, **kw)  # (total_q, Hq, Ev), or (out, lse (Hq, total_q))
+
+    _new_keys: dict = {}  # k=, v= of an append, for the one call (native_paged_append)
+
+    def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call):
+        """flash_attn_with_kvcache(k=, v=): the new keys (B, n, Hkv, D) appended in place, then attention."""
+        self._new_keys = {"k": k_new, "v": v_new}
+        try:
+            return self.native_paged(q, k_cache, v_cache, args, call)
+        finally:
+            self._new_keys = {}
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        B, Lq = q.shape[0], q.shape[2]
+        lens = np.asarray(args.cache_seqlens)
+        pads = np.zeros_like(lens) if args.cache_leftpad is None else np.asarray(args.cache_leftpad)
+        if call.q_lengths is not None and (np.asarray(call.q_lengths) < Lq).any():
+            raise Unsupported(f"{self.name} takes every query row as real (flash_attn_with_kvcache has no query "
+                              "lengths): padded query rows are not its problem")
+        self._aligned(call, np.full(B, Lq), lens - pads + (self._new_keys["k"].shape[1] if self._new_keys else 0))
+        kw = dict(cache_seqlens=args.cache_seqlens, block_table=args.block_table, **self._options(call))
+        if args.cache_leftpad is not None:
+            if "cache_leftpad" not in self.params:
+                raise Unsupported(f"{self.name} has no parameter cache_leftpad")
+            kw["cache_leftpad"] = args.cache_leftpad
+        kw.update(self._new_keys)
+        y = self.fn(np.ascontiguousarray(np.swapaxes(q, 1, 2)), k_cache, v_cache, **kw)  # q (B, Lq, Hq, E)
+        if call.return_lse:
+            return np.swapaxes(y[0], 1, 2), y[1]  # (B, Hq, Lq, Ev), (B, Hq, Lq)
+        return np.swapaxes(y, 1, 2)  # (B, Lq, Hq, Ev) -> (B, Hq, Lq, Ev)

@@ -1,0 +1,204 @@
+"""Serving-era call formats at the backend contract: a padded problem lowered, called, raised back.
+
+A backend declares the formats it takes in ``Capabilities.formats`` (`specs.formats.FORMATS`:
+"padded" by default, "packed", "paged-NHD", "paged-HND") and implements the hook of each:
+
+- ``native_packed(q, k, v, args, call)``: q ``(total_q, Hq, E)``, k/v ``(total_k, Hkv, E)`` native;
+  ``args`` a `PackedArgs` (cu_seqlens_q/k int32 native, max_seqlen_q/k ints, seqused_k or None);
+  returns ``(total_q, Hq, Ev)``, or ``(out, lse (Hq, total_q))`` when ``call.return_lse``.
+- ``native_paged(q, k_cache, v_cache, args, call)``: q ``(B, Hq, Lq, E)`` native, the caches in
+  ``args.layout``; ``args`` a `PagedArgs` (block_table, cache_seqlens, cache_leftpad or None);
+  returns ``(B, Hq, Lq, Ev)``, or ``(out, lse (B, Hq, Lq))``.
+
+The ``call`` holds every other field; the sequences' extents travel in the format's own arguments
+(its q_lengths - packed only -, kv_lengths and kv_starts are None, positions per sequence).  The
+harness (`forward_packed`, `forward_paged`) validates the padded problem once, lowers it with
+`specs.formats` - NaN wherever nothing may be read -, checks what comes back and raises it to
+(B, Hq, Lq, Ev), so the reference stays one pipeline.  A backend that takes no padded call at all
+(a varlen kernel) is called through its format by `Backend.forward` (`forward_via_format`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from attnspec.backends.base import BackendFailure, Unsupported
+from attnspec.specs import formats as Fm
+from attnspec.specs.problem import validate
+
+
+@dataclass(frozen=True)
+class PackedArgs:
+    cu_seqlens_q: object   # (B+1,) int32, native
+    cu_seqlens_k: object   # (B+1,) int32, native
+    max_seqlen_q: int
+    max_seqlen_k: int
+    seqused_k: object = None  # (B,) int32, native, or None
+
+
+@dataclass(frozen=True)
+class PagedArgs:
+    block_table: object    # (B, max_pages) int32, native
+    cache_seqlens: object  # (B,) int32, native
+    cache_leftpad: object = None  # (B,) int32, native, or None
+    layout: str = "NHD"
+    page_size: int = 1
+
+
+def _ints(backend, x):
+    return None if x is None else backend.to_native(np.asarray(x, dtype=np.int64), "int32")
+
+
+def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields):
+    scale = fields.pop("scale", None)
+    p = validate(q, k, v, fields.pop("mask", None), fields.pop("is_causal", False), scale, **fields)
+    if fmt not in backend.capabilities.formats:
+        raise Unsupported(f"{backend.name} takes no {fmt} call (declares {', '.join(backend.capabilities.formats)})")
+    backend.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
+    backend._check_shapes(p)
+    why = Fm.unpackable(p)
+    if why:
+        raise Unsupported(f"{backend.name} takes {fmt} calls only, and this problem has no {fmt} form: {why}")
+    call = backend._call_of(p, dtype, return_lse, scale)
+    return p, call
+
+
+def _with_lse(backend, y, return_lse: bool, what: str):
+    if not return_lse:
+        return y, None
+    if not isinstance(y, (tuple, list)) or len(y) != 2:
+        raise BackendFailure(backend.name, f"{what} with return_lse returned {type(y).__name__}, expected (output, lse)")
+    return y
+
+
+def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=0, unused=0, fill=np.nan, rng=None,
+                   **fields):
+    """Output (B, Hq, Lq, Ev) of the backend's packed call on a padded problem (padded rows zeros);
+    with return_lse, (output, lse (B, Hq, Lq), padded rows -inf).  ``tail``/``unused``/``fill``/``rng``:
+    `specs.formats.to_packed`'s tokens that must not be read."""
+    p, call = _prepared(backend, "packed", q, k, v, dtype, return_lse, fields)
+    pk = Fm.to_packed(p, tail=tail, unused=unused, fill=fill, rng=rng)
+    args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
+                      pk.max_seqlen_k, _ints(backend, pk.seqused_k))
+    call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
+    qn, kn, vn = backend._natives(dtype, pk.q, pk.k, pk.v)
+    y = backend._call("packed forward", backend.native_packed, qn, kn, vn, args, call)
+    out, lse = _with_lse(backend, y, return_lse, "packed forward")
+    n = int(pk.cu_seqlens_q[-1])
+    out = backend._check("packed output", out, pk.q.shape[:2] + (p.Ev,), backend.output_dtype(dtype))
+    full = Fm.from_packed(out[:n], pk.cu_seqlens_q, p.Lq)  # (B, Hq, Lq, Ev)
+    if not return_lse:
+        return full
+    lse = backend._check("packed lse", lse, (pk.q.shape[1], pk.q.shape[0]), None).astype(np.float64)
+    return full, Fm.lse_from_packed(lse[:, :n], pk.cu_seqlens_q, p.Lq)
+
+
+def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NHD", return_lse=False, pool=2.5,
+                  spare_columns=1, fill=np.nan, rng=None, **fields):
+    """Output (B, Hq, Lq, Ev) of the backend's paged call on a padded problem: its keys and values in a
+    paged cache (`specs.formats.to_paged`, random placement, NaN wherever nothing may be read)."""
+    fmt = f"paged-{layout}"
+    p, call = _prepared(backend, fmt, q, k, v, dtype, return_lse, fields)
+    pg = Fm.to_paged(p, page_size, layout, pool=pool, spare_columns=spare_columns, fill=fill, rng=rng)
+    args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, pg.cache_seqlens), _ints(backend, pg.cache_leftpad),
+                     layout, page_size)
+    call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
+    B = p.batch_shape[0]
+    qn, kc, vc = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache, pg.v_cache)
+    y = backend._call("paged forward", backend.native_paged, qn, kc, vc, args, call)
+    out, lse = _with_lse(backend, y, return_lse, "paged forward")
+    shape = p.batch_shape + (p.Lq, p.Ev)
+    out = backend._check("paged output", out, shape, backend.output_dtype(dtype))
+    if not return_lse:
+        return out
+    return out, backend._check("paged lse", lse, p.batch_shape + (p.Lq,), None).astype(np.float64)
+
+
+def forward_via_format(backend, q, k, v, mask, is_causal, scale, dtype, return_lse, fields):
+    """`Backend.forward` of a backend that takes no padded call: through the first format it declares."""
+    fmt = backend.capabilities.formats[0]
+    # fixed placement and no tokens past the sequences: a plain call is deterministic (the families vary them)
+    kw = dict(mask=mask, is_causal=is_causal, scale=scale, return_lse=return_lse, rng=0, **fields)
+    if fmt == "packed":
+        return forward_packed(backend, q, k, v, dtype, **kw)
+    return forward_paged(backend, q, k, v, dtype, layout=fmt.split("-", 1)[1], **kw)
+
+
+def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16, layout="NHD", rng=None,
+                 fill=np.nan, **fields):
+    """An append then attention (``native_paged_append``): the problem's last ``n_new`` keys of each
+    sequence (its kv_lengths) are the new ones, the cache holds those before them and `fill` where they go.
+    Returns (output (B, Hq, Lq, Ev), (k_cache, v_cache) after the call as NumPy, (k_cache, v_cache) as
+    the reference update leaves them (`specs.formats.appended`))."""
+    if "append" not in backend.capabilities.formats:
+        raise Unsupported(f"{backend.name} takes no append (declares {', '.join(backend.capabilities.formats)})")
+    p, call = _prepared(backend, f"paged-{layout}", q, k, v, dtype, False, fields)
+    pg = Fm.to_paged(p, page_size, layout, fill=fill, rng=rng)
+    B, P, ends = p.batch_shape[0], page_size, np.asarray(pg.cache_seqlens, dtype=np.int64)
+    starts = np.zeros(B, np.int64) if pg.cache_leftpad is None else np.asarray(pg.cache_leftpad, np.int64)
+    if n_new < 0 or (ends - starts < n_new).any():
+        raise ValueError(f"n_new must be in [0, the shortest sequence's keys {int((ends - starts).min())}]; got {n_new}")
+    kc, vc = pg.k_cache.copy(), pg.v_cache.copy()
+    k_new = np.zeros((B, n_new, kc.shape[2 if layout == "NHD" else 1], p.E))  # (B, n, Hkv, E)
+    v_new = np.zeros((B, n_new, k_new.shape[2], p.Ev))  # (B, n, Hkv, Ev)
+    for b in range(B):
+        for t, j in enumerate(range(ends[b] - n_new, ends[b])):
+            page, slot = pg.block_table[b, j // P], j % P
+            cut = (page, slot) if layout == "NHD" else (page, slice(None), slot)
+            k_new[b, t], v_new[b, t] = kc[cut], vc[cut]
+            kc[cut], vc[cut] = fill, fill  # before the append: past cache_seqlens, not written yet
+    before = ends - n_new
+    args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, before), _ints(backend, pg.cache_leftpad),
+                     layout, page_size)
+    call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
+    qn, kcn, vcn, kn, vn = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), kc, vc,
+                                            k_new, v_new)
+    y = backend._call("paged append", backend.native_paged_append, qn, kcn, vcn, kn, vn, args, call)
+    out = backend._check("paged append output", y, p.batch_shape + (p.Lq, p.Ev), backend.output_dtype(dtype))
+    stored = [np.asarray(backend.from_native(x), dtype=np.float64) for x in (kcn, vcn)]
+    rounded = [np.asarray(backend.from_native(x), dtype=np.float64) for x in backend._natives(dtype, kc, vc, k_new, v_new)]
+    return out, tuple(stored), Fm.appended(*rounded[:2], pg.block_table, before, *rounded[2:], layout)
+
+
+def _scatter_keys(x, cu_k, starts, ends, Lk: int) -> np.ndarray:
+    """(total_k, Hkv, D) packed key gradients -> (B, Hkv, Lk, D): sequence b's at [starts_b, ends_b), zeros elsewhere."""
+    B = len(starts)
+    out = np.zeros((B, x.shape[1], Lk, x.shape[2]), dtype=np.float64)
+    for b in range(B):
+        n = ends[b] - starts[b]
+        out[b, :, starts[b]:ends[b]] = np.swapaxes(x[cu_k[b]:cu_k[b] + n], 0, 1)
+    return out
+
+
+def backward_packed(backend, q, k, v, grad_out, dtype="float64", *, tail=0, unused=0, rng=None, **fields):
+    """((dq, dk, dv) raised to the padded shapes, the largest |gradient| on tokens no sequence owns)
+    of the backend's packed backward (``native_packed_backward(q, k, v, grad_out, args, call)`` ->
+    packed (dq, dk, dv)); grad_out (B, Hq, Lq, Ev), NaN on the packed rows past cu_seqlens_q[-1]."""
+    p, call = _prepared(backend, "packed", q, k, v, dtype, False, fields)
+    if not backend.capabilities.gradients:
+        raise Unsupported(f"{backend.name} computes no gradients")
+    pk = Fm.to_packed(p, tail=tail, unused=unused, fill=0.0, rng=rng)  # 0, not NaN: a gradient must be exactly 0 there
+    B = p.batch_shape[0]
+    ql, ks, ke = Fm.extents(p)
+    g = np.broadcast_to(np.asarray(grad_out, dtype=np.float64), p.batch_shape + (p.Lq, p.Ev))
+    rows = [np.swapaxes(g[b, :, :ql[b]], 0, 1) for b in range(B)]  # each (q_len_b, Hq, Ev)
+    g_packed = np.concatenate(rows + [np.full((pk.q.shape[0] - int(ql.sum()), p.Hq, p.Ev), np.nan)])
+    args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
+                      pk.max_seqlen_k, _ints(backend, pk.seqused_k))
+    call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
+    natives = backend._natives(dtype, pk.q, pk.k, pk.v, g_packed)
+    grads = backend._call("packed backward", backend.native_packed_backward, *natives, args, call)
+    if not isinstance(grads, (tuple, list)) or len(grads) != 3:
+        raise BackendFailure(backend.name, f"packed backward returned {type(grads).__name__}, expected (dq, dk, dv)")
+    dq, dk, dv = (np.asarray(backend._check(f"packed d{n}", x, shape, None), dtype=np.float64)
+                  for n, x, shape in zip("qkv", grads, (pk.q.shape, pk.k.shape, pk.v.shape), strict=True))
+    cu_k = np.asarray(pk.cu_seqlens_k, np.int64)
+    owned_k = np.zeros(pk.k.shape[0], dtype=bool)  # (total_k,) keys some sequence uses
+    for b in range(B):
+        owned_k[cu_k[b]:cu_k[b] + ke[b] - ks[b]] = True
+    stray = max(float(np.abs(dq[int(ql.sum()):]).max(initial=0.0)),
+                float(np.abs(dk[~owned_k]).max(initial=0.0)), float(np.abs(dv[~owned_k]).max(initial=0.0)))
+    padded = (Fm.from_packed(dq[:int(ql.sum())], pk.cu_seqlens_q, p.Lq),
+              _scatter_keys(dk, cu_k, ks, ke, p.Lk), _scatter_keys(dv, cu_k, ks, ke, p.Lk))
+    return padded, stray

@@ -1,0 +1,123 @@
+"""What the packed and paged families share (issue 30): their draws and their calls through the Target.
+
+A drawn case with per-sequence lengths (the ``seq_lengths`` draw) becomes a per-sequence problem
+(``positions="per_sequence"``, sometimes left-padded with ``kv_starts``); the calls lower it to the
+backend's format (`backends/serving.py`: NaN wherever nothing may be read) under the Target's time
+limit and failure handling.  Draws stay small: these families run only on backends that declare
+per-sequence positions and the format.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+from hypothesis import strategies as st
+
+from attnspec.backends import serving
+from attnspec.properties.case import Case
+from attnspec.properties.judge import Failed
+
+if TYPE_CHECKING:
+    from attnspec.properties.target import Target
+
+REQUIRES = ("seq_lengths", "seq_positions")
+# no mask or bias: the formats have none (a boolean mask would make the problem unpackable)
+DRAW = dict(kinds=("none", "causal"), avoid=frozenset({"bias", "segment_ids"}))
+PAGE_SIZES = (1, 2, 3, 5, 16, 64)
+
+
+def skip_without(target: Target, fmt: str) -> None:
+    if fmt not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no {fmt} call (declares {', '.join(target.caps.formats)})")
+
+
+def paged_layouts(target: Target) -> tuple:
+    return tuple(f.split("-", 1)[1] for f in target.caps.formats if f.startswith("paged-"))
+
+
+def per_sequence(draw, case: Case, target: Target) -> dict:
+    """params: the case's per-sequence form - each sequence's left padding (half the draws, where the
+    backend's alignment allows it) - and the format's own choices."""
+    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
+    starts = np.zeros_like(ends)
+    if draw(st.booleans(), label="left padding (kv_starts)"):
+        raw = np.frombuffer(draw(st.binary(min_size=len(ends), max_size=len(ends)), label="kv_starts bytes"),
+                            dtype=np.uint8).astype(np.int64)
+        starts = np.minimum(raw % 4 + np.arange(len(ends)) % 2, np.maximum(ends - 1, 0))  # a key stays
+    return {"kv_starts": starts, "seed": draw(st.integers(0, 2**16), label="placement seed"),
+            "unused": draw(st.integers(0, 3), label="unused keys a sequence (seqused_k)"),
+            "page_size": PAGE_SIZES[draw(st.integers(0, len(PAGE_SIZES) - 1), label="page size")],
+            "layout": draw(st.sampled_from(paged_layouts(target) or ("NHD",)), label="paged layout")}
+
+
+def problem_of(case: Case, params: dict, queries: bool = True) -> Case:
+    """The case with positions per sequence and its drawn left padding; ``queries=False``: every query row
+    real (a decode or chunked-prefill batch against a cache: flash_attn_with_kvcache has no query lengths)."""
+    starts = params.get("kv_starts")
+    return case.replace(positions="per_sequence", kv_starts=starts if starts is not None and np.any(starts) else None,
+                        **({} if queries else {"q_lengths": None}))
+
+
+@contextlib.contextmanager
+def as_called(case: Case):
+    """A failure inside names the problem as called (positions per sequence, left padding): the
+    drawn problem the report prints has them in its params."""
+    try:
+        yield
+    except Failed as f:
+        v = f.verdict
+        raise Failed(dataclasses.replace(v, message=f"{v.message}\n  as called: {case!r}")) from None
+
+
+def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.nan, tail: int = 2,
+           return_lse: bool = False):
+    """The backend's packed call on the case, raised back to (B, H, Lq, Ev)."""
+    return target._guarded("packed forward", serving.forward_packed, target.backend, case.q, case.k, case.v,
+                           dtype=target.dtype, return_lse=return_lse, tail=tail, unused=unused, fill=fill, rng=seed,
+                           **case.call_kwargs)
+
+
+def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1):
+    """The backend's paged call on the case (random placement from `seed`), (B, H, Lq, Ev); spare_columns=0:
+    the longest sequence fills its block table exactly."""
+    return target._guarded("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
+                           dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
+                           spare_columns=spare_columns, **case.call_kwargs)
+
+
+def edge_cases(target: Target) -> list:
+    """Per-sequence problems at the edges, by construction: zero-length sequences (total_q < B),
+    max_seqlen = 1, key lengths at tile edges (63/64/65), more queries than keys under causal."""
+    from attnspec.properties.draws import in_format
+
+    fmt = target.budget_dtype
+    rng = np.random.default_rng(30)
+    out = []
+    for label, ql, kl, causal in (("zero-length sequences, total_q < B", (0, 1, 0), (3, 2, 0), True),
+                                  ("max_seqlen = 1", (1, 1, 1), (1, 1, 1), True),
+                                  ("keys at tile edges 63/64/65", (2, 5, 1), (63, 64, 65), True),
+                                  ("Lq_b > Lk_b under causal", (6, 3, 2), (2, 5, 1), True),
+                                  ("unequal lengths, no mask", (4, 2, 3), (7, 1, 5), False)):
+        B, Lq, Lk = len(ql), max(max(ql), 1), max(max(kl), 1)
+        q, k, v = (in_format(rng.standard_normal((B, 2, L, 8)), fmt) for L in (Lq, Lk, Lk))
+        fields = {"q_lengths": np.array(ql), "kv_lengths": np.array(kl), "positions": "per_sequence"}
+        if "bottom_right" in target.alignments:  # the anchors' alignment, where the backend takes it
+            fields["causal_alignment"] = "bottom_right"
+        out.append((Case(q, k, v, None, causal, None, fields, label=label), {"seed": len(out)}))
+    return out
+
+
+def append(target: Target, case: Case, n_new: int, page_size: int, layout: str, seed: int = 0):
+    """The backend's append of each sequence's last n_new keys, then attention: (out, caches after,
+    caches as the reference update leaves them) (`backends.serving.append_paged`)."""
+    return target._guarded("paged append", serving.append_paged, target.backend, case.q, case.k, case.v, n_new,
+                           dtype=target.dtype, page_size=page_size, layout=layout, rng=seed, **case.call_kwargs)
+
+
+def packed_backward(target: Target, case: Case, grad_out, unused: int = 0, seed: int = 0, tail: int = 2):
+    """((dq, dk, dv) padded, the largest |gradient| on tokens no sequence owns) of the packed backward."""
+    return target._guarded("packed backward", serving.backward_packed, target.backend, case.q, case.k, case.v,
+                           grad_out, dtype=target.dtype, tail=tail, unused=unused, rng=seed, **case.call_kwargs)

@@ -1,0 +1,105 @@
+"""Family: packed calls (cu_seqlens) - flash_attn_varlen_func's format (issue 30).
+
+Run only on backends that declare per-sequence positions and the ``packed`` format.  A drawn
+padded problem with per-sequence lengths (and sometimes left padding) is lowered to the packed
+form (`specs.formats.to_packed`) with NaN in every token nothing may read - past
+``cu_seqlens[-1]``, past ``seqused_k`` - and the output raised back.  Bugs this catches:
+alignment by the padded lengths instead of each sequence's (every anchor aligns per sequence),
+reading past ``cu_seqlens`` or using the padded seqlen_k (vllm-project/flash-attention#18), one
+sequence leaking into another, zero-length sequences and ``total_q < B``
+(Dao-AILab/flash-attention#1537, #1619).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnspec.properties import serving_calls as S
+from attnspec.properties.explore import prop
+from attnspec.properties.judge import agreement, close_outputs, grad_out, require, rule_of, unchanged, verdict
+from attnspec.specs import error_budget
+from attnspec.specs.invariants import Verdict
+
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_per_sequence_positions(target: Target, case: Case, params: dict):
+    """A padded batch that declares per-sequence positions: each sequence aligned at its own lengths
+    (and left padding), not at the padded Lk - Lq."""
+    if "padded" not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no padded call (its format's own properties check it)")
+    case = S.problem_of(case, params)
+    with S.as_called(case):
+        agreement(target, case)
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_packed_matches_reference(target: Target, case: Case, params: dict):
+    """Each sequence of a packed call equals the reference on that sequence alone (positions its own;
+    NaN past cu_seqlens[-1] and past seqused_k)."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    with S.as_called(case):
+        agreement(target, case, S.packed(target, case, params["unused"], params["seed"]))
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_packed_isolation(target: Target, case: Case, params: dict):
+    """Changing every token of one sequence leaves every other sequence's rows bit for bit alone."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    before = S.packed(target, case, params["unused"], params["seed"])  # (B, H, Lq, Ev)
+    b = params["seed"] % case.dims["B"]
+    other = case.replace(q=case.q.copy(), k=case.k.copy(), v=case.v.copy())
+    other.q[b], other.k[b], other.v[b] = 2 * case.q[b], -case.k[b], 1 - case.v[b]
+    rows = case.judged_rows().copy()
+    rows[b] = False
+    with S.as_called(case):
+        unchanged("packed_isolation", before, S.packed(target, other, params["unused"], params["seed"]),
+                  rows, f"sequence {b}'s tokens changed; a row of another sequence")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_packed_equals_padded(target: Target, case: Case, params: dict):
+    """The backend's packed call and its own padded call of the same problem agree within both budgets."""
+    S.skip_without(target, "packed")
+    if "padded" not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no padded call")
+    case = S.problem_of(case, params)
+    with S.as_called(case):
+        close_outputs("packed_equals_padded", target, case, S.packed(target, case, params["unused"]),
+                      target.forward(case), case, "packed against padded")
+
+
+@prop(requires=S.REQUIRES, grid=S.edge_cases)
+def test_packed_edges(target: Target, case: Case, params: dict):
+    """Zero-length sequences (total_q < B), max_seqlen = 1, keys at tile edges, Lq_b > Lk_b under causal."""
+    S.skip_without(target, "packed")
+    with S.as_called(case):
+        out = agreement(target, case, S.packed(target, case, unused=1, seed=params["seed"]))
+    empty = ~case.judged_rows()  # rows that see nothing, padded rows included: zeros or the declared choice
+    if target.backend.semantics.fully_masked == "zeros":
+        unchanged("packed_edges", np.zeros_like(out), out, empty, "a row that sees no key")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence, gradients=True)
+def test_packed_gradients_match_reference(target: Target, case: Case, params: dict):
+    """dQ, dK, dV of a packed call, each sequence's within its budget, and exactly 0 on the tokens no
+    sequence owns (past cu_seqlens[-1], past seqused_k: pytorch/pytorch#176793's NaN gradients there)."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    g = grad_out(case, target.dtype, params["seed"])  # (B, H, Lq, Ev)
+    grads, stray = S.packed_backward(target, case, g, params["unused"], params["seed"])
+    with S.as_called(case):
+        verdicts = error_budget.check_backward(grads, case.problem, None, None, g, dtype=target.budget_dtype,
+                                               rule=rule_of(target))
+        for name, v in zip(("dq", "dk", "dv"), verdicts, strict=False):
+            require(v if v else Verdict(v.name, False, v.where, v.amount, f"{name}: {v.message}", v.limit))
+        require(verdict("packed_gradients_match_reference", stray == 0.0, None, stray,
+                        f"a gradient of {stray:.6g} on a token no sequence owns; it must be exactly 0", 0.0))

@@ -1,0 +1,141 @@
+"""Family: paged KV caches (block tables) - flash_attn_with_kvcache's and vLLM's format (issue 30).
+
+Run only on backends that declare per-sequence positions and a ``paged-*`` format.  A drawn
+problem's keys and values are written to a paged cache (`specs.formats.to_paged`): pages at random
+places in a pool 2-3x the need, page sizes 1, 2, 3, 5, 16, 64, NaN in unused pages, each last page's
+tail, the left padding (``cache_leftpad``) and pages that spare table columns point to.  Every query
+row is real (a decode or chunked-prefill batch: flash_attn_with_kvcache has no query lengths).
+Bugs this catches: output depending on page placement (pytorch/pytorch#182593), a block table not
+used (tanishqkumar/ssd#23), ``cache_leftpad`` accepted and never used (Dao-AILab/flash-attention#1788),
+reading a last page's tail.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnspec.properties import serving_calls as S
+from attnspec.properties.explore import prop
+from attnspec.properties.judge import agreement, close_outputs, require, unchanged, verdict
+
+if TYPE_CHECKING:
+    from attnspec.properties.case import Case
+    from attnspec.properties.target import Target
+
+
+def _layout(target: Target, params: dict) -> str:
+    layouts = S.paged_layouts(target)
+    if not layouts:
+        import pytest
+        pytest.skip(f"{target.name} takes no paged call (declares {', '.join(target.caps.formats)})")
+    return params["layout"] if params["layout"] in layouts else layouts[0]
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_paged_matches_reference(target: Target, case: Case, params: dict):
+    """A paged call equals the reference on the contiguous problem (positions per sequence, left padding)."""
+    layout = _layout(target, params)
+    case = S.problem_of(case, params, queries=False)
+    with S.as_called(case):
+        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"]))
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_page_placement_bitwise(target: Target, case: Case, params: dict):
+    """Two random placements of the same pages (same page size) give the same output, bit for bit."""
+    layout = _layout(target, params)
+    case = S.problem_of(case, params, queries=False)
+    a = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
+    b = S.paged(target, case, params["page_size"], layout, params["seed"] + 1)
+    with S.as_called(case):
+        unchanged("page_placement_bitwise", a, b, case.judged_rows(), "the pages placed elsewhere in the pool")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_paged_layouts_agree(target: Target, case: Case, params: dict):
+    """NHD and HND caches of the same pages give the same output, bit for bit."""
+    layouts = S.paged_layouts(target)
+    if len(layouts) < 2:
+        import pytest
+        pytest.skip(f"{target.name} takes one paged layout ({', '.join(layouts) or 'none'})")
+    case = S.problem_of(case, params, queries=False)
+    outs = [S.paged(target, case, params["page_size"], layout, params["seed"]) for layout in layouts]
+    for layout, out in zip(layouts[1:], outs[1:], strict=True):
+        unchanged("paged_layouts_agree", outs[0], out, case.judged_rows(), f"{layouts[0]} against {layout}")
+
+
+def _full_cache(target: Target) -> list:
+    """Decode steps (Lq = 1) and chunks against caches exactly full and one key past a page."""
+    cases = []
+    for case, params in S.edge_cases(target):
+        case = case.replace(q_lengths=None)
+        cases.append((case, {**params, "page_size": 4}))
+    return cases
+
+
+@prop(requires=S.REQUIRES, grid=_full_cache)
+def test_paged_edges(target: Target, case: Case, params: dict):
+    """Edge problems in a paged cache of 4-key pages, no spare table column: empty sequences, one key,
+    63/64/65 keys (64: a cache exactly full, its table too), more queries than keys."""
+    layout = _layout(target, {"layout": "NHD"})
+    with S.as_called(case):
+        out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))
+    if target.backend.semantics.fully_masked == "zeros":
+        unchanged("paged_edges", np.zeros_like(out), out, ~case.judged_rows(), "a row that sees no key")
+
+
+def _appending(target: Target) -> None:
+    if "append" not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no append (declares {', '.join(target.caps.formats)})")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_append_writes_its_slots_only(target: Target, case: Case, params: dict):
+    """After an append (a decode step or a chunk) the cache is the reference update bit for bit - every
+    other slot, NaN ones included, unchanged - and the output attends over the grown cache."""
+    from hypothesis import assume
+
+    _appending(target)
+    layout = _layout(target, params)
+    case = S.problem_of(case, params, queries=False)
+    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
+    room = int((ends - case.fields.get("kv_starts", 0)).min())
+    n = min(1 if params["seed"] % 2 else case.dims["Lq"], room)  # a decode step, or a chunk of Lq
+    assume(n > 0)
+    out, stored, want = S.append(target, case, n, params["page_size"], layout, params["seed"])
+    for name, got, ref in zip(("k_cache", "v_cache"), stored, want, strict=True):
+        same = (got == ref) | (np.isnan(got) & np.isnan(ref))
+        where = None if same.all() else tuple(int(i) for i in np.argwhere(~same)[0])
+        require(verdict("append_writes_its_slots_only", same.all(), where, float((~same).sum()),
+                        f"{name} after appending {n} key(s) a sequence: slot {where} (page, ...) differs from the "
+                        f"reference update ({int((~same).sum())} values)", 0.0))
+    with S.as_called(case):
+        agreement(target, case, out)
+
+
+@prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
+def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict):
+    """A prompt's queries split in two chunks, each against the cache as it stood then (the first against
+    the keys before the second chunk's), concatenate to the whole call: chunked prefill attends to the
+    past, not only within its chunk (kekzl/imp#117)."""
+    from hypothesis import assume
+
+    layout = _layout(target, params)
+    if "bottom_right" not in target.alignments:
+        import pytest
+        pytest.skip(f"{target.name} aligns top-left only: a chunk's queries are not placed after the cache")
+    case = S.problem_of(case, params, queries=False).replace(causal_alignment="bottom_right")  # the cache's
+    B, Lq = case.dims["B"], case.dims["Lq"]
+    c = Lq // 2
+    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (B,))
+    early = ends - (Lq - c)  # (B,) the cache when the first chunk ran
+    assume(c > 0 and (early >= np.broadcast_to(case.fields.get("kv_starts", 0), (B,))).all())
+    whole = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
+    first = case.replace(q=case.q[:, :, :c], kv_lengths=early)
+    second = case.replace(q=case.q[:, :, c:])
+    parts = np.concatenate([S.paged(target, first, params["page_size"], layout, params["seed"]),
+                            S.paged(target, second, params["page_size"], layout, params["seed"])], axis=2)
+    with S.as_called(case):
+        close_outputs("chunks_concatenate_to_prefill", target, case, parts, whole, case, f"chunks of {c} and {Lq - c}")

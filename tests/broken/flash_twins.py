@@ -1,0 +1,119 @@
+"""NumPy twins of flash-attention's serving entry points, with its names and layouts (issue 30).
+
+``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` as a user would transcribe them: per
+sequence, bottom-right aligned at the sequence's own lengths; keys past ``seqused_k`` /
+``cache_seqlens`` and before ``cache_leftpad`` never read.  Written from flash-attention's
+docstrings, not from specs/ (tests/broken never reads the definition).  The planted kernels
+(serving_bugs.py) are these with one slip each, selected by ``slip``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, alibi=None, slip=""):
+    """One sequence: q (Lq, Hq, E), k (Lk, Hkv, E), v (Lk, Hkv, Ev) -> out (Lq, Hq, Ev), lse (Hq, Lq)."""
+    Lq, Hq, _ = q.shape
+    Lk, Hkv = k.shape[:2]
+    kk, vv = (np.repeat(np.asarray(x, np.float64), Hq // max(Hkv, 1), axis=1) for x in (k, v))  # (Lk, Hq, D)
+    s = np.einsum("qhe,khe->hqk", np.asarray(q, np.float64), kk) * scale  # (Hq, Lq, Lk)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    i = np.arange(Lq)[:, None] + (0 if slip == "top_left" else Lk - Lq)  # (Lq, 1) query i's position
+    j = np.arange(Lk)[None, :]  # (1, Lk)
+    if alibi is not None:
+        s = s - np.asarray(alibi, np.float64)[:, None, None] * np.abs(i - j)
+    left, right = window
+    right = 0 if causal else right
+    vis = np.ones((Lq, Lk), dtype=bool)
+    if left >= 0:
+        vis &= j >= i - left
+    if right >= 0:
+        vis &= j <= i + right
+    s = np.where(vis, s, -np.inf)  # (Hq, Lq, Lk)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (Hq, Lq, 1)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    total = e.sum(axis=-1, keepdims=True)  # (Hq, Lq, 1)
+    out = np.einsum("hqk,khd->qhd", e / np.where(total > 0, total, 1.0), vv)  # (Lq, Hq, Ev)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total[..., 0] > 0, m[..., 0] + np.log(np.where(total[..., 0] > 0, total[..., 0], 1.0)), -np.inf)
+    return out, lse  # (Lq, Hq, Ev), (Hq, Lq)
+
+
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, softmax_scale=None,
+           causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False, slip=""):
+    """q (total_q, Hq, E), k/v (total_k, Hkv, E): flash_attn_varlen_func's contract."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out = np.zeros(q.shape[:2] + v.shape[-1:])  # (total_q, Hq, Ev): rows past cu_seqlens_q[-1] zeros
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)  # (Hq, total_q)
+    for b in range(len(cu_seqlens_q) - 1):
+        q0, q1, k0 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(cu_seqlens_k[b])
+        k1 = int(cu_seqlens_k[b + 1]) if seqused_k is None else k0 + int(seqused_k[b])
+        if slip == "padded_seqlen_k":  # the kernel's padded length instead of the sequence's (vllm-project/flash-attention#18)
+            k1 = k0 + int(max_seqlen_k) if seqused_k is None else int(cu_seqlens_k[b + 1])
+        if slip == "past_cu_seqlens":  # one token more than the sequence owns
+            k1 += 1
+        if q1 > q0:
+            out[q0:q1], lse[:, q0:q1] = attend(q[q0:q1], k[k0:k1], v[k0:k1], scale, causal, window_size, softcap,
+                                               alibi_slopes, slip)
+    out = out.astype(q.dtype)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip=""):
+    """Keys [start, end) of sequence b, (n, Hkv, D), from a contiguous (B, S, Hkv, D) or paged cache."""
+    if block_table is None:
+        return k_cache[b, start:end], v_cache[b, start:end]
+    P = k_cache.shape[1]
+    j = np.arange(start, end)
+    pages = block_table[b, j // P] if slip != "page_order" else np.sort(block_table[b])[j // P]
+    return k_cache[pages, j % P], v_cache[pages, j % P]
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, slip=""):
+    """k, v (B, n, Hkv, D) written in place at slots cache_seqlens[b] + t (through block_table when paged)."""
+    for b in range(k.shape[0]):
+        for t in range(k.shape[1]):
+            j = int(cache_seqlens[b]) + t + (1 if slip == "append_one_late" else 0)
+            if block_table is None:
+                k_cache[b, j], v_cache[b, j] = k[b, t], v[b, t]
+            else:
+                P = k_cache.shape[1]
+                k_cache[block_table[b, j // P], j % P], v_cache[block_table[b, j // P], j % P] = k[b, t], v[b, t]
+
+
+def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+            causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False, slip="",
+            k=None, v=None):
+    """q (B, Lq, Hq, E); k_cache (B, S, Hkv, E) or paged (num_pages, P, Hkv, E) with block_table; k, v
+    (B, n, Hkv, D): appended in place at cache_seqlens first, then attention over the grown cache."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    B = q.shape[0]
+    if k is not None:
+        _append(k_cache, v_cache, k, v, cache_seqlens, block_table, slip)
+        cache_seqlens = np.asarray(cache_seqlens) + k.shape[1]
+    out = np.zeros(q.shape[:3] + v_cache.shape[-1:])  # (B, Lq, Hq, Ev)
+    lse = np.full((B, q.shape[2], q.shape[1]), -np.inf)  # (B, Hq, Lq)
+    for b in range(B):
+        end = int(cache_seqlens[b])
+        start = 0 if cache_leftpad is None or slip == "ignores_leftpad" else int(cache_leftpad[b])
+        kb, vb = _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip)
+        out[b], lse[b] = attend(q[b], kb, vb, scale, causal, window_size, softcap, alibi_slopes)
+    out = out.astype(q.dtype)
+    return (out, lse) if return_softmax_lse else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           return_softmax_lse=False):
+    """The correct twin of flash-attention's flash_attn_varlen_func."""
+    return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, return_softmax_lse)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            alibi_slopes=None, return_softmax_lse=False):
+    """The correct twin of flash-attention's flash_attn_with_kvcache: k, v appended in place at cache_seqlens."""
+    return kvcache(q, k_cache, v_cache, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                   softcap, alibi_slopes, return_softmax_lse, k=k, v=v)

@@ -1,0 +1,120 @@
+"""Slips in serving-era kernels (issue 30): per-sequence alignment, packed and paged addressing.
+
+The twins of flash-attention's serving entry points (flash_twins.py) as Backends of their formats,
+with one ``slip`` each; bfloat16 through _kernels' storage, so the family runs in every dtype.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from attnspec.backends.flash_functions import FlashFunctionBackend
+from attnspec.backends.numpy_backends import NumpyNaive
+
+from . import flash_twins
+from ._kernels import NumpyBackend, store, widened
+
+
+class _Twin(FlashFunctionBackend):
+    """flash_twins.varlen / kvcache (with `slip`) as a backend of the packed / paged-NHD format."""
+
+    form_fn = staticmethod(flash_twins.varlen)
+    slip = ""
+    dtypes = ("float64",)
+    to_native = NumpyBackend.to_native
+    native_dtype = NumpyBackend.native_dtype
+
+    def __init__(self):
+        super().__init__(functools.update_wrapper(functools.partial(self.form_fn, slip=self.slip), self.form_fn),
+                         self.name)
+        self.capabilities = replace(self.capabilities, dtypes=self.dtypes)
+
+    def _stored(self, y, call):
+        return (store(y[0], call.dtype), y[1]) if call.return_lse else store(y, call.dtype)
+
+    def native_packed(self, q, k, v, args, call):
+        return self._stored(super().native_packed(*widened(q, k, v), args, call), call)
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        return self._stored(super().native_paged(*widened(q, k_cache, v_cache), args, call), call)
+
+
+class ReadsPastCuSeqlens(_Twin):
+    """Each sequence reads one key more than cu_seqlens_k gives it: the next sequence's first key, or
+    an unused (seqused_k) or trailing token (rows outside the sequence touched, flash-attention#1661)."""
+
+    name = "broken-reads-past-cu-seqlens"
+    slip = "past_cu_seqlens"
+    dtypes = ("bfloat16",)
+
+
+class PaddedSeqlenK(_Twin):
+    """Every sequence reads max_seqlen_k keys, the padded length, instead of its own
+    (vllm-project/flash-attention#18: a split-KV kernel used params.seqlen_k)."""
+
+    name = "broken-padded-seqlen-k"
+    slip = "padded_seqlen_k"
+    dtypes = ("float32",)
+
+
+class PagePlacement(_Twin):
+    """Reads a sequence's pages in sorted order instead of the block table's: right only when the pages
+    happen to be placed in order (pytorch/pytorch#182593: output depending on physical placement)."""
+
+    name = "broken-page-placement"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "page_order"
+    dtypes = ("float64",)
+
+
+class IgnoresCacheLeftpad(_Twin):
+    """cache_leftpad accepted and never used: keys from 0, the left padding read
+    (Dao-AILab/flash-attention#1788)."""
+
+    name = "broken-ignores-cache-leftpad"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "ignores_leftpad"
+    dtypes = ("float16", "float32")
+
+
+class AlignsByPaddedLengths(NumpyNaive):
+    """Declares per-sequence positions and aligns every sequence at the padded Lk - Lq (attnspec's own
+    definition before issue 30): chunked prefill and mixed batches wrong."""
+
+    name = "broken-aligns-by-padded-lengths"
+    capabilities = replace(NumpyNaive.capabilities, dtypes=("float16", "float64"), gradients=False)
+
+    def native_attention(self, q, k, v, call):
+        return super().native_attention(q, k, v, replace(call, positions="global"))
+
+
+class AppendOneLate(_Twin):
+    """Appends each new key one slot past cache_seqlens[b] (an off-by-one in the write offset; the class of
+    Dao-AILab/flash-attention#772, the wrong entry of the cache updated).  Not in the proof of teeth's
+    catalogue: its witness would need an append, which Backend.forward never makes;
+    tests/test_backends_formats.py runs the append property on it instead."""
+
+    name = "broken-append-one-late"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "append_one_late"
+    dtypes = ("float64",)
+
+
+class PackedGradientPastCuSeqlens(NumpyNaive):
+    """A packed backward that leaves stale values (here: ones) in dK/dV of the tokens no sequence owns -
+    past cu_seqlens_k[-1] and past seqused_k - instead of zeros (pytorch/pytorch#176793: NaN gradients
+    when the tensors are longer than cu_seqlens[-1]).  Run by tests/test_backends_formats.py."""
+
+    name = "broken-packed-gradient-past-cu-seqlens"
+    capabilities = replace(NumpyNaive.capabilities, dtypes=("float64",))
+
+    def native_packed_backward(self, q, k, v, grad_out, args, call):
+        import numpy as np
+        dq, dk, dv = super().native_packed_backward(q, k, v, grad_out, args, call)
+        stale = np.ones(k.shape[0], dtype=bool)  # (total_k,)
+        cu, used = np.asarray(args.cu_seqlens_k), (np.diff(args.cu_seqlens_k) if args.seqused_k is None
+                                                   else np.asarray(args.seqused_k))
+        for b in range(len(cu) - 1):
+            stale[cu[b]:cu[b] + used[b]] = False
+        dk[stale], dv[stale] = 1.0, 1.0
+        return dq, dk, dv
