@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from attnspec.backends import torch_formats
 from attnspec.backends.base import LAYOUTS, Backend, BackendUnavailable, Call, Capabilities, Deviation, Semantics, Unsupported
 from attnspec.specs.fields import EVERY_FEATURE
 
@@ -122,8 +123,8 @@ class TorchMath(TorchBackend):
     """
 
     name = "torch-math"
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE, layouts=LAYOUTS,
-                                bias_gradient=True)
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE | {"seq_positions"},
+                                layouts=LAYOUTS, bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND"))
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
         # torch 2.13 CPU, found by the suite: q = torch.ones(3, 31, 7, dtype=torch.bfloat16); q[:, 16] = nan;
         # torch.bmm(q, torch.ones(3, 7, 7, dtype=torch.bfloat16))[:, 15] is NaN (float16/float32, or a
@@ -133,12 +134,34 @@ class TorchMath(TorchBackend):
                   "NaN in a padded query row reaches the last real rows' scores (docs/findings.md: torch-bmm-bf16-nan)",
                   dtypes=("bfloat16",)),))
 
+    native_packed = torch_formats.gathered_packed  # its own gather (torch indexing) into a padded batch
+    native_paged = torch_formats.gathered_paged
+
     def _unpadded(self, x, call):
-        """Keys or values past kv_lengths zeroed: padding is never read (0 * NaN would reach the output)."""
-        if call.kv_lengths is None:
+        """Keys or values past kv_lengths and before kv_starts zeroed: padding is never read (0 * NaN
+        would reach the output)."""
+        if call.kv_lengths is None and call.kv_starts is None:
             return x
-        padded = self.torch.arange(x.shape[-2], device=x.device) >= call.kv_lengths[..., None, None]  # (..., 1, Lk)
+        j = self.torch.arange(x.shape[-2], device=x.device)  # (Lk,)
+        padded = self.torch.zeros_like(j, dtype=self.torch.bool)  # (Lk,)
+        if call.kv_lengths is not None:
+            padded = padded | (j >= call.kv_lengths[..., None, None])  # (..., 1, Lk)
+        if call.kv_starts is not None:
+            padded = padded | (j < call.kv_starts[..., None, None])  # (..., 1, Lk) left padding
         return x.masked_fill(padded[..., None], 0)  # (..., Hkv, Lk, ·)
+
+    def _diagonal_offset(self, call, Lq: int, Lk: int, device):
+        """Query 0's diagonal: Lk - Lq bottom-right, else 0; with per-sequence positions one value per
+        sequence, (..., 1, 1, 1): kv_len_b - q_len_b bottom-right, kv_start_b top-left."""
+        if call.positions != "per_sequence":
+            return Lk - Lq if call.causal_alignment == "bottom_right" else 0
+        torch = self.torch
+        i64 = dict(dtype=torch.int64, device=device)
+        q_len = torch.as_tensor(Lq, **i64) if call.q_lengths is None else call.q_lengths.to(torch.int64)
+        kv_len = torch.as_tensor(Lk, **i64) if call.kv_lengths is None else call.kv_lengths.to(torch.int64)
+        start = torch.as_tensor(0, **i64) if call.kv_starts is None else call.kv_starts.to(torch.int64)
+        o = kv_len - q_len + 0 * start if call.causal_alignment == "bottom_right" else start + 0 * (q_len + kv_len)
+        return o[..., None, None, None]  # (..., 1, 1, 1): over heads, queries, keys
 
     def _attention(self, q, k, v, call):
         torch = self.torch
@@ -153,7 +176,7 @@ class TorchMath(TorchBackend):
             s = s + call.bias  # (..., Hq, Lq, Lk) -inf entries stay -inf
         rows = torch.arange(Lq, device=s.device)[:, None]  # (Lq, 1)
         cols = torch.arange(Lk, device=s.device)[None, :]  # (1, Lk)
-        diag = rows + (Lk - Lq if call.causal_alignment == "bottom_right" else 0)  # (Lq, 1) query i's diagonal
+        diag = rows + self._diagonal_offset(call, Lq, Lk, s.device)  # (Lq, 1) or (..., 1, Lq, 1) query i's diagonal
         if call.alibi_slopes is not None:
             wide = torch.promote_types(s.dtype, torch.float32)  # distances exact, one rounding to s's dtype
             dist = (diag - cols).abs().to(wide)  # (Lq, Lk)
@@ -170,6 +193,8 @@ class TorchMath(TorchBackend):
             hidden = hidden | ~call.mask  # (..., Lq, Lk)
         if call.kv_lengths is not None:
             hidden = hidden | (cols >= call.kv_lengths[..., None, None, None])  # (..., 1, 1, Lk)
+        if call.kv_starts is not None:  # left padding: hidden, and zeroed above (never read)
+            hidden = hidden | (cols < call.kv_starts[..., None, None, None])  # (..., 1, 1, Lk)
         if call.q_lengths is not None:
             hidden = hidden | (rows >= call.q_lengths[..., None, None, None])  # (..., 1, Lq, 1)
         if call.q_segment_ids is not None:

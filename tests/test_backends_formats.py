@@ -37,6 +37,21 @@ def _close(out, q, k, v, fields, dtype="float64"):
 @pytest.mark.parametrize("backend", [NumpyNaive(), NumpyTiled(block=3)], ids=lambda b: b.name)
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_numpy_backends_take_packed_and_paged_calls(backend, dtype):
+    _formats_agree(backend, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_torch_math_takes_packed_and_paged_calls_by_its_own_gather(dtype):
+    """torch-math: per-sequence positions and left padding in its own index arithmetic, the sequences and
+    pages gathered with torch indexing (backends/torch_formats.py), judged against the reference."""
+    backend = resolve("torch-math")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    _formats_agree(backend, dtype)
+
+
+def _formats_agree(backend, dtype):
     q, k, v, fields = _problem()
     q, k, v = (error_budget.round_to(x, dtype) for x in (q, k, v))
     _close(backend.forward(q, k, v, dtype=dtype, **fields), q, k, v, fields, dtype)
