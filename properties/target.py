@@ -203,7 +203,10 @@ class Target:
                                      + "; ".join(f"{why}: {k}" for why, k in sorted(self.outside_limits.items())) + ")")
         return out
 
-    def _guarded(self, what: str, fn, *args, **kwargs):
+    def call_backend(self, what: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs) - a call of the backend, or a harness function that calls it (a packed or
+        paged lowering) - under the per-call time limit; Declined for Unsupported, judge.Failed for a
+        call that raised, returned something wrong or hung."""
         try:
             return self.session.call(what, fn, *args, **kwargs)
         except Unsupported as e:
@@ -218,14 +221,14 @@ class Target:
         dtype = dtype or self.dtype
         self._record("forward", case, dtype, return_lse, layout)
         extra = {} if layout == "contiguous" else {"layout": layout}
-        return self._guarded("forward", self.backend.forward, case.q, case.k, case.v, dtype=dtype,
+        return self.call_backend("forward", self.backend.forward, case.q, case.k, case.v, dtype=dtype,
                              return_lse=return_lse, **extra, **case.call_kwargs)
 
     def forward_as_returned(self, case, dtype: str | None = None):
         """(output as float64 NumPy, the dtype it came back in): no output-dtype check (Backend.forward_as_returned)."""
         dtype = dtype or self.dtype
         self._record("forward", case, dtype)
-        out, returned = self._guarded("forward", self.backend.forward_as_returned, case.q, case.k, case.v, dtype=dtype,
+        out, returned = self.call_backend("forward", self.backend.forward_as_returned, case.q, case.k, case.v, dtype=dtype,
                                       **case.call_kwargs)
         return np.asarray(out, dtype=np.float64), returned
 
@@ -233,7 +236,7 @@ class Target:
         """(dq, dk, dv[, dbias]) of sum(output * grad_out)."""
         dtype = dtype or self.dtype
         self._record("backward", case, dtype)
-        return self._guarded("backward", self.backend.backward, case.q, case.k, case.v, grad_out, dtype=dtype,
+        return self.call_backend("backward", self.backend.backward, case.q, case.k, case.v, grad_out, dtype=dtype,
                              **case.call_kwargs)
 
     def _repr_pretty_(self, p, cycle):  # Hypothesis' printer: the short form
