@@ -94,6 +94,7 @@ class Counterexample(Exception):
         self.case, self.params, self.earlier, self.flaky = case, params, earlier, flaky
         self.attribution = ""
         self.draws: tuple = ()  # "label=value" of the example's labelled draws (draws.py, variants.py)
+        self.grid_index: int | None = None  # its place in the property's fixed grid, if it came from one
 
 
 def attempt(prop: Property, target: Target, case: Case, params: dict) -> None:
@@ -191,7 +192,7 @@ def seed_of(base: int, prop: Property, target: Target, step: str = "") -> int:
 
 def explore(prop: Property, target: Target, options: Exploration, examples: int | None = None, avoid=frozenset(),
             seeds: bool = True, shrink: bool = True, exclude: str = "", covered: Callable | None = None,
-            tally: dict | None = None, step: str = "") -> Counterexample | None:
+            tally: dict | None = None, step: str = "", grid_from: int = 0) -> Counterexample | None:
     """Run the property on the target: the (shrunk) failure, or None.  Raises pytest's skip when every
     problem was declined.  ``avoid``: features no draw uses; ``exclude``: a regular expression over a
     problem as printed - such draws are left out (a declared deviation's problems); ``covered``:
@@ -213,7 +214,7 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
         tally["checked"] += 1
 
     if prop.grid is not None:
-        return _fixed(one, target, prop.grid(target))
+        return _fixed(one, target, prop.grid(target)[grid_from:], first_index=grid_from)
     if seeds and prop.seeds:
         from attnspec.properties.seeds import seed_examples
         found = _fixed(one, target, seed_examples(prop, target), skip_declined=True)
@@ -282,17 +283,19 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
     return None
 
 
-def _fixed(one: Callable, target: Target, examples, skip_declined: bool = False) -> Counterexample | None:
+def _fixed(one: Callable, target: Target, examples, skip_declined: bool = False,
+           first_index: int = 0) -> Counterexample | None:
     ran, declined = 0, []
-    for case, params in examples:
+    for i, (case, params) in enumerate(examples, first_index):
         try:
             one(case, params)
             ran += 1
         except Declined as e:
             declined.append(f"{case.label or case!r}: {str(e).split(': ', 1)[-1]}")
         except Counterexample as f:
+            f.grid_index = i
             return f
-    if not ran and declined and not skip_declined:
+    if not ran and declined and not skip_declined and not first_index:
         import pytest
         pytest.skip(f"{target.name} declined every problem: {declined[:3]}")
     return None

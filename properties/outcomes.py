@@ -78,7 +78,9 @@ def run_property(node, run, prop, target) -> None:
             # the declared deviation; the property goes on exploring past it, fresh draws on which a
             # failure the declaration covers counts as checked, so a defect behind it is still found
             tally = {}
-            again = explore(prop, target, run.options, seeds=False, covered=covered, tally=tally, step=":past-declared")
+            resume = 0 if failure.grid_index is None else failure.grid_index + 1  # a grid: the rest of it
+            again = explore(prop, target, run.options, seeds=False, covered=covered, tally=tally, step=":past-declared",
+                            grid_from=resume)
             if again is None:
                 conclude(node, run, failure, row, declared, seen=(
                     f"{head}\n  re-checked past it: {tally['checked']} problems, {tally['covered']} of them the "

@@ -15,10 +15,10 @@ SMALL_MAX_LEN, SMALL_MAX_DIM = 5, 4  # element-wise up to these (at most 40 entr
 # block edges +-1 (64 and 128: key blocks of flash-attention, FlexAttention, Triton kernels)
 MEDIUM_LENGTHS, MEDIUM_DIMS = (7, 8, 9, 16, 17, 31, 32, 33, 64, 65, 127, 129), (7, 8, 16, 32, 64)
 LARGE_LENGTHS, LARGE_DIMS = (100, 127, 128, 129, 200, 256, 257, 300), (64, 80, 128, 256)  # the seeds' d_k
-# B * H * Lq * Lk * max(E, Ev) cap of a large problem: 257 x 257 keys at head dim 16, 257 x 64 at 64,
-# 64 x 64 at 256 - long on both sides or wide, not both: the reference, the error budget's
-# (Lq, Lk, Ev) term and the backend all scale with it, and the large sixth of the draws was
-# most of the suite's time (docs/measurements.md)
+# B * H * Lq * Lk * max(E, Ev) cap of a medium or large problem: 257 x 257 keys at head dim 16, 257 x 64
+# at 64, 64 x 64 at 256, 12 heads of 65 x 129 at 8 - long on both sides, wide or many heads, not all: the
+# reference, the error budget's (Lq, Lk, Ev) term and the backend all scale with it, and the largest
+# draws were most of the suite's time (docs/measurements.md)
 LARGE_WORK = 257 * 257 * 16
 SHRUNK_LENGTHS = (257, 200, 129, 128, 127, 100, 65, 64, 33, 17, 16, 8)  # a length cut to fit: tile edges first
 REGIMES = ("small", "small", "small", "medium", "medium", "large")  # element-wise half the time
@@ -124,7 +124,7 @@ def draw_shape(draw, compiled=False, regimes=REGIMES, equal_dims=False, probe=Fa
         return fitted(Shape(B, H, Hkv, _cut(Lq, B * H * Lk * Lk), Lk, Lk, Lk), caps, probe, equal_dims)
     E = head_dim("E")
     Ev = E if equal_dims else head_dim("Ev")
-    if regime == "large" and B * H * Lq * Lk * max(E, Ev) > LARGE_WORK:  # long or wide, drawn
+    if regime != "small" and B * H * Lq * Lk * max(E, Ev) > LARGE_WORK:  # long or wide, drawn (many heads too)
         if pick(draw, ("lengths", "head dims"), "large problem keeps its") == "lengths":
             while B * H * Lq * Lk * max(E, Ev) > LARGE_WORK and max(E, Ev) > 8:
                 E, Ev = max(8, E // 2), max(8, Ev // 2)  # 80 -> 40 -> 20 -> 10: odd widths stay odd
