@@ -177,6 +177,12 @@ def run_suite_child(backend: str, json_path: str, limit: float, command=None, sh
                          f"{len(missing)} remaining test(s) recorded as failed (not attempted)", done.seconds)
         data = progress.rows()
         data["conformance"] += missing
+    elif progress.hung and done.rc in (0, 1) and data is not None:
+        # the child learned the hang itself and failed the rest at once, before it was ended: the same
+        # verdict as when it is ended (a loaded machine decides which comes first, never the verdict)
+        row = _suite_row(name, "timed_out", f"a {progress.hung} call did not return within the per-call limit "
+                         f"(ATTNSPEC_CALL_TIMEOUT) in {progress.hung_in}; the suite failed its remaining tests at "
+                         "once (not attempted)", done.seconds)
     elif done.rc in (0, 1) and data is not None:
         row = None
     elif done.rc is None:

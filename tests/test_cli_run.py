@@ -685,3 +685,34 @@ def test_a_run_after_an_interrupted_one_in_the_same_process_starts_its_children(
     procs.start_run()
     done = procs.watch([sys.executable, "-c", "print('ran')"], timeout=60)
     assert done.rc == 0 and "ran" in done.output, done
+
+
+_SELF_ENDED_CHILD = r'''
+import json, sys
+json_path, log = sys.argv[1], sys.argv[2]
+row = dict(backend="fake", property="b", dtype="float32", status="failed", examples=1, seconds=2.0,
+           counterexample="", message="forward did not return", hung="forward")
+rest = dict(row, property="c", examples=0, seconds=0.0, hung="forward",
+            message="not attempted: an earlier forward call did not return within the per-call limit")
+with open(log, "w") as f:
+    for r in (row, rest):
+        f.write(json.dumps({"nodeid": "t::test_" + r["property"], "row": r}) + "\n")
+with open(json_path, "w") as f:
+    json.dump({"conformance": [row, rest], "semantics": []}, f)
+sys.exit(1)
+'''
+
+
+def test_a_child_that_learned_the_hang_itself_gets_the_same_verdict(tmp_path):
+    """A suite child whose backend hung fails its remaining tests at once (a hang is learned once) and may
+    finish before the runner, reading its row stream, ends it - on a loaded machine it often does.  Either
+    way the backend's verdict is the same: timed out at the per-call limit, naming the hung call; the rows
+    it wrote are kept."""
+    script = tmp_path / "child.py"
+    script.write_text(_SELF_ENDED_CHILD)
+    data = suites.run_suite_child("fake", str(tmp_path / "s.json"), 90, shown="fake",
+                                  command=lambda backend, json_path, log: [sys.executable, str(script), json_path, log])
+    rows = {r["property"]: r for r in data["conformance"]}
+    assert rows["(suite)"]["status"] == "timed_out", rows
+    assert "per-call limit" in rows["(suite)"]["message"] and "in b[float32]" in rows["(suite)"]["message"]
+    assert rows["c"]["status"] == "failed" and rows["c"]["message"].startswith("not attempted")
