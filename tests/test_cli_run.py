@@ -25,6 +25,14 @@ HAS_REPORT_DEPS = all(procs.importable(m) for m in ("pandas", "matplotlib", "jin
 needs_report = pytest.mark.skipif(not HAS_REPORT_DEPS, reason="pandas, matplotlib and Jinja2 are needed to write a report")
 
 
+@pytest.fixture(autouse=True)
+def _a_folder_of_its_own(tmp_path, monkeypatch):
+    """Every test here runs in a folder of its own: `attnspec run` keeps its lock, `.attnspec/` and
+    `reports/out/` in the working folder, and tests side by side (pytest-xdist) must not share one (two
+    in the checkout at once: the second refused as "already running")."""
+    monkeypatch.chdir(tmp_path)
+
+
 def run_cli(capsys, *argv):
     rc = cli.main(list(argv))
     out, err = capsys.readouterr()
@@ -496,8 +504,10 @@ def test_a_missing_report_dependency_exits_2_naming_it(capsys, monkeypatch, tmp_
 
 
 @pytest.mark.parametrize("command", ["run", "report"])
-def test_out_never_replaces_what_is_not_a_report(capsys, tmp_path, command):
+def test_out_never_replaces_what_is_not_a_report(capsys, monkeypatch, tmp_path, command):
     """--out pointing at the user's own folder or file: exit 2 before anything runs, nothing lost."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # the run's own lock folder stays out of the listing below
     mine = tmp_path / "thesis"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
@@ -509,7 +519,7 @@ def test_out_never_replaces_what_is_not_a_report(capsys, tmp_path, command):
         assert_one_line_error(rc, err, phrase)
     assert (mine / "thesis.tex").read_text() == "years of work" and sorted(os.listdir(mine)) == ["thesis.tex"]
     assert a_file.read_text() == "keep me"
-    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "thesis"]  # no staging or .old folder left behind
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "thesis", "work"]  # no staging or .old folder left behind
 
 
 # -- a plug-in in the user's own folder (not installed), from that folder ---------------------------
