@@ -136,6 +136,7 @@ class TorchMath(TorchBackend):
 
     native_packed = torch_formats.gathered_packed  # its own gather (torch indexing) into a padded batch
     native_paged = torch_formats.gathered_paged
+    native_packed_backward = torch_formats.gathered_packed_backward  # autograd through the same gather
 
     def _unpadded(self, x, call):
         """Keys or values past kv_lengths and before kv_starts zeroed: padding is never read (0 * NaN

@@ -19,9 +19,9 @@ def _extents(torch, args) -> tuple:
     return cu_q, cu_k, used
 
 
-def gathered_packed(self, q, k, v, args, call):
-    """q (total_q, Hq, E), k/v (total_k, Hkv, D) -> (total_q, Hq, Ev) [, lse (Hq, total_q)]; rows no
-    sequence owns are zeros (their LSE -inf)."""
+def _gathered(self, q, k, v, args, call) -> tuple:
+    """(qp, kp, vp, padded call, cu_q): the packed sequences copied into a padded batch with torch
+    indexing (autograd follows the copies), lengths and positions per sequence."""
     torch = self.torch
     cu_q, cu_k, used = _extents(torch, args)
     B, Hq, Hkv = len(cu_q) - 1, q.shape[1], k.shape[1]
@@ -34,20 +34,43 @@ def gathered_packed(self, q, k, v, args, call):
         kp[b, :, :nk] = k[cu_k[b]:cu_k[b] + nk].transpose(0, 1)  # (Hkv, n_k, E)
         vp[b, :, :nk] = v[cu_k[b]:cu_k[b] + nk].transpose(0, 1)  # (Hkv, n_k, Ev)
     i32 = dict(dtype=torch.int32, device=q.device)
-    padded = replace(call, positions="per_sequence", q_lengths=torch.tensor([cu_q[b + 1] - cu_q[b] for b in range(B)],
-                                                                               **i32),
-                     kv_lengths=torch.tensor(used, **i32), kv_starts=None)
+    q_lengths = torch.tensor([cu_q[b + 1] - cu_q[b] for b in range(B)], **i32)
+    padded = replace(call, positions="per_sequence", q_lengths=q_lengths, kv_lengths=torch.tensor(used, **i32),
+                     kv_starts=None)
+    return qp, kp, vp, padded, cu_q
+
+
+def _on_tokens(x, cu_q: list, total_q: int):
+    """(B, Hq, Lq, D) per-sequence rows back onto the token axis: (total_q, Hq, D), zeros past the sequences."""
+    rows = x.new_zeros((total_q, x.shape[1], x.shape[-1]))  # (total_q, Hq, D)
+    for b in range(len(cu_q) - 1):
+        rows[cu_q[b]:cu_q[b + 1]] = x[b, :, :cu_q[b + 1] - cu_q[b]].transpose(0, 1)  # (n_q, Hq, D)
+    return rows
+
+
+def gathered_packed(self, q, k, v, args, call):
+    """q (total_q, Hq, E), k/v (total_k, Hkv, D) -> (total_q, Hq, Ev) [, lse (Hq, total_q)]; rows no
+    sequence owns are zeros (their LSE -inf)."""
+    qp, kp, vp, padded, cu_q = _gathered(self, q, k, v, args, call)
     y = self.native_attention(qp, kp, vp, padded)
     out, lse = y if call.return_lse else (y, None)  # (B, Hq, Lq, Ev), (B, Hq, Lq)
-    rows = q.new_zeros((q.shape[0], Hq, out.shape[-1]))  # (total_q, Hq, Ev)
-    lses = torch.full((Hq, q.shape[0]), float("-inf"), dtype=torch.float32 if lse is None else lse.dtype,
-                      device=q.device)  # (Hq, total_q)
-    for b in range(B):
-        nq = cu_q[b + 1] - cu_q[b]
-        rows[cu_q[b]:cu_q[b + 1]] = out[b, :, :nq].transpose(0, 1)  # (n_q, Hq, Ev)
-        if lse is not None:
-            lses[:, cu_q[b]:cu_q[b + 1]] = lse[b, :, :nq]  # (Hq, n_q)
-    return (rows, lses) if call.return_lse else rows
+    rows = _on_tokens(out, cu_q, q.shape[0])  # (total_q, Hq, Ev)
+    if lse is None:
+        return rows
+    lse = _on_tokens(lse[..., None], cu_q, q.shape[0])[..., 0]  # (total_q, Hq)
+    unowned = self.torch.arange(q.shape[0], device=q.device) >= cu_q[-1]  # (total_q,)
+    return rows, lse.masked_fill(unowned[:, None], float("-inf")).transpose(0, 1)  # (Hq, total_q)
+
+
+def gathered_packed_backward(self, q, k, v, grad_out, args, call):
+    """The packed call's (dq, dk, dv) through autograd over the same gather: tokens no sequence owns get
+    exactly 0 (nothing was read from them)."""
+    torch = self.torch
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+    qp, kp, vp, padded, cu_q = _gathered(self, *leaves, args, call)
+    out = self._attention(qp, kp, vp, replace(padded, return_lse=False))  # (B, Hq, Lq, Ev)
+    rows = _on_tokens(out, cu_q, q.shape[0])  # (total_q, Hq, Ev)
+    return torch.autograd.grad(rows, leaves, grad_out)
 
 
 def gathered_paged(self, q, k_cache, v_cache, args, call):

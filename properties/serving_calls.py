@@ -76,7 +76,7 @@ def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.n
            return_lse: bool = False):
     """The backend's packed call on the case, raised back to (B, H, Lq, Ev)."""
     return target.call_backend("packed forward", serving.forward_packed, target.backend, case.q, case.k, case.v,
-                           dtype=target.dtype, return_lse=return_lse, tail=tail, unused=unused, fill=fill, rng=seed,
+                               dtype=target.dtype, return_lse=return_lse, tail=tail, unused=unused, fill=fill, rng=seed,
                            **case.call_kwargs)
 
 
@@ -84,7 +84,7 @@ def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0
     """The backend's paged call on the case (random placement from `seed`), (B, H, Lq, Ev); spare_columns=0:
     the longest sequence fills its block table exactly."""
     return target.call_backend("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
-                           dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
+                               dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
                            spare_columns=spare_columns, **case.call_kwargs)
 
 
@@ -114,10 +114,10 @@ def append(target: Target, case: Case, n_new: int, page_size: int, layout: str, 
     """The backend's append of each sequence's last n_new keys, then attention: (out, caches after,
     caches as the reference update leaves them) (`backends.serving.append_paged`)."""
     return target.call_backend("paged append", serving.append_paged, target.backend, case.q, case.k, case.v, n_new,
-                           dtype=target.dtype, page_size=page_size, layout=layout, rng=seed, **case.call_kwargs)
+                               dtype=target.dtype, page_size=page_size, layout=layout, rng=seed, **case.call_kwargs)
 
 
 def packed_backward(target: Target, case: Case, grad_out, unused: int = 0, seed: int = 0, tail: int = 2):
     """((dq, dk, dv) padded, the largest |gradient| on tokens no sequence owns) of the packed backward."""
     return target.call_backend("packed backward", serving.backward_packed, target.backend, case.q, case.k, case.v,
-                           grad_out, dtype=target.dtype, tail=tail, unused=unused, rng=seed, **case.call_kwargs)
+                               grad_out, dtype=target.dtype, tail=tail, unused=unused, rng=seed, **case.call_kwargs)

@@ -125,7 +125,7 @@ def draw_shape(draw, compiled=False, regimes=REGIMES, equal_dims=False, probe=Fa
     E = head_dim("E")
     Ev = E if equal_dims else head_dim("Ev")
     if regime != "small" and B * H * Lq * Lk * max(E, Ev) > LARGE_WORK:  # long or wide, drawn (many heads too)
-        if pick(draw, ("lengths", "head dims"), "large problem keeps its") == "lengths":
+        if pick(draw, ("lengths", "head dims"), "over the work cap, the problem keeps its") == "lengths":
             while B * H * Lq * Lk * max(E, Ev) > LARGE_WORK and max(E, Ev) > 8:
                 E, Ev = max(8, E // 2), max(8, Ev // 2)  # 80 -> 40 -> 20 -> 10: odd widths stay odd
         Lq = _cut(Lq, B * H * Lk * max(E, Ev))  # then the query side, then the keys

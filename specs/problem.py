@@ -195,7 +195,7 @@ def visible(problem: Problem) -> np.ndarray:
     if p.mask is not None:
         vis = vis & np.asarray(p.mask, dtype=bool)
     if p.is_causal:
-        vis = vis & causal_mask(p.Lq, p.Lk, p.causal_alignment, F.offsets_of(p))
+        vis = vis & causal_mask(p.Lq, p.Lk, p.causal_alignment, p.offsets)
     for f in F.FIELDS:
         value = p.fields[f.name]
         if f.keeps is not None and not f.is_off(value):

@@ -144,7 +144,8 @@ def test_packed_gradients_match_the_reference_and_vanish_on_tokens_no_sequence_o
     q, k, v, fields = _problem()
     g = np.random.default_rng(1).standard_normal((3, 4, 5, 6))  # (B, Hq, Lq, Ev)
     want = reference.backward(q, k, v, g, **fields)
-    for backend in (NumpyNaive(), NumpyTiled(block=2)):
+    torch_math = resolve("torch-math")
+    for backend in (NumpyNaive(), NumpyTiled(block=2)) + ((torch_math,) if torch_math.availability()[0] else ()):
         grads, stray = serving.backward_packed(backend, q, k, v, g, tail=2, unused=2, rng=3, **fields)
         assert stray == 0.0
         for got, ref in zip(grads, want, strict=True):
