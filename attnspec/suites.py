@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import sys
 import time
@@ -136,8 +137,9 @@ def _suite_row(backend, status, message, seconds) -> dict:
 
 
 def run_suite_child(backend: str, json_path: str, limit: float, command=None, shown: str | None = None,
-                    progress: SuiteProgress | None = None, profile: str = "") -> dict:
-    """The suite's rows for one backend, plus a (suite) row when it did not finish by itself.
+                    progress: SuiteProgress | None = None, profile: str = "", cpu: int | None = None) -> dict:
+    """The suite's rows for one backend, plus a (suite) row when it did not finish by itself; `cpu`: the
+    child's CPU slot when the children fill the cores (properties/cores.py: one thread each).
 
     `backend` is what the suite takes (a name or package.module:attr), `shown` the backend's own name.
     The rows come from the suite's JSON file when it finished, else from its row stream: what
@@ -152,6 +154,9 @@ def run_suite_child(backend: str, json_path: str, limit: float, command=None, sh
     progress.path = log
     # the run's depth, not the child's: each child names one backend, which alone would be deep
     depth = {"ATTNSPEC_PROFILE": profile} if profile else {}
+    if cpu is not None:
+        from attnspec.properties import cores
+        depth.update(cores.one_cpu_each(os.environ, slot=cpu))
     done = watch((command or suite_command)(backend, json_path, log), limit, progress,
                  env=child_env(**depth), stop=lambda: progress.hung)
     progress.read()
@@ -214,11 +219,24 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int, profi
     from attnspec.procs import kill_all
     from attnspec.properties import cores
 
+    # side by side on every core: a CPU each (one thread each), handed from child to child
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    free: queue.SimpleQueue | None = None
+    if 1 < jobs <= cpus:
+        free = queue.SimpleQueue()
+        for slot in range(jobs):
+            free.put(slot)
+
     def one(i, name, shown):
         path = os.path.join(workdir, f"suite-{i}.json")
         say(f"[suite {i}/{len(chosen)}] {name}: started")
         progress = SuiteProgress(label=shown, redraw=False if jobs > 1 else None)
-        data = run_suite_child(name, path, limit, shown=shown, progress=progress, profile=profile)
+        cpu = None if free is None else free.get()
+        try:
+            data = run_suite_child(name, path, limit, shown=shown, progress=progress, profile=profile, cpu=cpu)
+        finally:
+            if cpu is not None:
+                free.put(cpu)
         say(f"[suite {i}/{len(chosen)}] done: {progress.text()}")
         return data
 

@@ -13,6 +13,14 @@ the last to finish is a short one; "longest" is what the previous run recorded (
 carries its ``seconds``), in ``.attnspec/suite-seconds.json`` of the folder the run started in.
 With nothing recorded a backend weighs its number of tests (pytest-xdist), or keeps its place
 (`attnspec run`).
+
+One CPU a worker: when the suite lays itself out over the cores (a worker, or an `attnspec run`
+child, per CPU), each process is pinned to a CPU of its own (``ATTNSPEC_CPU``) and its thread
+pools get one thread (OpenMP, OpenBLAS and MKL from the variables they read when they load, unless
+the user set them; XLA, oneTBB and the rest size their pools from the pinned affinity).  Otherwise
+every worker's runtimes start a thread per CPU and spin against each other's; the problems are
+small, and one thread each did the same work in well under the time (docs/measurements.md).
+The draws and the checks are the same either way; a run the user lays out keeps its threads.
 """
 from __future__ import annotations
 
@@ -21,6 +29,8 @@ import os
 
 SECONDS_FILE = os.path.join(".attnspec", "suite-seconds.json")
 WORKERS_ENV = "ATTNSPEC_WORKERS"
+CPU_ENV = "ATTNSPEC_CPU"  # the slot of a process the suite laid out: pinned to the slot-th CPU it may use
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # read when the runtime loads
 # pytest's parsed options (dests) of the modes that need the run in one process
 _ONE_PROCESS_MODES = ("usepdb", "trace", "stepwise", "collectonly", "setuponly", "setupplan", "looponfail")
 
@@ -64,6 +74,30 @@ def spread(config, backends: int) -> int:
         # --no-loadscope-reorder: xdist hands the groups out in the plugin's order, the longest first
         config.option.numprocesses, config.option.dist, config.option.loadscopereorder = workers, "loadgroup", False
     return workers
+
+
+def one_cpu_each(environ, slot: int | str | None = None) -> dict:
+    """The variables of a process laid out one a CPU: one thread for the runtimes that read a variable
+    (those the user set are kept), and its slot (`pin`) when given."""
+    out = {var: environ.get(var) or "1" for var in THREAD_VARS}
+    if slot is not None:
+        out[CPU_ENV] = str(slot)
+    return out
+
+
+def pin(environ=None, worker: str | None = None) -> int | None:
+    """Pin this process to its CPU (``ATTNSPEC_CPU``: a slot, or "xdist" for pytest-xdist worker `worker`,
+    "gw3" -> slot 3); the CPU, or None when nothing asks for it or the platform cannot."""
+    env = os.environ if environ is None else environ
+    raw = env.get(CPU_ENV, "").strip()
+    if raw == "xdist":
+        raw = (worker or "").removeprefix("gw")
+    if not raw.isdigit() or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = allowed[int(raw) % len(allowed)]
+    os.sched_setaffinity(0, {cpu})
+    return cpu
 
 
 def recorded_seconds(folder: str) -> dict[str, float]:

@@ -44,10 +44,20 @@ def pytest_cmdline_main(config):
     try:
         suite = bool(config.args) and options.runs_suite(config) and all(
             options.reaches_suite(config, a, inside=True) for a in config.args)
-        config.stash[WORKERS] = cores.spread(config, len(options.backend_names(config)) if suite else 0)
+        workers = config.stash[WORKERS] = cores.spread(config, len(options.backend_names(config)) if suite else 0)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
-    yield
+    saved = {var: os.environ.get(var) for var in (*cores.THREAD_VARS, cores.CPU_ENV)}
+    if workers:  # one CPU a worker: the workers inherit the variables, each pins itself (pytest_configure)
+        os.environ.update(cores.one_cpu_each(os.environ, slot="xdist"))
+    try:
+        yield
+    finally:  # this process's environment as it was (a run inside a test session: pytester)
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 def pytest_configure(config):
@@ -58,6 +68,8 @@ def pytest_configure(config):
     config.stash[TARGETS] = {}
     config.pluginmanager.register(rows.RowRecorder(config), "attnspec-rows")
     in_suite = config.stash[IN_SUITE] = options.runs_suite(config)
+    if in_suite:  # a process the suite laid out over the cores: its own CPU (properties/cores.py)
+        cores.pin(worker=getattr(config, "workerinput", {}).get("workerid"))
     try:
         config.stash[RUN] = options.configure(config)
     except ValueError as e:

@@ -67,7 +67,7 @@ def test_longest_first_keeps_each_backend_and_dtype_together_longest_backends_fi
 # ---- the plugin in a run (pytester: in this process) -------------------------------------------------
 
 _PROBE = """
-import json, pytest
+import json, os, pytest
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
@@ -75,7 +75,8 @@ def pytest_configure(config):
     o = config.option
     with open("seen.json", "w") as f:
         json.dump(dict(numprocesses=getattr(o, "numprocesses", None), dist=getattr(o, "dist", None),
-                       suite=config.stash.get(plugin.IN_SUITE, None)), f)
+                       suite=config.stash.get(plugin.IN_SUITE, None), cpu=os.environ.get("ATTNSPEC_CPU"),
+                       threads=os.environ.get("OPENBLAS_NUM_THREADS")), f)
     pytest.exit("probed", returncode=0)
 """
 
@@ -99,10 +100,17 @@ def test_the_suite_spreads_itself_unless_the_users_parsed_options_lay_the_run_ou
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     pytester.makeconftest(_PROBE)
 
+    monkeypatch.delenv("ATTNSPEC_CPU", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+
     def seen(*args):
         pytester.runpytest_inprocess("--pyargs", "attnspec.properties", *TWO, *args)
         found = json.loads((pytester.path / "seen.json").read_text())
         assert found["suite"] is True
+        # one CPU a worker when the suite spread itself (the workers inherit the variables), never else
+        spread = (found["numprocesses"], found["dist"]) == (2, "loadgroup")
+        assert (found["cpu"], found["threads"]) == (("xdist", "1") if spread else (None, None)), found
+        assert "ATTNSPEC_CPU" not in os.environ and "OPENBLAS_NUM_THREADS" not in os.environ  # restored after
         return found["numprocesses"], found["dist"]
 
     assert seen() == (2, "loadgroup")
@@ -133,6 +141,29 @@ def test_a_run_records_its_seconds_and_the_next_loadgroup_run_starts_the_longest
     assert cores.recorded_seconds(str(pytester.path)) == {}
 
 
+def test_one_cpu_each_gives_one_thread_keeps_the_users_counts_and_names_the_slot():
+    assert cores.one_cpu_each({}) == dict.fromkeys(cores.THREAD_VARS, "1")
+    assert cores.one_cpu_each({"OMP_NUM_THREADS": "4"}, slot=3) == {
+        "OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATTNSPEC_CPU": "3"}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+@pytest.mark.parametrize("asked, worker", [("1", None), ("xdist", "gw1"), ("xdist", None), ("", None), ("x", None)])
+def test_pin_takes_the_slot_th_cpu_the_process_may_use(asked, worker):
+    import subprocess
+    import sys
+
+    code = ("import json, os; from attnspec.properties import cores; before = sorted(os.sched_getaffinity(0)); "
+            f"cpu = cores.pin(worker={worker!r}); print(json.dumps([before, cpu, sorted(os.sched_getaffinity(0))]))")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, ATTNSPEC_CPU=asked),
+                         capture_output=True, text=True, check=True).stdout
+    before, cpu, after = json.loads(out)
+    if asked == "1" or worker == "gw1":
+        assert cpu == before[1 % len(before)] and after == [cpu]  # slot 1: the second CPU (wrapping around)
+    else:  # nothing asked (the controller of an xdist run: no worker id): left as it was
+        assert cpu is None and after == before
+
+
 # ---- attnspec run's children ----------------------------------------------------------------------
 
 def test_attnspec_run_starts_the_longest_recorded_suites_first_under_the_runs_profile(monkeypatch, tmp_path):
@@ -140,10 +171,16 @@ def test_attnspec_run_starts_the_longest_recorded_suites_first_under_the_runs_pr
 
     seen, lock = [], threading.Lock()
 
-    def fake_suite(name, path, limit, shown=None, progress=None, profile=""):
+    running: set = set()
+
+    def fake_suite(name, path, limit, shown=None, progress=None, profile="", cpu=None):
         with lock:
             seen.append((name, profile))
+            assert cpu in (0, 1) and cpu not in running  # side by side: a CPU slot each, never shared
+            running.add(cpu)
         time.sleep(0.05)
+        with lock:
+            running.discard(cpu)
         return {"conformance": [{"backend": name}], "semantics": []}
 
     monkeypatch.chdir(tmp_path)
@@ -152,6 +189,7 @@ def test_attnspec_run_starts_the_longest_recorded_suites_first_under_the_runs_pr
     monkeypatch.setattr(suites, "run_suite_child", fake_suite)
     monkeypatch.setattr(suites, "say", lambda *a, **k: None)
     chosen = [(n, n) for n in ("numpy-naive", "torch-math", "jax-naive", "numpy-tiled", "jax-dpa")]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two CPUs, whatever the machine
     parts = suites.run_suites(chosen, 60, str(tmp_path), 2, profile="dev")
     assert [r["backend"] for r in parts["conformance"]] == [n for n, _ in chosen]  # rows in the order asked
     assert {n for n, _ in seen[:2]} == {"jax-dpa", "jax-naive"}  # the longest recorded start first
