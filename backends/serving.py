@@ -202,3 +202,31 @@ def backward_packed(backend, q, k, v, grad_out, dtype="float64", *, tail=0, unus
     padded = (Fm.from_packed(dq[:int(ql.sum())], pk.cu_seqlens_q, p.Lq),
               _scatter_keys(dk, cu_k, ks, ke, p.Lk), _scatter_keys(dv, cu_k, ks, ke, p.Lk))
     return padded, stray
+
+
+def prepare_format(backend, fmt: str, q, k, v, dtype="float32", *, page_size=16, rng=0, **fields):
+    """`Backend.prepare` for a format (the benchmarks): lowered and converted once; returns a no-argument
+    callable that runs the native packed or paged call and syncs (no NaN fill: a timed call reads numbers)."""
+    p, call = _prepared(backend, fmt, q, k, v, dtype, False, fields)
+    B = p.batch_shape[0]
+    if fmt == "packed":
+        pk = Fm.to_packed(p, fill=0.0, rng=rng)
+        args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
+                          pk.max_seqlen_k, _ints(backend, pk.seqused_k))
+        call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
+        natives, hook = backend._natives(dtype, pk.q, pk.k, pk.v), backend.native_packed
+    else:
+        layout = fmt.split("-", 1)[1]
+        pg = Fm.to_paged(p, page_size, layout, fill=0.0, rng=rng)
+        args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, pg.cache_seqlens),
+                         _ints(backend, pg.cache_leftpad), layout, page_size)
+        call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
+        natives = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache,
+                                   pg.v_cache)
+        hook = backend.native_paged
+
+    def run():
+        y = hook(*natives, args, call)
+        backend.sync(y)
+        return y
+    return run

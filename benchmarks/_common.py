@@ -22,8 +22,9 @@ import numpy as np  # after _threads (above): the BLAS reads its thread count wh
 THREADS = _threads.THREADS
 _threads.limit()
 
-from attnspec.backends import registry  # noqa: E402
+from attnspec.backends import registry, serving  # noqa: E402
 from attnspec.backends.base import BackendUnavailable, Unsupported  # noqa: E402
+from attnspec.specs import cost  # noqa: E402
 
 # The clock of the time_ benchmarks. "process" = the process's CPU time: with one thread it is
 # the call's compute time, blind to waiting for a core (on the shared 2-core VM, under load 6-8,
@@ -98,10 +99,17 @@ class Workload:
     lk: int = 1
     e: int = 64
     mask: str = "none"  # none | causal | window-N (N keys, own included) | decode (causal, bottom-right)
+    format: str = "padded"  # or a serving format (specs.formats.FORMATS): packed, paged-NHD, ...
+    page_size: int = 0  # a paged format's
 
     def fields(self) -> dict:
         """Backend.prepare's keyword arguments for this problem."""
         out = {}
+        if self.format == "packed":  # a mixed varlen batch: sequence b has specs.cost.prefill_lengths' length
+            lengths = np.array(cost.prefill_lengths(self.lq, self.batch))
+            out.update(q_lengths=lengths, kv_lengths=lengths, positions="per_sequence")
+        elif self.format.startswith("paged-"):  # every cache full, its pages placed at random in the pool
+            out["positions"] = "per_sequence"
         if self.hkv != self.hq:
             out["enable_gqa"] = True
         if self.mask.startswith("window-"):
@@ -116,7 +124,7 @@ class Workload:
 
     def scaled(self, t: int) -> "Workload":
         """The same problem at Lq = Lk = t (to predict a large call's time from a small one)."""
-        return Workload(self.batch, self.hq, self.hkv, t, t, self.e, self.mask)
+        return Workload(self.batch, self.hq, self.hkv, t, t, self.e, self.mask, self.format, self.page_size)
 
 
 def timer_for(backend, clock: str):
@@ -183,6 +191,8 @@ def get_backend(name: str):
 def _declines(backend, w: Workload, op: str, dtype: str) -> str | None:
     """A reason from the class's declarations alone: no framework loads to skip these."""
     caps = backend.capabilities
+    if w.format not in caps.formats:
+        return f"{backend.name} takes no {w.format} call (declares {', '.join(caps.formats)})"
     if dtype not in caps.dtypes:
         return f"{backend.name} declares dtypes {', '.join(caps.dtypes)}"
     if op == "forward_backward" and not caps.gradients:
@@ -220,7 +230,11 @@ def prepared(name: str, w: Workload, op: str, dtype: str, time_warm_call: bool =
     backend = get_backend(name)
     q, k, v, grad_out = inputs(w)
     try:
-        run = backend.prepare(q, k, v, None, w.is_causal, None, dtype=dtype, op=op, **w.fields())
+        if w.format == "padded":
+            run = backend.prepare(q, k, v, None, w.is_causal, None, dtype=dtype, op=op, **w.fields())
+        else:  # lowered to the format once, in setup (backends/serving.py)
+            run = serving.prepare_format(backend, w.format, q, k, v, dtype, page_size=w.page_size, mask=None,
+                                         is_causal=w.is_causal, **w.fields())
         if MAX_CALL_SECONDS and w.lq == w.lk and w.lq > 256 and dtype in ("bfloat16", "float16"):
             _check_predicted_time(backend, w, op, dtype)
         call_seconds = _first_call(run)  # compilation, lazy allocation, first touch: never timed

@@ -117,6 +117,12 @@ GROUPED_LQ = DECODE_LQ if _F else [1]
 GROUPED_LK = DECODE_LK if _F or explicit("ATTNSPEC_BENCH_LK") else DECODE_LK[-1:]
 GROUPED_DTYPES = DECODE_DTYPES if _F else ["float32"]
 
+# -- serving formats (bench_serving.py): a decode batch over a paged cache, a mixed varlen prefill ------
+PAGED_LK = _ints("ATTNSPEC_BENCH_LK", [2048] if not _F else [256, 2048, 8192])  # every cache full
+PAGE_SIZES = [16, 128] if not _F else [1, 16, 128, 256]  # vLLM's default block, and a large one
+SERVING_BATCH = 4  # sequences: a packed batch of lengths T, T/2, T/4, T/8 (specs.cost.prefill_lengths)
+VARLEN_T = _ints("ATTNSPEC_BENCH_T", [1024] if _Q else [256, 1024] if _D else [256, 1024, 2048])  # the longest
+
 # -- causal and sliding-window prefill (Lq = Lk = T): rates over the visible pairs only -------
 MASK_NAMES = ("causal", "window-256")  # window-N: each query sees itself and N - 1 keys before it
 MASKS = _words("ATTNSPEC_BENCH_MASKS", MASK_NAMES)  # or window-N of your N: below

@@ -40,6 +40,7 @@ os.environ.setdefault("ATTNSPEC_BACKENDS", {backend!r})
 from attnspec.benchmarks.bench_attention import TimeAttention, TimeHalfPrecision  # noqa: E402,F401
 from attnspec.benchmarks.bench_decode import TimeDecode, TimeGroupedDecode  # noqa: E402,F401
 from attnspec.benchmarks.bench_masks import TimeMasked  # noqa: E402,F401
+from attnspec.benchmarks.bench_serving import TimePagedDecode, TimeVarlenPrefill  # noqa: E402,F401
 from attnspec.benchmarks.bench_memory import MemoryAttention  # noqa: E402,F401
 '''
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from attnspec.backends import serving
 from attnspec.properties.case import Case
 from attnspec.properties.judge import Failed
+from attnspec.specs import fields as F
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -26,6 +27,7 @@ REQUIRES = ("seq_lengths", "seq_positions")
 # no mask or bias: the formats have none (a boolean mask would make the problem unpackable)
 DRAW = dict(kinds=("none", "causal"), avoid=frozenset({"bias", "segment_ids"}))
 PAGE_SIZES = (1, 2, 3, 5, 16, 64)
+PER_SEQUENCE_INTS = F.FIELDS_OF["seq_lengths"] + ("kv_starts",)  # (B,) a value each sequence
 
 
 def skip_without(target: Target, fmt: str) -> None:
@@ -59,6 +61,32 @@ def problem_of(case: Case, params: dict, queries: bool = True) -> Case:
     starts = params.get("kv_starts")
     return case.replace(positions="per_sequence", kv_starts=starts if starts is not None and np.any(starts) else None,
                         **({} if queries else {"q_lengths": None}))
+
+
+def bottom_right(target: Target, why: str) -> None:
+    """Skip unless the backend aligns bottom-right: a decode step or a chunk sits after its cache."""
+    if "bottom_right" not in target.alignments:
+        import pytest
+        pytest.skip(f"{target.name} aligns top-left only: {why}")
+
+
+def ends_and_starts(case: Case) -> tuple:
+    """(B,) each sequence's key end (kv_lengths, else Lk) and start (kv_starts, else 0)."""
+    B = case.dims["B"]
+    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (B,)).astype(np.int64)
+    return ends, np.broadcast_to(case.fields.get("kv_starts", 0), (B,)).astype(np.int64)
+
+
+def one_sequence(case: Case, b: int) -> Case:
+    """Sequence b of the case alone, a batch of one: its tokens and its per-sequence fields."""
+    B = case.dims["B"]
+
+    def take(x):
+        return np.broadcast_to(x, (B,) + np.shape(x)[1:])[b:b + 1]
+
+    per = {name: take(value) for name, value in case.fields.items() if isinstance(value, np.ndarray)
+           and (name in PER_SEQUENCE_INTS and value.ndim == 1 or name == "alibi_slopes" and value.ndim >= 2)}
+    return case.replace(q=take(case.q), k=take(case.k), v=take(case.v), **per)
 
 
 @contextlib.contextmanager

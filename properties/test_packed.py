@@ -103,3 +103,26 @@ def test_packed_gradients_match_reference(target: Target, case: Case, params: di
             require(v if v else Verdict(v.name, False, v.where, v.amount, f"{name}: {v.message}", v.limit))
         require(verdict("packed_gradients_match_reference", stray == 0.0, None, stray,
                         f"a gradient of {stray:.6g} on a token no sequence owns; it must be exactly 0", 0.0))
+
+
+@prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
+def test_packed_mixed_batch_equals_each_alone(target: Target, case: Case, params: dict):
+    """A mixed batch - a decode step first (one query), prefill chunks after - gives every sequence what it
+    gets alone, in a batch of one: no kernel chosen for the whole batch by one of its sequences."""
+    from hypothesis import assume
+
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    if "bottom_right" in target.alignments:  # a decode's query after its cache, as the anchors place it
+        case = case.replace(causal_alignment="bottom_right")
+    B, Lq = case.dims["B"], case.dims["Lq"]
+    lengths = np.broadcast_to(case.fields.get("q_lengths", Lq), (B,)).copy()
+    lengths[0] = min(1, Lq)
+    assume(B >= 2 and (lengths[1:] > 1).any())
+    case = case.replace(q_lengths=lengths)
+    mixed = S.packed(target, case, params["unused"], params["seed"])  # (B, H, Lq, Ev)
+    alone = np.concatenate([S.packed(target, S.one_sequence(case, b), params["unused"], params["seed"])
+                            for b in range(B)], axis=0)
+    with S.as_called(case):
+        close_outputs("packed_mixed_batch_equals_each_alone", target, case, mixed, alone, case,
+                      f"q_lengths {lengths.tolist()} together against each sequence alone")

@@ -123,15 +123,13 @@ def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict)
     from hypothesis import assume
 
     layout = _layout(target, params)
-    if "bottom_right" not in target.alignments:
-        import pytest
-        pytest.skip(f"{target.name} aligns top-left only: a chunk's queries are not placed after the cache")
+    S.bottom_right(target, "a chunk's queries are not placed after the cache")
     case = S.problem_of(case, params, queries=False).replace(causal_alignment="bottom_right")  # the cache's
-    B, Lq = case.dims["B"], case.dims["Lq"]
+    Lq = case.dims["Lq"]
     c = Lq // 2
-    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (B,))
+    ends, starts = S.ends_and_starts(case)
     early = ends - (Lq - c)  # (B,) the cache when the first chunk ran
-    assume(c > 0 and (early >= np.broadcast_to(case.fields.get("kv_starts", 0), (B,))).all())
+    assume(c > 0 and (early >= starts).all())
     whole = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
     first = case.replace(q=case.q[:, :, :c], kv_lengths=early)
     second = case.replace(q=case.q[:, :, c:])
@@ -139,3 +137,57 @@ def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict)
                             S.paged(target, second, params["page_size"], layout, params["seed"])], axis=2)
     with S.as_called(case):
         close_outputs("chunks_concatenate_to_prefill", target, case, parts, whole, case, f"chunks of {c} and {Lq - c}")
+
+
+DECODE_STEPS = 8  # the prefill's last rows replayed as decode steps (a call each)
+
+
+@prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
+def test_paged_decode_steps_match_prefill(target: Target, case: Case, params: dict):
+    """Decode steps - one query a sequence, against the cache as it stood at that token - reproduce the
+    causal prefill's rows: its last row is a step over the whole cache, each earlier row a step over the
+    cache one key shorter (up to the last DECODE_STEPS rows)."""
+    from hypothesis import assume
+
+    layout = _layout(target, params)
+    S.bottom_right(target, "a decode step's query is not placed after the cache")
+    case = S.problem_of(case, params, queries=False).replace(causal_alignment="bottom_right")
+    Lq = case.dims["Lq"]
+    ends, starts = S.ends_and_starts(case)
+    first = max(0, int((Lq - (ends - starts)).max()), Lq - DECODE_STEPS)  # every sequence's step sees a key
+    assume(first < Lq)
+    whole = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
+    steps = whole.copy()
+    for t in range(first, Lq):
+        step = case.replace(q=case.q[:, :, t:t + 1], kv_lengths=ends - (Lq - 1 - t))  # query t after its keys
+        steps[:, :, t:t + 1] = S.paged(target, step, params["page_size"], layout, params["seed"])
+    with S.as_called(case):
+        close_outputs("paged_decode_steps_match_prefill", target, case, steps, whole, case,
+                      f"rows {first}..{Lq - 1} as decode steps against the prefill's")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_paged_left_padding_equals_unpadded(target: Target, case: Case, params: dict):
+    """A cache left-padded by p keys (cache_leftpad) gives the output of the same keys unpadded: the
+    padding is never read and moves no position (the diagonal, ALiBi's distances)."""
+    from hypothesis import assume
+
+    layout = _layout(target, params)
+    case = S.problem_of(case, params, queries=False)
+    ends, starts = S.ends_and_starts(case)
+    if not starts.any():  # no padding drawn: a key of padding for every sequence that has two
+        starts = np.minimum(1, np.maximum(ends - 1, 0))
+        assume(starts.any())
+        case = case.replace(kv_starts=starts)
+    B = case.dims["B"]
+    k, v = (np.zeros((B,) + x.shape[1:]) for x in (case.k, case.v))  # (B, Hkv, Lk, ·)
+    for b in range(B):  # sequence b's keys moved to the front
+        k[b, :, :ends[b] - starts[b]] = np.broadcast_to(case.k, k.shape)[b, :, starts[b]:ends[b]]
+        v[b, :, :ends[b] - starts[b]] = np.broadcast_to(case.v, v.shape)[b, :, starts[b]:ends[b]]
+    unpadded = case.replace(k=k.astype(case.k.dtype), v=v.astype(case.v.dtype), kv_lengths=ends - starts,
+                            kv_starts=None)
+    padded = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
+    flat = S.paged(target, unpadded, params["page_size"], layout, params["seed"])
+    with S.as_called(case):
+        close_outputs("paged_left_padding_equals_unpadded", target, case, padded, flat, unpadded,
+                      f"left-padded by {starts.tolist()} against the same keys unpadded")

@@ -17,11 +17,16 @@ def window_of(problem) -> tuple | None:
 def _forward_flops(cost, r) -> float:
     """Useful forward FLOPs of one attention row: only the pairs its mask keeps (specs.cost)."""
     b, h, e = int(r.batch), int(r.heads), int(r.E)
-    if r.problem == "decode":  # the Lq new tokens see the cache and each other: bottom-right causal
+    if r.problem in ("decode", "paged_decode"):  # the Lq new tokens see the cache and each other: bottom-right
         lq, lk = int(r.Lq), int(r.Lk)
         return cost.useful_flops(b, h, lq, lk, e, causal=lq > 1, causal_alignment="bottom_right")
+    if r.problem == "varlen_prefill":  # each sequence's causal triangle; nothing between sequences
+        return sum(cost.useful_flops(1, h, n, n, e, causal=True) for n in cost.prefill_lengths(int(r.T), b))
     t = int(r.T)
     return cost.useful_flops(b, h, t, t, e, causal=r.problem == "causal", window=window_of(r.problem))
+
+
+_DECODES = ("decode", "paged_decode")  # problems sized by Lq and Lk (T empty), rated by KV bytes read
 
 
 def derived_rows(df):
@@ -36,12 +41,12 @@ def derived_rows(df):
         warnings.warn(f"specs.cost unavailable ({e}): no gflops or memory_multiple rows", stacklevel=3)
         return pd.DataFrame(columns=df.columns)
     out = []
-    sized = df[["batch", "heads", "E"]].notna().all(axis=1) & (df["T"].notna() | df["problem"].eq("decode"))
+    sized = df[["batch", "heads", "E"]].notna().all(axis=1) & (df["T"].notna() | df["problem"].isin(_DECODES))
     for r in df[(df["metric"] == "time") & sized].itertuples(index=False):
         flops = _forward_flops(cost, r) * (1 + cost.BACKWARD_FACTOR * (r.op == "forward_backward"))
         out.append(r._asdict() | dict(metric="gflops", value=flops / r.value / 1e9, unit="GFLOP/s",
                                       ci_low=np.nan, ci_high=np.nan))
-        if r.problem == "decode":  # every key and value is read at least once per step
+        if r.problem in _DECODES:  # every key and value is read at least once per step
             kv = cost.kv_bytes(int(r.batch), int(r.kv_heads), int(r.Lk), int(r.E), None, np.dtype(_numpy_dtype(r.dtype)).itemsize)
             out.append(r._asdict() | dict(metric="kv_gbps", value=kv / r.value / 1e9, unit="GB/s",
                                           ci_low=np.nan, ci_high=np.nan))

@@ -26,7 +26,9 @@ COLUMNS = ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "valu
 # against a cache of Lk; T is empty), None for machine rows; kv_heads, Lq, Lk: its sizes.
 # grid: the benchmark grid the row was measured on (quick, default, full: benchmarks/_grid.py), as
 # attnspec run records it beside the results (inputs.GRID_FILE); None for results asv ran by hand.
-EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk", "grid"]
+# page_size: a paged decode's (problem "paged_decode"); "varlen_prefill" is a packed causal batch of
+# specs.cost.prefill_lengths(T, batch), T its longest sequence.
+EXTRA_COLUMNS = ["ci_low", "ci_high", "clock", "problem", "kv_heads", "Lq", "Lk", "grid", "page_size"]
 
 # Class.method of a benchmark -> (metric, unit, fixed columns, problem).  Matched on the last two
 # parts of asv's name, so attnspec's benchmarks re-exported from a plug-in's own asv suite
@@ -38,6 +40,8 @@ KNOWN = {
     "TimeDecode.time_decode": ("time", "s", {"op": "forward"}, "decode"),
     "TimeGroupedDecode.time_decode": ("time", "s", {"op": "forward"}, "decode"),
     "TimeMasked.time_masked": ("time", "s", {}, None),  # problem: the mask parameter
+    "TimePagedDecode.time_paged_decode": ("time", "s", {"op": "forward"}, "paged_decode"),
+    "TimeVarlenPrefill.time_varlen_prefill": ("time", "s", {"op": "forward"}, "varlen_prefill"),
     "PeakMatmul.track_peak_gflops": ("peak_gflops", "GFLOP/s", {"op": "matmul", "dtype": "float32"}, None),
     "Bandwidth.track_bandwidth": ("bandwidth", "GB/s", {}, None),
     "Threads.track_threads": ("threads", "threads", {}, None),
@@ -57,6 +61,8 @@ DEFAULT_PARAM_NAMES = {
     "TimeDecode.time_decode": [DECODE_PARAMS],
     "TimeGroupedDecode.time_decode": [DECODE_PARAMS],
     "TimeMasked.time_masked": [["backend", "batch", "heads", "T", "E", "mask", "op", "dtype", "clock"]],
+    "TimePagedDecode.time_paged_decode": [DECODE_PARAMS[:-1] + ["page_size", "clock"]],
+    "TimeVarlenPrefill.time_varlen_prefill": [["backend", "batch", "heads", "T", "E", "dtype", "clock"]],
     "PeakMatmul.track_peak_gflops": [["library", "dtype", "openblas_coretype", "threads"],
                                      ["library", "openblas_coretype", "threads"]],
     "Bandwidth.track_bandwidth": [["kernel", "array_mib", "threads"]],
@@ -66,7 +72,7 @@ DEFAULT_PARAM_NAMES = {
     "Device.track_on_gpu": [["backend"]],
 }
 FIDELITY_BATCH, FIDELITY_HEADS = 1, 8  # benchmarks/_grid.py BATCH, HEADS
-_INT_COLUMNS = ("batch", "heads", "T", "E", "kv_heads", "Lq", "Lk")
+_INT_COLUMNS = ("batch", "heads", "T", "E", "kv_heads", "Lq", "Lk", "page_size")
 
 
 def _short(name: str) -> str:
@@ -168,7 +174,7 @@ def _fill_sizes(row: dict) -> None:
         row["op"] = f"{row.pop('array_mib')} MiB arrays"
     for extra in ("openblas_coretype", "threads", "array_mib"):
         row.pop(extra, None)  # one-value parameters: recorded by asv, not columns here
-    if row["problem"] in ("dense", "causal", "window") and row["T"] is not None:
+    if row["problem"] in ("dense", "causal", "window", "varlen_prefill") and row["T"] is not None:
         row.update(Lq=row["Lq"] or row["T"], Lk=row["Lk"] or row["T"])
     if row["problem"] is not None and row["kv_heads"] is None:
         row["kv_heads"] = row["heads"]

@@ -74,3 +74,21 @@ def masked_data(f) -> dict:
     titles.update({p: f"sliding window of {p[7:]} keys" for p in set(rate["problem"].astype(str)) if p.startswith("window-")})
     return {"measured": True, "plot": _svg(plots.rate_by_panel(rate, "problem", titles, ylabel="useful GFLOP/s")),
             "table": _table(df, ("T", "useful GFLOP/s", "dense GFLOP/s", "useful / dense"))}
+
+
+def serving_data(f) -> dict:
+    """Serving formats: a decode batch over a paged cache (KV GB/s under the roofs) and a mixed-length
+    packed prefill (GFLOP/s over the useful pairs)."""
+    paged, varlen = bench_tables.paged_decode_frame(f.bench), bench_tables.varlen_frame(f.bench)
+    if paged.empty and varlen.empty:
+        return {"measured": False}
+    gbps = f.bench[(f.bench["metric"] == "kv_gbps") & (f.bench["problem"] == "paged_decode")]
+    rate = f.bench[(f.bench["metric"] == "gflops") & (f.bench["problem"] == "varlen_prefill")]
+    first = f.bench[f.bench["problem"].isin(("paged_decode", "varlen_prefill"))].iloc[0]
+    return {"measured": True, "batch": int(first["batch"]), "heads": int(first["heads"]), "E": int(first["E"]),
+            "paged_plot": _svg(plots.paged_bandwidth(gbps, bench_tables.bandwidth_roofs(f.bench))),
+            "varlen_plot": _svg(plots.rate_by_panel(rate, "problem", {"varlen_prefill": "mixed lengths T, T/2, T/4, "
+                                                                      "T/8, causal (useful pairs)"},
+                                                    ylabel="useful GFLOP/s")),
+            "paged": _table(paged, ("page_size", "Lk", "time", "KV GB/s", "% of DRAM roof")),
+            "varlen": _table(varlen, ("T", "time", "useful GFLOP/s"))}

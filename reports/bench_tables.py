@@ -137,3 +137,41 @@ def masked_frame(bench: pd.DataFrame, largest_t_only: bool = True) -> pd.DataFra
                     f"{r.value_dense:.1f}" if pd.notna(r.value_dense) else "", ratio])
     return pd.DataFrame(out, columns=columns).sort_values(["machine", "backend", "op", "dtype", "problem", "T"],
                                                           kind="stable").reset_index(drop=True)
+
+
+def paged_decode_frame(bench: pd.DataFrame) -> pd.DataFrame:
+    """Each paged decode step (benchmarks/bench_serving.py): time, KV-read GB/s, its share of the DRAM roof."""
+    time = _rows(bench, "time", "paged_decode")
+    columns = ["machine", "backend", "dtype", "page_size", "Lk", "time", "KV GB/s", "% of DRAM roof"]
+    if time.empty:
+        return pd.DataFrame(columns=columns)
+    keys = ["machine", "backend", "dtype", "Lk", "page_size"]
+    merged = time.merge(_rows(bench, "kv_gbps", "paged_decode")[keys + ["value"]], on=keys, how="left",
+                        suffixes=("", "_gbps"))
+    roofs = bandwidth_roofs(bench)
+    out = []
+    for r in merged.itertuples(index=False):
+        roof = dram_roof(roofs, r.machine)
+        share = f"{100 * r.value_gbps / roof[1]:.0f} %" if roof and pd.notna(r.value_gbps) else ""
+        out.append([r.machine, r.backend, r.dtype, int(r.page_size), int(r.Lk), fmt_seconds(r.value),
+                    f"{r.value_gbps:.2f}" if pd.notna(r.value_gbps) else "", share])
+    return pd.DataFrame(out, columns=columns).sort_values(["machine", "backend", "dtype", "Lk", "page_size"],
+                                                          kind="stable").reset_index(drop=True)
+
+
+def varlen_frame(bench: pd.DataFrame) -> pd.DataFrame:
+    """Each mixed-length packed prefill: time and GFLOP/s over the useful pairs (each sequence's triangle)."""
+    from attnspec.specs import cost
+
+    time = _rows(bench, "time", "varlen_prefill")
+    columns = ["machine", "backend", "dtype", "T", "lengths", "time", "useful GFLOP/s"]
+    if time.empty:
+        return pd.DataFrame(columns=columns)
+    keys = ["machine", "backend", "dtype", "T"]
+    merged = time.merge(_rows(bench, "gflops", "varlen_prefill")[keys + ["value"]], on=keys, how="left",
+                        suffixes=("", "_gflops"))
+    out = [[r.machine, r.backend, r.dtype, int(r.T), " ".join(map(str, cost.prefill_lengths(int(r.T), int(r.batch)))),
+            fmt_seconds(r.value), f"{r.value_gflops:.2f}" if pd.notna(r.value_gflops) else ""]
+           for r in merged.itertuples(index=False)]
+    return pd.DataFrame(out, columns=columns).sort_values(["machine", "backend", "dtype", "T"],
+                                                          kind="stable").reset_index(drop=True)

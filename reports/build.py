@@ -33,6 +33,7 @@ SECTIONS = (
     ("dtypes", "Performance in 16-bit dtypes"),
     ("decode", "Decode: KV-cache bandwidth and grouped KV heads"),
     ("masked", "Causal and sliding-window problems: rate over useful work"),
+    ("serving", "Serving formats: paged decode and varlen prefill"),
     ("detection", "Detection power: the smallest defect the suite rejects"),
     ("worked", "The seeds' worked examples"),
 )

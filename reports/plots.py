@@ -267,6 +267,32 @@ def decode_bandwidth(rows, roofs: dict) -> str | None:
         return to_svg(fig)
 
 
+def paged_bandwidth(rows, roofs: dict) -> str | None:
+    """KV-read GB/s of a paged decode step against the page size, one panel per cache length Lk,
+    under the measured bandwidth.  rows: kv_gbps rows of problem "paged_decode" (one dtype)."""
+    if rows.empty:
+        return None
+    several = rows["machine"].nunique() > 1
+    colours = _colours(rows)
+    lks = sorted(int(x) for x in rows["Lk"].dropna().unique())
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(1, len(lks), figsize=(5.2 * len(lks), 3.4), squeeze=False, sharey=True)
+        for ax, lk in zip(axes[0], lks, strict=True):
+            _lines(ax, rows[rows["Lk"] == lk], "page_size", colours, several)
+            for (machine, kernel, size), gbps in sorted(roofs.items()):
+                small = str(size).split()[0].isdigit() and int(str(size).split()[0]) < 64
+                where = f", {machine}" if several else ""
+                ax.axhline(gbps, color="black", linewidth=1.0, linestyle=":" if small else "--",
+                           label=ROOF + label(f"{kernel} {size}: {gbps:.1f} GB/s{where}"))
+            ax.set_title(f"one token a sequence, caches of {lk} keys")
+            ax.set_yscale("log")
+            _log2_axis(ax, rows["page_size"].dropna(), "page size (keys)")
+            _roof_legend(ax)
+        axes[0][0].set_ylabel("KV read GB/s")
+        _backend_legend(fig, axes[0])
+        return to_svg(fig)
+
+
 def rate_by_panel(rows, panel: str, titles: dict, roofs: dict | None = None, ylabel: str = "GFLOP/s") -> str | None:
     """A metric against T, one panel per value of column `panel` (a dtype, a mask), optional
     horizontal roofs per panel value: {panel value: [(label, value)]}."""

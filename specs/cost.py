@@ -84,6 +84,13 @@ def useful_flops(B: int, Hq: int, Lq: int, Lk: int, E: int, Ev: int | None = Non
     return 2 * B * Hq * pairs_visible(Lq, Lk, causal, causal_alignment, window) * (E + Ev)
 
 
+def prefill_lengths(T: int, B: int) -> list[int]:
+    """The sequence lengths of a mixed varlen prefill of B sequences, the longest T: T, T/2, T/4, ...
+    (each at least 1), repeating every four sequences - the benchmarks' packed batch."""
+    _positive(T=T, B=B)
+    return [max(1, T >> (b % 4)) for b in range(B)]
+
+
 def kv_bytes(B: int, Hkv: int, Lk: int, E: int, Ev: int | None, itemsize: int) -> int:
     """Bytes of the keys and values: what one decode step must read at least once."""
     Ev = E if Ev is None else Ev

@@ -142,6 +142,12 @@ BROKEN = (
           "pages read in sorted order, pytorch/pytorch#182593", "serving"),
     Entry("serving_bugs:IgnoresCacheLeftpad", SERVING, w.paged_leftpad,
           "cache_leftpad never used, flash-attention#1788", "serving"),
+    Entry("serving_bugs:DecodeSkipsNewestKey", SERVING, w.decode_step,
+          "a decode step without its newest key (context length off by one)", "serving"),
+    Entry("serving_bugs:LeftpadCountedTwice", SERVING, w.paged_leftpad,
+          "cache_leftpad also moves the causal diagonal", "serving"),
+    Entry("serving_bugs:DecodeDispatchByFirst", SERVING, w.mixed_batch,
+          "a mixed batch run by the decode kernel its first sequence chose", "serving"),
 )
 
 CORRECT = (

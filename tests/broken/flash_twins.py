@@ -11,15 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, alibi=None, slip=""):
-    """One sequence: q (Lq, Hq, E), k (Lk, Hkv, E), v (Lk, Hkv, Ev) -> out (Lq, Hq, Ev), lse (Hq, Lq)."""
+def attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, alibi=None, slip="", shift=0):
+    """One sequence: q (Lq, Hq, E), k (Lk, Hkv, E), v (Lk, Hkv, Ev) -> out (Lq, Hq, Ev), lse (Hq, Lq);
+    `shift`: a slip's misplaced diagonal (query positions moved back by it)."""
     Lq, Hq, _ = q.shape
     Lk, Hkv = k.shape[:2]
     kk, vv = (np.repeat(np.asarray(x, np.float64), Hq // max(Hkv, 1), axis=1) for x in (k, v))  # (Lk, Hq, D)
     s = np.einsum("qhe,khe->hqk", np.asarray(q, np.float64), kk) * scale  # (Hq, Lq, Lk)
     if softcap:
         s = softcap * np.tanh(s / softcap)
-    i = np.arange(Lq)[:, None] + (0 if slip == "top_left" else Lk - Lq)  # (Lq, 1) query i's position
+    i = np.arange(Lq)[:, None] + (0 if slip == "top_left" else Lk - Lq) - shift  # (Lq, 1) query i's position
     j = np.arange(Lk)[None, :]  # (1, Lk)
     if alibi is not None:
         s = s - np.asarray(alibi, np.float64)[:, None, None] * np.abs(i - j)
@@ -46,6 +47,8 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     out = np.zeros(q.shape[:2] + v.shape[-1:])  # (total_q, Hq, Ev): rows past cu_seqlens_q[-1] zeros
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)  # (Hq, total_q)
+    if slip == "decode_dispatch_by_first" and len(cu_seqlens_q) > 1 and int(cu_seqlens_q[1]) - int(cu_seqlens_q[0]) == 1:
+        causal = False  # "a decode batch": the first sequence's one query chose the kernel with no causal mask
     for b in range(len(cu_seqlens_q) - 1):
         q0, q1, k0 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(cu_seqlens_k[b])
         k1 = int(cu_seqlens_k[b + 1]) if seqused_k is None else k0 + int(seqused_k[b])
@@ -96,9 +99,12 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
     lse = np.full((B, q.shape[2], q.shape[1]), -np.inf)  # (B, Hq, Lq)
     for b in range(B):
         end = int(cache_seqlens[b])
+        if slip == "decode_skips_newest" and q.shape[1] == 1:
+            end -= 1  # the decode path reads keys before cache_seqlens - 1: the newest key left out
         start = 0 if cache_leftpad is None or slip == "ignores_leftpad" else int(cache_leftpad[b])
         kb, vb = _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip)
-        out[b], lse[b] = attend(q[b], kb, vb, scale, causal, window_size, softcap, alibi_slopes)
+        shift = start if slip == "leftpad_counted_twice" else 0  # the diagonal moved back by the padding again
+        out[b], lse[b] = attend(q[b], kb, vb, scale, causal, window_size, softcap, alibi_slopes, shift=shift)
     out = out.astype(q.dtype)
     return (out, lse) if return_softmax_lse else out
 

@@ -77,6 +77,35 @@ class IgnoresCacheLeftpad(_Twin):
     dtypes = ("float16", "float32")
 
 
+class DecodeSkipsNewestKey(_Twin):
+    """A decode step (one query a sequence) reads the keys before cache_seqlens - 1: the token just
+    appended is left out (an off-by-one of a decode kernel's context length); prefill rows are right."""
+
+    name = "broken-decode-skips-newest-key"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "decode_skips_newest"
+    dtypes = ("float16",)
+
+
+class LeftpadCountedTwice(_Twin):
+    """cache_leftpad subtracted from the keys and again from the queries' positions: each row's causal
+    diagonal sits `leftpad` keys early, so a left-padded sequence loses its last keys."""
+
+    name = "broken-leftpad-counted-twice"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "leftpad_counted_twice"
+    dtypes = ("bfloat16",)
+
+
+class DecodeDispatchByFirst(_Twin):
+    """A varlen batch whose first sequence has one query is run by the decode kernel, which needs no causal
+    mask: in a mixed batch of decodes and prefill chunks, the chunks' queries see their future."""
+
+    name = "broken-decode-dispatch-by-first"
+    slip = "decode_dispatch_by_first"
+    dtypes = ("float64",)
+
+
 class AlignsByPaddedLengths(NumpyNaive):
     """Declares per-sequence positions and aligns every sequence at the padded Lk - Lq (attnspec's own
     definition before issue 30): chunked prefill and mixed batches wrong."""

@@ -187,6 +187,20 @@ def paged_leftpad(seed=0):
                     positions="per_sequence", kv_lengths=np.array([7, 5]), kv_starts=np.array([2, 1]))
 
 
+def decode_step(seed=0):
+    """Issue 30: one decode query a sequence against caches of 5 and 3 keys (causal bottom-right: each
+    query sees every key, the newest included)."""
+    return _problem(*_heads(2, 2, 1, 5, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    positions="per_sequence", kv_lengths=np.array([5, 3]))
+
+
+def mixed_batch(seed=0):
+    """Issue 30: a decode (1 query after 4 keys) first, then a prefill chunk (3 queries, 6 keys), causal
+    bottom-right: the chunk's first two queries must not see its last keys."""
+    return _problem(*_heads(2, 2, 3, 6, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    positions="per_sequence", q_lengths=np.array([1, 3]), kv_lengths=np.array([4, 6]))
+
+
 # ALiBi's slopes for 6 heads (the 4 of 4 heads, then every other one of 8): specs.problem.alibi_slopes(6),
 # written out because nothing here reads specs (tests/test_teeth.py checks they agree)
 ALIBI_SLOPES_6 = np.array([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
