@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 from hypothesis import Phase, given, reject, seed, settings
 from hypothesis import strategies as st
-from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from attnspec.properties.draws import draw_case
@@ -140,30 +139,12 @@ def _shown(value) -> str:
 
 # ---- Hypothesis, per backend -----------------------------------------------------------------
 
-class _Keyed(ExampleDatabase):
-    """The profile's example database with a key per property and target: every test here is the same
-    function to Hypothesis, and a failure saved for one backend must replay on that backend only."""
-
-    def __init__(self, db, prefix: bytes):
-        super().__init__()
-        self.db, self.prefix = db, prefix
-
-    def save(self, key, value):
-        self.db.save(self.prefix + key, value)
-
-    def fetch(self, key):
-        return self.db.fetch(self.prefix + key)
-
-    def delete(self, key, value):
-        self.db.delete(self.prefix + key, value)
-
-
 @dataclass(frozen=True)
 class Exploration:
     """How the run explores (properties.options builds it from the command line and environment)."""
 
     examples: int = 6           # drawn examples a property (gradient properties: half, at least 3)
-    seed: int | None = None     # base seed: each test's seed derives from it and the test's id
+    seed: int = 0               # base seed: each test's seed derives from it and the test's id
     shrink: bool = True         # False: no shrink phase (measurements; a declared deviation never)
     attribute: bool = True      # after a failure, find the features it needs
     rule: str = "attnspec"      # the error budget's rule (specs.error_budget.RULES)
@@ -173,12 +154,10 @@ def examples_for(prop: Property, options: Exploration) -> int:
     return max(3, options.examples // 2) if prop.gradients else options.examples
 
 
-def settings_for(prop: Property, target: Target, options: Exploration, examples: int | None = None, shrink: bool = True,
-                 step: str = ""):
+def settings_for(prop: Property, target: Target, options: Exploration, examples: int | None = None,
+                 shrink: bool = True):
     base = settings.default
     kw = dict(max_examples=examples or examples_for(prop, options))
-    if base.database is not None:  # a re-check (step) keeps its own examples: never the first run's failure
-        kw["database"] = _Keyed(base.database, f"attnspec:{prop.family}.{prop.name}[{target.id}]{step}:".encode())
     if not (shrink and options.shrink):
         kw["phases"] = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
     return settings(base, **kw)
@@ -264,9 +243,11 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
             reject()
         declined["row"] = 0
 
-    run = settings_for(prop, target, options, examples, shrink, step)(given(data=st.data())(body))
-    if options.seed is not None:
-        run = seed(seed_of(options.seed, prop, target, step))(run)
+    # seeded per test (and per step): the same draws every run of the same seed, on any machine - a
+    # failure replays from its seed (and its reproducer), so no example database is kept (seed() turns
+    # Hypothesis' database off for the test, as Hypothesis documents)
+    run = seed(seed_of(options.seed, prop, target, step))(
+        settings_for(prop, target, options, examples, shrink)(given(data=st.data())(body)))
     try:
         run()
     except Unsatisfiable:

@@ -18,7 +18,7 @@ Seeds: every run is seeded, and its seed printed (header, summary, JSON's "run")
 derives from the run's and the test's id.  ``--hypothesis-seed=N`` (Hypothesis' own option, read
 here, never rewritten) gives N; the ci profile takes the checkout's commit (ATTNSPEC_SEED); every
 other run the fixed DEFAULT_SEED, so two runs of one command draw the same problems and give the
-same verdicts (with the example database cleared: it replays a test's earlier failures first).
+same verdicts (a seeded test keeps no example database: nothing of an earlier run replays).
 """
 from __future__ import annotations
 

@@ -557,6 +557,30 @@ def test_a_failing_propertys_report_shows_the_labelled_draws_of_its_shrunk_examp
     assert lq == 1 or lq >= 4, shown  # the planted defects: one-row queries, and four rows or more
 
 
+def test_a_seeded_exploration_replays_from_its_seed_and_keeps_no_example_database(tmp_path):
+    """Every exploration is seeded (the run's seed and the test's id): the same failure, shrunk the same,
+    each time, and nothing written to the profile's example database (Hypothesis' seed() turns it off)."""
+    from hypothesis import settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from attnspec.properties.explore import Exploration, explore
+    from attnspec.properties.test_output import test_default_scale
+
+    (target,) = [t for t in make_targets("tests.plugins.deviating:DeclaredAndAnotherDefect") if t.dtype == "float64"]
+    previous = settings.get_current_profile_name()
+    settings.register_profile("attnspec-test-db", parent=settings.get_profile(previous),
+                              database=DirectoryBasedExampleDatabase(str(tmp_path / "db")))
+    settings.load_profile("attnspec-test-db")
+    try:
+        first, again = (explore(test_default_scale.property, target, Exploration(examples=30, seed=5))
+                        for _ in range(2))
+    finally:
+        settings.load_profile(previous)
+    assert first is not None and again is not None
+    assert repr(first.case) == repr(again.case) and first.draws == again.draws
+    assert not (tmp_path / "db").exists() or not any((tmp_path / "db").rglob("*"))
+
+
 def test_a_property_that_checked_problems_is_never_skipped_as_all_declined():
     """A backend that answers its first calls and then declines every problem: the property passes on
     what it checked (not "every drawn problem was declined" after checking some); one that declines
