@@ -93,9 +93,20 @@ def test_packed_gradients_match_reference(target: Target, case: Case, params: di
     """dQ, dK, dV of a packed call, each sequence's within its budget, and exactly 0 on the tokens no
     sequence owns (past cu_seqlens[-1], past seqused_k: pytorch/pytorch#176793's NaN gradients there)."""
     S.skip_without(target, "packed")
-    case = S.problem_of(case, params)
-    g = grad_out(case, target.dtype, params["seed"])  # (B, H, Lq, Ev)
-    grads, stray = S.packed_backward(target, case, g, params["unused"], params["seed"])
+    _packed_gradients(target, S.problem_of(case, params), params["unused"], params["seed"])
+
+
+@prop(requires=S.REQUIRES, grid=S.edge_cases, gradients=True)
+def test_packed_gradient_edges(target: Target, case: Case, params: dict):
+    """The packed backward at the edges, by construction: zero-length sequences, one key a sequence
+    (Dao-AILab/flash-attention#443: NaN gradients with length-1 keys), keys at tile edges."""
+    S.skip_without(target, "packed")
+    _packed_gradients(target, case, 1, params["seed"])
+
+
+def _packed_gradients(target: Target, case: Case, unused: int, seed: int) -> None:
+    g = grad_out(case, target.dtype, seed)  # (B, H, Lq, Ev)
+    grads, stray = S.packed_backward(target, case, g, unused, seed)
     with S.as_called(case):
         verdicts = error_budget.check_backward(grads, case.problem, None, None, g, dtype=target.budget_dtype,
                                                rule=rule_of(target))

@@ -158,13 +158,18 @@ def test_packed_gradients_match_the_reference_and_vanish_on_tokens_no_sequence_o
 def test_the_append_and_packed_gradient_properties_reject_their_planted_bugs(tmp_path):
     from attnspec.properties.runner import run_suite
     planted = {"broken-append-one-late": "tests.broken.serving_bugs:AppendOneLate",
-               "broken-packed-gradient-past-cu-seqlens": "tests.broken.serving_bugs:PackedGradientPastCuSeqlens"}
+               "broken-append-to-next-sequence": "tests.broken.serving_bugs:AppendToNextSequence",
+               "broken-packed-gradient-past-cu-seqlens": "tests.broken.serving_bugs:PackedGradientPastCuSeqlens",
+               "broken-packed-backward-nan-one-key": "tests.broken.serving_bugs:PackedBackwardNaNOneKey"}
     result = run_suite([*planted.values(), KVCACHE, "numpy-naive"], json_path=str(tmp_path / "out.json"),
-                       extra_args=["-k", "append_writes_its_slots_only or packed_gradients_match_reference",
-                                   "--attnspec-no-shrink"], profile="dev", cwd=str(tmp_path),
+                       extra_args=["-k", "append_writes_its_slots_only or packed_gradient", "--attnspec-no-shrink"],
+                       profile="dev", cwd=str(tmp_path),
                        pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])], timeout=300)
     rows = {(r["backend"], r["property"], r["dtype"]): r["status"] for r in result.conformance}
     assert rows[("broken-append-one-late", "append_writes_its_slots_only", "float64")] == "failed", result.output[-3000:]
+    assert rows[("broken-append-to-next-sequence", "append_writes_its_slots_only", "float64")] == "failed"
     assert rows[("broken-packed-gradient-past-cu-seqlens", "packed_gradients_match_reference", "float64")] == "failed"
+    # by construction (the edge grid's one-key sequences), whatever the draws
+    assert rows[("broken-packed-backward-nan-one-key", "packed_gradient_edges", "float32")] == "failed"
     others = {s for (b, _, _), s in rows.items() if b not in planted}
     assert others == {"passed", "skipped"} or others == {"passed"}, rows  # the kvcache twin: no packed backward

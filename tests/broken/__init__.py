@@ -146,6 +146,8 @@ BROKEN = (
           "a decode step without its newest key (context length off by one)", "serving"),
     Entry("serving_bugs:LeftpadCountedTwice", SERVING, w.paged_leftpad,
           "cache_leftpad also moves the causal diagonal", "serving"),
+    Entry("serving_bugs:ChunkWithinItself", SERVING, w.chunk_after_cache,
+          "a chunk attends only within itself, kekzl/imp#117", "serving"),
     Entry("serving_bugs:DecodeDispatchByFirst", SERVING, w.mixed_batch,
           "a mixed batch run by the decode kernel its first sequence chose", "serving"),
 )

@@ -78,11 +78,13 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, slip=""):
     for b in range(k.shape[0]):
         for t in range(k.shape[1]):
             j = int(cache_seqlens[b]) + t + (1 if slip == "append_one_late" else 0)
+            row = (b + 1) % k.shape[0] if slip == "append_next_sequence" else b  # whose slots it writes
             if block_table is None:
-                k_cache[b, j], v_cache[b, j] = k[b, t], v[b, t]
+                k_cache[row, j], v_cache[row, j] = k[b, t], v[b, t]
             else:
                 P = k_cache.shape[1]
-                k_cache[block_table[b, j // P], j % P], v_cache[block_table[b, j // P], j % P] = k[b, t], v[b, t]
+                page = block_table[row, j // P]
+                k_cache[page, j % P], v_cache[page, j % P] = k[b, t], v[b, t]
 
 
 def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -102,6 +104,8 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
         if slip == "decode_skips_newest" and q.shape[1] == 1:
             end -= 1  # the decode path reads keys before cache_seqlens - 1: the newest key left out
         start = 0 if cache_leftpad is None or slip == "ignores_leftpad" else int(cache_leftpad[b])
+        if slip == "chunk_within_itself":  # a prefill chunk attends to its own keys only, not to the cache's past
+            start = max(start, end - q.shape[1])
         kb, vb = _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip)
         shift = start if slip == "leftpad_counted_twice" else 0  # the diagonal moved back by the padding again
         out[b], lse[b] = attend(q[b], kb, vb, scale, causal, window_size, softcap, alibi_slopes, shift=shift)

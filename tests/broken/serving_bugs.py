@@ -97,6 +97,27 @@ class LeftpadCountedTwice(_Twin):
     dtypes = ("bfloat16",)
 
 
+class ChunkWithinItself(_Twin):
+    """A prefill chunk of Lq queries attends to the last Lq keys of its cache only - its own - and never
+    to the past before it (kekzl/imp#117: a chunked prefill that attended only within the chunk)."""
+
+    name = "broken-chunk-within-itself"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "chunk_within_itself"
+    dtypes = ("float32",)
+
+
+class AppendToNextSequence(_Twin):
+    """Writes sequence b's new keys through the next sequence's block table (the wrong batch entry of the
+    cache updated, Dao-AILab/flash-attention#772).  Like AppendOneLate, run by
+    tests/test_backends_formats.py (an append is never made by Backend.forward)."""
+
+    name = "broken-append-to-next-sequence"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "append_next_sequence"
+    dtypes = ("float64",)
+
+
 class DecodeDispatchByFirst(_Twin):
     """A varlen batch whose first sequence has one query is run by the decode kernel, which needs no causal
     mask: in a mixed batch of decodes and prefill chunks, the chunks' queries see their future."""
@@ -146,4 +167,23 @@ class PackedGradientPastCuSeqlens(NumpyNaive):
         for b in range(len(cu) - 1):
             stale[cu[b]:cu[b] + used[b]] = False
         dk[stale], dv[stale] = 1.0, 1.0
+        return dq, dk, dv
+
+
+class PackedBackwardNaNOneKey(NumpyNaive):
+    """A packed backward that gives NaN dQ for a sequence of one key (Dao-AILab/flash-attention#443:
+    varlen backward NaN with seqlen_k = 1); every other sequence right.  Run by tests/test_backends_formats.py
+    (its forward is right: no witness for Backend.forward)."""
+
+    name = "broken-packed-backward-nan-one-key"
+    capabilities = replace(NumpyNaive.capabilities, dtypes=("float32",))
+
+    def native_packed_backward(self, q, k, v, grad_out, args, call):
+        import numpy as np
+        dq, dk, dv = super().native_packed_backward(q, k, v, grad_out, args, call)
+        cu_q, cu_k = np.asarray(args.cu_seqlens_q), np.asarray(args.cu_seqlens_k)
+        used = np.diff(cu_k) if args.seqused_k is None else np.asarray(args.seqused_k)
+        for b in range(len(cu_q) - 1):
+            if used[b] == 1:
+                dq[cu_q[b]:cu_q[b + 1]] = np.nan
         return dq, dk, dv

@@ -194,6 +194,13 @@ def decode_step(seed=0):
                     positions="per_sequence", kv_lengths=np.array([5, 3]))
 
 
+def chunk_after_cache(seed=0):
+    """Issue 30: prefill chunks of 3 queries after caches of 3 and 1 keys (6 and 4 keys in all), causal
+    bottom-right: the chunk's queries see the keys before the chunk too."""
+    return _problem(*_heads(2, 2, 3, 6, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    positions="per_sequence", kv_lengths=np.array([6, 4]))
+
+
 def mixed_batch(seed=0):
     """Issue 30: a decode (1 query after 4 keys) first, then a prefill chunk (3 queries, 6 keys), causal
     bottom-right: the chunk's first two queries must not see its last keys."""
