@@ -1,8 +1,9 @@
 """Plain functions with flash-attention's serving signatures, called that way (issue 30).
 
 A function whose parameters use flash-attention's names is a backend of its own call format, fed
-in flash-attention's layouts (NumPy arrays, or whatever its declaration says the framework is not:
-NumPy only here):
+in flash-attention's layouts - NumPy arrays, or torch tensors on the declared device with
+``declare(framework="torch", device=...)`` (a Triton or CUDA varlen kernel; the real
+``flash_attn.flash_attn_varlen_func`` declared so):
 
 - ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``:
   the ``packed`` format - q ``(total_q, Hq, E)``, k/v ``(total_k, Hkv, E)``, ``cu_seqlens_*`` int32;
@@ -70,6 +71,16 @@ class FlashFunctionBackend(Backend):
     def native_dtype(self, y):
         return str(np.asarray(y).dtype)
 
+    def _host(self, x):
+        """An int argument or a length as NumPy (a native one fetched from its device)."""
+        return None if x is None else np.asarray(x)
+
+    def _swap(self, x, a: int, b: int):
+        return np.ascontiguousarray(np.swapaxes(x, a, b))
+
+    def _slopes(self, x):
+        return x
+
     def _options(self, call) -> dict:
         kw = {"softmax_scale": call.scale, "causal": bool(call.is_causal)}
         if call.window is not None:
@@ -77,7 +88,7 @@ class FlashFunctionBackend(Backend):
         if call.softcap is not None:
             kw["softcap"] = float(call.softcap)
         if call.alibi_slopes is not None:
-            kw["alibi_slopes"] = call.alibi_slopes
+            kw["alibi_slopes"] = self._slopes(call.alibi_slopes)
         if call.return_lse:
             kw["return_softmax_lse"] = True
         missing = sorted(set(kw) - self.params - {"softmax_scale", "causal"})
@@ -93,8 +104,8 @@ class FlashFunctionBackend(Backend):
                               f"(asked: {call.causal_alignment})")
 
     def native_packed(self, q, k, v, args, call):
-        cu_q, cu_k = np.asarray(args.cu_seqlens_q), np.asarray(args.cu_seqlens_k)
-        used = np.diff(cu_k) if args.seqused_k is None else np.asarray(args.seqused_k)
+        cu_q, cu_k = self._host(args.cu_seqlens_q), self._host(args.cu_seqlens_k)
+        used = np.diff(cu_k) if args.seqused_k is None else self._host(args.seqused_k)
         self._aligned(call, np.diff(cu_q), used)
         kw = dict(cu_seqlens_q=args.cu_seqlens_q, cu_seqlens_k=args.cu_seqlens_k, max_seqlen_q=args.max_seqlen_q,
                   max_seqlen_k=args.max_seqlen_k, **self._options(call))
@@ -116,9 +127,9 @@ class FlashFunctionBackend(Backend):
 
     def native_paged(self, q, k_cache, v_cache, args, call):
         B, Lq = q.shape[0], q.shape[2]
-        lens = np.asarray(args.cache_seqlens)
-        pads = np.zeros_like(lens) if args.cache_leftpad is None else np.asarray(args.cache_leftpad)
-        if call.q_lengths is not None and (np.asarray(call.q_lengths) < Lq).any():
+        lens = self._host(args.cache_seqlens)
+        pads = np.zeros_like(lens) if args.cache_leftpad is None else self._host(args.cache_leftpad)
+        if call.q_lengths is not None and (self._host(call.q_lengths) < Lq).any():
             raise Unsupported(f"{self.name} takes every query row as real (flash_attn_with_kvcache has no query "
                               "lengths): padded query rows are not its problem")
         self._aligned(call, np.full(B, Lq), lens - pads + (self._new_keys["k"].shape[1] if self._new_keys else 0))
@@ -128,7 +139,52 @@ class FlashFunctionBackend(Backend):
                 raise Unsupported(f"{self.name} has no parameter cache_leftpad")
             kw["cache_leftpad"] = args.cache_leftpad
         kw.update(self._new_keys)
-        y = self.fn(np.ascontiguousarray(np.swapaxes(q, 1, 2)), k_cache, v_cache, **kw)  # q (B, Lq, Hq, E)
+        y = self.fn(self._swap(q, 1, 2), k_cache, v_cache, **kw)  # q (B, Lq, Hq, E)
         if call.return_lse:
-            return np.swapaxes(y[0], 1, 2), y[1]  # (B, Hq, Lq, Ev), (B, Hq, Lq)
-        return np.swapaxes(y, 1, 2)  # (B, Lq, Hq, Ev) -> (B, Hq, Lq, Ev)
+            return self._swap(y[0], 1, 2), y[1]  # (B, Hq, Lq, Ev), (B, Hq, Lq)
+        return self._swap(y, 1, 2)  # (B, Lq, Hq, Ev) -> (B, Hq, Lq, Ev)
+
+
+class TorchFlashFunction(FlashFunctionBackend):
+    """flash-attention's varlen or kvcache signature over torch tensors on the declared device, in the
+    dtype under test (bfloat16 natively); the int arguments int32 tensors on that device, as
+    flash-attention takes them.  Forward only, under no_grad.  No torch, or no GPU for a CUDA
+    function: BackendUnavailable (a skip with its reason)."""
+
+    def __init__(self, fn, name: str):
+        super().__init__(fn, name)
+        self.device = self.declaration.device
+
+    from attnspec.backends.torch_backends import TorchBackend as _Torch
+    load, to_native, from_native, sync = _Torch.load, _Torch.to_native, _Torch.from_native, _Torch.sync
+    del _Torch
+
+    def native_dtype(self, y) -> str:
+        return str(y.dtype).removeprefix("torch.")
+
+    def _host(self, x):
+        return None if x is None else (x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x))
+
+    def _swap(self, x, a: int, b: int):
+        return x.transpose(a, b).contiguous()
+
+    def _slopes(self, x):
+        return x if hasattr(x, "detach") else self.to_native(np.asarray(x, dtype=np.float32), "float32")
+
+    def native_packed(self, q, k, v, args, call):
+        with self.torch.no_grad():
+            return super().native_packed(q, k, v, args, call)
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        with self.torch.no_grad():
+            return super().native_paged(q, k_cache, v_cache, args, call)
+
+
+def for_framework(framework: str):
+    """The backend class of a flash-attention-signature function over `framework`'s tensors."""
+    if framework == "numpy":
+        return FlashFunctionBackend
+    if framework == "torch":
+        return TorchFlashFunction
+    raise ValueError(f"a function with flash-attention's signature takes NumPy arrays or torch tensors "
+                     f"(declare(framework='torch')); got framework {framework!r}")

@@ -238,9 +238,9 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
 def function_backend(fn, name: str) -> Backend:
     """The backend of a plain function: over NumPy arrays, or its framework's tensors as it declares."""
     decl = getattr(fn, "__attnspec__", None) or Declaration()
-    from attnspec.backends.flash_functions import FlashFunctionBackend, flash_form
-    if decl.framework == "numpy" and flash_form(fn):  # flash_attn_varlen_func / flash_attn_with_kvcache
-        return FlashFunctionBackend(fn, name)
+    from attnspec.backends import flash_functions
+    if flash_functions.flash_form(fn):  # flash_attn_varlen_func / flash_attn_with_kvcache: called that way
+        return flash_functions.for_framework(decl.framework)(fn, name)
     if decl.framework == "numpy":
         return FunctionBackend(fn, name)
     from attnspec.backends import native_functions

@@ -173,3 +173,27 @@ def test_the_append_and_packed_gradient_properties_reject_their_planted_bugs(tmp
     assert rows[("broken-packed-backward-nan-one-key", "packed_gradient_edges", "float32")] == "failed"
     others = {s for (b, _, _), s in rows.items() if b not in planted}
     assert others == {"passed", "skipped"} or others == {"passed"}, rows  # the kvcache twin: no packed backward
+
+
+@pytest.mark.slow
+def test_torch_functions_with_flash_attentions_signatures_get_torch_tensors_and_are_judged(tmp_path):
+    """declare(framework="torch") on flash_attn_varlen_func / flash_attn_with_kvcache signatures: called with
+    torch tensors (int32 cu_seqlens, block tables) in the dtype under test, bfloat16 natively; the correct
+    twins pass the packed and paged families, the planted one (max_seqlen_k keys read) fails."""
+    pytest.importorskip("torch")
+    from attnspec.properties.runner import run_suite
+
+    good = ["tests.plugins.torch_flash:varlen", "tests.plugins.torch_flash:kvcache"]
+    bad = "tests.plugins.torch_flash:varlen_reads_max_seqlen_k"
+    result = run_suite([*good, bad], json_path=str(tmp_path / "out.json"),
+                       extra_args=["-k", "packed_ or paged_ or append", "--attnspec-no-shrink"], profile="dev",
+                       cwd=str(tmp_path), pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])],
+                       timeout=600)
+    rows = [r for r in result.conformance if r.get("property") != "(all)"]
+    by = {}
+    for r in rows:
+        by.setdefault(r["backend"], set()).add(r["status"])
+    assert by[good[0]] == {"passed", "skipped"} and by[good[1]] == {"passed", "skipped"}, result.output[-3000:]
+    assert {(r["dtype"]) for r in rows if r["backend"] in good and r["status"] == "passed"} == {
+        "float16", "bfloat16", "float32"}
+    assert "failed" in by[bad] and not any(r["status"] == "error" for r in rows), result.output[-3000:]
