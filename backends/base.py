@@ -308,6 +308,12 @@ class Backend:
         out_shape = p.batch_shape + (p.Lq, p.Ev)
         if np.shape(grad_out) != out_shape:
             raise ValueError(f"grad_out must be shaped like the output {out_shape}; got {np.shape(grad_out)}")
+        if "padded" not in self.capabilities.formats and "packed" in self.capabilities.formats:
+            from attnspec.backends.serving import backward_packed  # a varlen kernel: through its packed backward
+            self.check_supported(dtype, "forward_backward", problem=p)
+            grads, _ = backward_packed(self, q, k, v, grad_out, dtype, rng=0, mask=mask, is_causal=is_causal,
+                                       scale=scale, **fields)
+            return tuple(g.reshape(np.shape(x)) for g, x in zip(grads, (q, k, v), strict=True))
         self.check_supported(dtype, "forward_backward", problem=p)
         self._check_shapes(p)
         qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)

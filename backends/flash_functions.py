@@ -15,7 +15,8 @@ Keywords passed when the problem uses them and the signature has them: ``softmax
 ``seqused_k``, ``cache_leftpad``, ``return_softmax_lse`` (then ``(out, lse)``, lse ``(Hq, total_q)``
 varlen, ``(B, Hq, Lq)`` kvcache).  Both align causal, window and ALiBi bottom-right per sequence, as
 flash-attention does; a problem that needs another alignment, or padded query rows in a kvcache
-call (it has no query lengths), is declined with the reason.  Forward only.
+call (it has no query lengths), is declined with the reason.  Forward only over NumPy; over torch,
+a varlen function's backward is autograd through its call (the gradient families run it packed).
 """
 from __future__ import annotations
 
@@ -148,12 +149,16 @@ class FlashFunctionBackend(Backend):
 class TorchFlashFunction(FlashFunctionBackend):
     """flash-attention's varlen or kvcache signature over torch tensors on the declared device, in the
     dtype under test (bfloat16 natively); the int arguments int32 tensors on that device, as
-    flash-attention takes them.  Forward only, under no_grad.  No torch, or no GPU for a CUDA
+    flash-attention takes them.  The forward under no_grad; a varlen function's backward through
+    autograd (``backward=False`` in its declaration: none).  No torch, or no GPU for a CUDA
     function: BackendUnavailable (a skip with its reason)."""
 
     def __init__(self, fn, name: str):
         super().__init__(fn, name)
         self.device = self.declaration.device
+        # varlen: its backward is autograd through the call (flash-attention's is an autograd.Function)
+        self.capabilities = replace(self.capabilities,
+                                    gradients=self.form == "varlen" and self.declaration.backward is not False)
 
     from attnspec.backends.torch_backends import TorchBackend as _Torch
     load, to_native, from_native, sync = _Torch.load, _Torch.to_native, _Torch.from_native, _Torch.sync
@@ -174,6 +179,12 @@ class TorchFlashFunction(FlashFunctionBackend):
     def native_packed(self, q, k, v, args, call):
         with self.torch.no_grad():
             return super().native_packed(q, k, v, args, call)
+
+    def native_packed_backward(self, q, k, v, grad_out, args, call):
+        """(dq, dk, dv) packed: autograd through the function's own call."""
+        leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+        out = FlashFunctionBackend.native_packed(self, *leaves, args, replace(call, return_lse=False))
+        return self.torch.autograd.grad(out, leaves, grad_out)  # (total_q, Hq, E), (total_k, Hkv, E) x 2
 
     def native_paged(self, q, k_cache, v_cache, args, call):
         with self.torch.no_grad():

@@ -179,14 +179,16 @@ def test_the_append_and_packed_gradient_properties_reject_their_planted_bugs(tmp
 def test_torch_functions_with_flash_attentions_signatures_get_torch_tensors_and_are_judged(tmp_path):
     """declare(framework="torch") on flash_attn_varlen_func / flash_attn_with_kvcache signatures: called with
     torch tensors (int32 cu_seqlens, block tables) in the dtype under test, bfloat16 natively; the correct
-    twins pass the packed and paged families, the planted one (max_seqlen_k keys read) fails."""
+    twins pass the packed and paged families - the varlen one's backward through autograd too, packed and
+    padded (through its packed call) - and the planted one (max_seqlen_k keys read) fails."""
     pytest.importorskip("torch")
     from attnspec.properties.runner import run_suite
 
     good = ["tests.plugins.torch_flash:varlen", "tests.plugins.torch_flash:kvcache"]
     bad = "tests.plugins.torch_flash:varlen_reads_max_seqlen_k"
     result = run_suite([*good, bad], json_path=str(tmp_path / "out.json"),
-                       extra_args=["-k", "packed_ or paged_ or append", "--attnspec-no-shrink"], profile="dev",
+                       extra_args=["-k", "packed_ or paged_ or append or test_gradients_match_reference",
+                                   "--attnspec-no-shrink"], profile="dev",
                        cwd=str(tmp_path), pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])],
                        timeout=600)
     rows = [r for r in result.conformance if r.get("property") != "(all)"]
@@ -197,3 +199,7 @@ def test_torch_functions_with_flash_attentions_signatures_get_torch_tensors_and_
     assert {(r["dtype"]) for r in rows if r["backend"] in good and r["status"] == "passed"} == {
         "float16", "bfloat16", "float32"}
     assert "failed" in by[bad] and not any(r["status"] == "error" for r in rows), result.output[-3000:]
+    status = {(r["backend"], r["property"], r["dtype"]): r["status"] for r in rows}
+    for dtype in ("float16", "bfloat16", "float32"):
+        for prop in ("packed_gradients_match_reference", "packed_gradient_edges", "gradients_match_reference"):
+            assert status[(good[0], prop, dtype)] == "passed", (prop, dtype)
