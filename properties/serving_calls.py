@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 REQUIRES = ("seq_lengths", "seq_positions")
 # no mask or bias: the formats have none (a boolean mask would make the problem unpackable)
 DRAW = dict(kinds=("none", "causal"), avoid=frozenset({"bias", "segment_ids"}))
-PAGE_SIZES = (1, 2, 3, 5, 16, 64)
+PAGE_SIZES = (1, 2, 3, 5, 16, 64, 128, 256)  # 128, 256: a page larger than most drawn caches
+POOLS = (2.0, 2.5, 3.0)  # the pool's size over the pages the sequences need
 PER_SEQUENCE_INTS = F.FIELDS_OF["seq_lengths"] + ("kv_starts",)  # (B,) a value each sequence
 
 
@@ -52,6 +53,7 @@ def per_sequence(draw, case: Case, target: Target) -> dict:
     return {"kv_starts": starts, "seed": draw(st.integers(0, 2**16), label="placement seed"),
             "unused": draw(st.integers(0, 3), label="unused keys a sequence (seqused_k)"),
             "page_size": PAGE_SIZES[draw(st.integers(0, len(PAGE_SIZES) - 1), label="page size")],
+            "pool": draw(st.sampled_from(POOLS), label="pool over the need"),
             "layout": draw(st.sampled_from(paged_layouts(target) or ("NHD",)), label="paged layout")}
 
 
@@ -108,12 +110,15 @@ def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.n
                            **case.call_kwargs)
 
 
-def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1):
-    """The backend's paged call on the case (random placement from `seed`), (B, H, Lq, Ev); spare_columns=0:
-    the longest sequence fills its block table exactly."""
+def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1,
+          pool: float | None = None):
+    """The backend's paged call on the case (random placement from `seed`, in a pool `pool` times the need:
+    drawn from POOLS by the seed when not given), (B, H, Lq, Ev); spare_columns=0: the longest sequence
+    fills its block table exactly."""
+    pool = POOLS[seed % len(POOLS)] if pool is None else pool
     return target.call_backend("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
                                dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
-                           spare_columns=spare_columns, **case.call_kwargs)
+                               spare_columns=spare_columns, pool=pool, **case.call_kwargs)
 
 
 def edge_cases(target: Target) -> list:

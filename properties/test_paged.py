@@ -2,7 +2,7 @@
 
 Run only on backends that declare per-sequence positions and a ``paged-*`` format.  A drawn
 problem's keys and values are written to a paged cache (`specs.formats.to_paged`): pages at random
-places in a pool 2-3x the need, page sizes 1, 2, 3, 5, 16, 64, NaN in unused pages, each last page's
+places in a pool 2-3x the need, page sizes 1, 2, 3, 5, 16, 64, 128, 256, NaN in unused pages, each last page's
 tail, the left padding (``cache_leftpad``) and pages that spare table columns point to.  Every query
 row is real (a decode or chunked-prefill batch: flash_attn_with_kvcache has no query lengths).
 Bugs this catches: output depending on page placement (pytorch/pytorch#182593), a block table not
@@ -38,7 +38,7 @@ def test_paged_matches_reference(target: Target, case: Case, params: dict):
     layout = _layout(target, params)
     case = S.problem_of(case, params, queries=False)
     with S.as_called(case):
-        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"]))
+        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"]))
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -46,8 +46,8 @@ def test_page_placement_bitwise(target: Target, case: Case, params: dict):
     """Two random placements of the same pages (same page size) give the same output, bit for bit."""
     layout = _layout(target, params)
     case = S.problem_of(case, params, queries=False)
-    a = S.paged(target, case, params["page_size"], layout, params["seed"])  # (B, H, Lq, Ev)
-    b = S.paged(target, case, params["page_size"], layout, params["seed"] + 1)
+    a = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"])  # (B, H, Lq, Ev)
+    b = S.paged(target, case, params["page_size"], layout, params["seed"] + 1)  # another pool size too, mostly
     with S.as_called(case):
         unchanged("page_placement_bitwise", a, b, case.judged_rows(), "the pages placed elsewhere in the pool")
 
