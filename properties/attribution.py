@@ -21,7 +21,7 @@ def attribute(failure: Counterexample, options: Exploration) -> str:
     prop, target, case = failure.prop, failure.target, failure.case
     if prop.grid is not None:
         return ""
-    fixed = set(prop.constraints(target)["need"])
+    fixed = set(prop.constraints(target).need)
     used = [f for f in FEATURES if f in case.features and f not in fixed]
     needed = []
     for feature in used:

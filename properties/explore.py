@@ -7,8 +7,8 @@ A family module (``properties/test_<family>.py``) writes each property as a chec
         agreement(target, case)
 
 `prop` makes it the pytest test ``test_matches_reference(target, attnspec_run)``: the plugin
-parametrizes ``target`` (a backend at a dtype), and `explore` draws cases (`draws.draw_case`,
-constrained by the property's ``draw``), the property's own parameters (``params``: a
+parametrizes ``target`` (a backend at a dtype), and `explore` draws cases (the property's ``draw``:
+a `distribution.Cases`, ``@prop(draw=cases(kinds=("causal",)))``), the property's own parameters (``params``: a
 permutation, a split point), runs the check, and lets Hypothesis shrink a failure.  The same
 check, given the failing case and parameters, is what a reproducer runs (`properties.repro`).
 Seeds, example counts and phases come from public Hypothesis settings built per backend
@@ -26,7 +26,7 @@ from hypothesis import Phase, given, reject, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable
 
-from attnspec.properties.draws import draw_case
+from attnspec.properties.distribution import Cases, cases
 from attnspec.properties.judge import Failed
 from attnspec.properties.target import Declined
 
@@ -42,7 +42,7 @@ class Property:
     name: str
     family: str
     check: Callable            # (target, case, params) -> None; raises judge.Failed
-    draw: dict | Callable = field(default_factory=dict)  # draws.draw_case's constraints (or target -> them)
+    draw: Cases | Callable = field(default_factory=cases)  # the problems it draws (or target -> them)
     params: Callable | None = None  # (draw, case, target) -> dict: what else the check needs, drawn
     seed_params: dict | Callable = field(default_factory=dict)  # params for the seeds' examples (or case -> them)
     seeds: bool = False        # the seeds' worked examples run first
@@ -53,11 +53,12 @@ class Property:
     grid: Callable | None = None   # target -> [(case, params)]: a fixed list instead of draws
     doc: str = ""
 
-    def constraints(self, target: Target, avoid=frozenset()) -> dict:
-        kw = dict(self.draw(target) if callable(self.draw) else self.draw)
-        kw["avoid"] = frozenset(kw.get("avoid", ())) | set(avoid)
-        kw["need"] = frozenset(kw.get("need", ())) | (set(self.requires) - kw["avoid"])
-        return kw
+    def constraints(self, target: Target, avoid=frozenset()) -> Cases:
+        """The problems it draws on `target`: its distribution, needing its required features and avoiding
+        `avoid` besides."""
+        drawn = self.draw(target) if callable(self.draw) else self.draw
+        avoided = drawn.avoid | set(avoid)
+        return drawn.but(avoid=avoided, need=drawn.need | (set(self.requires) - avoided))
 
 
 def prop(**options):
@@ -218,8 +219,7 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
             labelled.append(f"{label}={_shown(value)}")
         return value
 
-    problems = st.composite(lambda draw: draw_case(lambda s, label=None: draw_labelled(draw, s, label), target,
-                                                   **constraints))()
+    problems = constraints.strategy(target, draw_labelled)
 
     def body(data):
         labelled.clear()

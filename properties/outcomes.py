@@ -57,7 +57,7 @@ def run_property(node, run, prop, target) -> None:
         head = results.headline(failure) if failure is not None else ""
         hit = next((d for d in confined if d.confines(failure.case) and d.matches(head)), None) if head else None
         if hit is not None:
-            need = prop.constraints(target)["need"]
+            need = prop.constraints(target).need
             if hit.feature in need:  # the property is about that feature
                 conclude(node, run, failure, row, hit)
             # checked again without every confined departure's problems (one of them alone would let

@@ -35,7 +35,7 @@ SEED_CASES = (
 
 def seed_examples(prop, target: Target) -> list:
     """(case rounded to the target's dtype, the property's seed params) for each seed that suits it."""
-    probe = prop.constraints(target).get("probe", False)
+    probe = prop.constraints(target).probe
     out = []
     for case in SEED_CASES:
         d = case.dims

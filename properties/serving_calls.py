@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from attnspec.backends import serving
 from attnspec.properties.case import Case
+from attnspec.properties.distribution import cases
 from attnspec.properties.judge import Failed
 from attnspec.specs import fields as F
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 REQUIRES = ("seq_lengths", "seq_positions")
 # no mask or bias: the formats have none (a boolean mask would make the problem unpackable)
-DRAW = dict(kinds=("none", "causal"), avoid=frozenset({"bias", "segment_ids"}))
+DRAW = cases(kinds=("none", "causal"), avoid=frozenset({"bias", "segment_ids"}))
 PAGE_SIZES = (1, 2, 3, 5, 16, 64, 128, 256)  # 128, 256: a page larger than most drawn caches
 POOLS = (2.0, 2.5, 3.0)  # the pool's size over the pages the sequences need
 PER_SEQUENCE_INTS = F.FIELDS_OF["seq_lengths"] + ("kv_starts",)  # (B,) a value each sequence

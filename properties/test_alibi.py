@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, close_outputs
 from attnspec.specs.masks import alibi_bias
@@ -19,13 +20,13 @@ if TYPE_CHECKING:
 _SMALL = ("small", "medium")
 
 
-@prop(requires=("alibi",), draw=dict(regimes=_SMALL))
+@prop(requires=("alibi",), draw=cases(regimes=_SMALL))
 def test_alibi_matches_reference(target: Target, case: Case, params: dict):
     """Native ALiBi slopes, the head counts drawn including 3 and 6 (not powers of two)."""
     agreement(target, case)
 
 
-@prop(requires=("alibi", "bias"), draw=dict(avoid=frozenset({"bias"}), regimes=_SMALL))
+@prop(requires=("alibi", "bias"), draw=cases(avoid=frozenset({"bias"}), regimes=_SMALL))
 def test_alibi_equals_explicit_bias(target: Target, case: Case, params: dict):
     """The backend's native slopes and the same ALiBi as an explicit bias give the same output."""
     d = case.dims

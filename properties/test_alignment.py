@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, zero_weights
 from attnspec.specs import fields as F
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from attnspec.properties.target import Target
 
 
-@prop(needs=("causal",), draw=dict(kinds=("causal",), probe=True, avoid=F.DIAGONAL),
+@prop(needs=("causal",), draw=cases(kinds=("causal",), probe=True, avoid=F.DIAGONAL),
       keep=lambda c: c.dims["Lq"] != c.dims["Lk"])
 def test_causal_alignment_as_asked(target: Target, case: Case, params: dict):
     """V = identity, Lq != Lk: the weights are zero exactly where the asked alignment hides keys.

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.draws import SEEDS
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, check_gradients, close_outputs, grad_out
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 _BIAS = ("bias",)
 
 
-@prop(requires=_BIAS, draw=dict(scales=(0.125, 0.25, 2.0, 4.0)))  # a scale != 1 shows a scaled bias
+@prop(requires=_BIAS, draw=cases(scales=(0.125, 0.25, 2.0, 4.0)))  # a scale != 1 shows a scaled bias
 def test_additive_bias_matches_reference(target: Target, case: Case, params: dict):
     """softmax(scale * q k^T + bias) v: the bias is added after the scale, not scaled."""
     agreement(target, case)
@@ -43,7 +44,7 @@ def test_additive_bias_row_constant_changes_nothing(target: Target, case: Case, 
                   target.forward(shifted), shifted, "a per-row constant added to the bias")
 
 
-@prop(requires=_BIAS, needs=("masks",), draw=dict(kinds=("mask", "empty_rows"), avoid=_BIAS))
+@prop(requires=_BIAS, needs=("masks",), draw=cases(kinds=("mask", "empty_rows"), avoid=_BIAS))
 def test_neg_inf_bias_equals_boolean_mask(target: Target, case: Case, params: dict):
     """A bias of 0 where a boolean mask is True and -inf where it is False is the same problem."""
     as_bias = case.replace(mask=None, bias=np.where(case.mask, 0.0, -np.inf))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.draws import SEEDS
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import check_gradients, grad_out, require, rule_of
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from attnspec.properties.target import Target
 
 # whole rows only: bottom-right causal with Lq > Lk, lengths and windows can hide every key of a row
-WHOLE_ROWS = dict(allow_empty_rows=False, regimes=("small", "small", "medium"))
+WHOLE_ROWS = cases(allow_empty_rows=False, regimes=("small", "small", "medium"))
 
 
 def whole_rows(case) -> bool:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, check_gradients, close_outputs, grad_out, require, rule_of, verdict
 from attnspec.properties.test_gradients import grad_seed, whole_rows
@@ -34,7 +35,7 @@ def test_grouped_heads_match_repeated_kv(target: Target, case: Case, params: dic
 
 # medium first: seeded normal values in every head (small draws favour zeros, and a query head of
 # zeros adds nothing to dK - a group sum that drops it looks right)
-@prop(requires=("gqa",), gradients=True, draw=dict(allow_empty_rows=False, regimes=("medium", "small", "medium")),
+@prop(requires=("gqa",), gradients=True, draw=cases(allow_empty_rows=False, regimes=("medium", "small", "medium")),
       keep=whole_rows, params=grad_seed)
 def test_grouped_heads_gradients_are_group_sums(target: Target, case: Case, params: dict):
     name = "grouped_heads_gradients_are_group_sums"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import output_tolerance, require, rule_of, verdict, with_full_index, worst
 from attnspec.specs import error_budget, reference
@@ -40,7 +41,7 @@ def _split(draw, case: Case, target: Target) -> dict:
     return {"c": Lk // 2 if target.compiled else draw(st.integers(1, Lk - 1), label="split after key")}
 
 
-@prop(requires=("lse",), draw=dict(kinds=("none", "mask", "empty_rows"), avoid=_POSITIONAL),
+@prop(requires=("lse",), draw=cases(kinds=("none", "mask", "empty_rows"), avoid=_POSITIONAL),
       keep=lambda c: c.dims["Lk"] >= 2, params=_split)
 def test_split_merge_identity(target: Target, case: Case, params: dict):
     """Attention over keys [0, c) and [c, Lk) merged through their LSEs equals attention over all keys."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties.distribution import Cases, cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import require, unchanged, zero_weights
 from attnspec.specs import invariants
@@ -29,20 +30,20 @@ def _weights(target: Target, case: Case):
     return case, np.where(rows[..., None], target.forward(case), 0.0), rows  # (B, H, Lq, Lk)
 
 
-@prop(needs=("causal",), draw=dict(kinds=_CAUSAL, probe=True))
+@prop(needs=("causal",), draw=cases(kinds=_CAUSAL, probe=True))
 def test_zero_future_mass(target: Target, case: Case, params: dict):
     case, weights, _ = _weights(target, case)
     require(invariants.zero_future_mass(weights, case.alignment))
 
 
-def _hidden_keys(target: Target) -> dict:
+def _hidden_keys(target: Target) -> Cases:
     """Problems with hidden keys: a boolean mask, or the same hidden pairs as a -inf bias for a backend
     that takes a bias and no mask (draws.as_bias); skipped for one that takes neither."""
     if not (target.caps.masks or target.supports("bias")):
         import pytest
         pytest.skip(f"{target.name} takes neither a boolean mask nor a bias: no hidden keys to draw")
-    return dict(kinds=("mask", "empty_rows", "causal_mask") if target.caps.causal else ("mask", "empty_rows"),
-                probe=True)
+    return cases(kinds=("mask", "empty_rows", "causal_mask") if target.caps.causal else ("mask", "empty_rows"),
+                 probe=True)
 
 
 @prop(draw=_hidden_keys)
@@ -55,7 +56,7 @@ def _first_changed(draw, case: Case, target: Target) -> dict:
     return {"t": draw(st.integers(1, case.dims["Lk"] - 1), label="first changed key")}
 
 
-@prop(needs=("causal",), draw=dict(kinds=_CAUSAL), keep=lambda c: c.dims["Lk"] >= 2, params=_first_changed,
+@prop(needs=("causal",), draw=cases(kinds=_CAUSAL), keep=lambda c: c.dims["Lk"] >= 2, params=_first_changed,
       seed_params={"t": 1})
 def test_future_changes_nothing(target: Target, case: Case, params: dict):
     """Rows that cannot see keys >= t are bit-for-bit unchanged when those keys and values change."""

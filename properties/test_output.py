@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.draws import SCALES
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, output_tolerance, require
@@ -24,13 +25,13 @@ def test_matches_reference(target: Target, case: Case, params: dict):
     agreement(target, case)
 
 
-@prop(draw=dict(scales=(None,)))
+@prop(draw=cases(scales=(None,)))
 def test_default_scale(target: Target, case: Case, params: dict):
     """scale=None means 1/sqrt(E) (seeds 000, 002, 004: not 1/E, not 1)."""
     agreement(target, case)
 
 
-@prop(draw=dict(scales=tuple(s for s in SCALES if s is not None)))
+@prop(draw=cases(scales=tuple(s for s in SCALES if s is not None)))
 def test_explicit_scale_honoured(target: Target, case: Case, params: dict):
     """An explicit scale replaces 1/sqrt(E) (PyTorch's and JAX's `scale=` argument)."""
     agreement(target, case)

@@ -116,7 +116,7 @@ def _packed_gradients(target: Target, case: Case, unused: int, seed: int) -> Non
                         f"a gradient of {stray:.6g} on a token no sequence owns; it must be exactly 0", 0.0))
 
 
-@prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
+@prop(requires=S.REQUIRES, draw=S.DRAW.but(kinds=("causal",)), params=S.per_sequence)
 def test_packed_mixed_batch_equals_each_alone(target: Target, case: Case, params: dict):
     """A mixed batch - a decode step first (one query), prefill chunks after - gives every sequence what it
     gets alone, in a batch of one: no kernel chosen for the whole batch by one of its sequences."""

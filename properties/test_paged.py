@@ -115,7 +115,7 @@ def test_append_writes_its_slots_only(target: Target, case: Case, params: dict):
         agreement(target, case, out)
 
 
-@prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
+@prop(requires=S.REQUIRES, draw=S.DRAW.but(kinds=("causal",)), params=S.per_sequence)
 def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict):
     """A prompt's queries split in two chunks, each against the cache as it stood then (the first against
     the keys before the second chunk's), concatenate to the whole call: chunked prefill attends to the
@@ -142,7 +142,7 @@ def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict)
 DECODE_STEPS = 8  # the prefill's last rows replayed as decode steps (a call each)
 
 
-@prop(requires=S.REQUIRES, draw=dict(S.DRAW, kinds=("causal",)), params=S.per_sequence)
+@prop(requires=S.REQUIRES, draw=S.DRAW.but(kinds=("causal",)), params=S.per_sequence)
 def test_paged_decode_steps_match_prefill(target: Target, case: Case, params: dict):
     """Decode steps - one query a sequence, against the cache as it stood at that token - reproduce the
     causal prefill's rows: its last row is a step over the whole cache, each earlier row a step over the

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, check_gradients, grad_out, output_tolerance, require, verdict
 from attnspec.properties.test_gradients import WHOLE_ROWS, grad_seed, whole_rows
@@ -29,7 +30,7 @@ def _cap(draw, case: Case, target: Target) -> dict:
     return {"cap": CAPS[draw(st.integers(0, len(CAPS) - 1), label="cap")]}
 
 
-@prop(requires=_SOFTCAP, draw=dict(avoid=frozenset({"bias", "alibi"}), probe=True), params=_cap)
+@prop(requires=_SOFTCAP, draw=cases(avoid=frozenset({"bias", "alibi"}), probe=True), params=_cap)
 def test_capped_scores_bounded(target: Target, case: Case, params: dict):
     """V = identity, cap <= 2: two visible weights of a row are within exp(2 cap) of each other."""
     cap = params["cap"]

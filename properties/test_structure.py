@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties.distribution import Cases, cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import output_tolerance, require, unchanged, verdict, worst
 from attnspec.specs import fields as F
@@ -45,9 +46,9 @@ def test_batch_head_independence(target: Target, case: Case, params: dict):
 _POSITIONAL = F.POSITIONAL  # no permutation keeps their pairs
 
 
-def _kinds(target: Target) -> dict:
+def _kinds(target: Target) -> Cases:
     kinds = ("none", "mask", "empty_rows") + (("causal", "causal_mask") if target.caps.masks else ())
-    return dict(kinds=kinds, avoid=_POSITIONAL)
+    return cases(kinds=kinds, avoid=_POSITIONAL)
 
 
 def _permutation(axis):

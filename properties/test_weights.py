@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import expected, output_tolerance, plain_output, reduction_length, require, rule_of, score_size
 from attnspec.specs import error_budget, invariants
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from attnspec.properties.case import Case
     from attnspec.properties.target import Target
 
-_PROBE = dict(probe=True)  # V = identity: Ev = Lk, a head dim too
+_PROBE = cases(probe=True)  # V = identity: Ev = Lk, a head dim too
 
 
 @prop(seeds=True, draw=_PROBE)

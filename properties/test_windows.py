@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, close_outputs, zero_weights
 from attnspec.specs.masks import window_mask
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 _WINDOW = ("window",)
 
 
-@prop(requires=_WINDOW, draw=dict(probe=True))
+@prop(requires=_WINDOW, draw=cases(probe=True))
 def test_zero_weight_outside_window(target: Target, case: Case, params: dict):
     """V = identity: every key outside the window gets exactly zero weight; the rest matches the reference."""
     case = case.with_identity_values()
@@ -36,7 +37,7 @@ def test_zero_weight_outside_window(target: Target, case: Case, params: dict):
     agreement(target, case, weights)
 
 
-@prop(requires=_WINDOW, needs=("masks",), draw=dict(kinds=("none", "mask")))
+@prop(requires=_WINDOW, needs=("masks",), draw=cases(kinds=("none", "mask")))
 def test_window_equals_its_mask(target: Target, case: Case, params: dict):
     """A window is the same problem as the boolean mask that window_mask builds."""
     d = case.dims

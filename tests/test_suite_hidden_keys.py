@@ -95,7 +95,7 @@ def test_the_draws_hide_a_first_key_block_behind_a_neg_inf_bias_at_a_stated_rate
     default kinds of most properties include the mask-built ones, so a suite run of a bias-only
     backend draws several such problems per dtype."""
     t = _target()
-    cases = _sample(t, 400, **masking.test_masked_keys_get_zero_weight.property.constraints(t))
+    cases = _sample(t, 400, **masking.test_masked_keys_get_zero_weight.property.constraints(t).kwargs())
     rate = np.mean([_triggers(c) for c in cases])
     print(rate)
     assert rate >= 0.04, rate
@@ -105,7 +105,7 @@ def test_the_planted_first_block_kernel_is_rejected_on_such_a_draw():
     """On a draw that hides a first key block, the planted kernel fails agreement with the reference
     and the masked-keys property; on draws that do not, it passes (it is correct otherwise)."""
     t = _target()
-    cases = _sample(t, 300, **masking.test_masked_keys_get_zero_weight.property.constraints(t))
+    cases = _sample(t, 300, **masking.test_masked_keys_get_zero_weight.property.constraints(t).kwargs())
     hits = [c for c in cases if _triggers(c)]
     misses = [c for c in cases if not _triggers(c)][:20]
     assert hits

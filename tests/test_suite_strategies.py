@@ -25,6 +25,7 @@ from hypothesis.strategies import SearchStrategy
 from attnspec.backends.numpy_backends import NumpyNaive
 from attnspec.backends.registry import resolve
 from attnspec.properties import draws, variants
+from attnspec.properties.distribution import cases
 from attnspec.properties.draws import SCORE_CAP, draw_case
 from attnspec.properties.explore import Exploration, Property, explore
 from attnspec.properties.target import Target
@@ -68,7 +69,7 @@ def suite_sample(t: Target, n: int, **constraints) -> list:
     (seeded, so every run measures the same draws)."""
     got = []
     prop = Property("keeps_its_cases", "strategies_test", lambda target, case, params: got.append(case),
-                    draw=constraints)
+                    draw=cases(**constraints))
     with no_database():
         assert explore(prop, t, Exploration(examples=n, seed=0), seeds=False, shrink=False) is None
     assert len(got) >= n
