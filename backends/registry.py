@@ -17,6 +17,7 @@ ENV_VAR = "ATTNSPEC_BACKENDS"
 ENTRY_POINT_GROUP = "attnspec.backends"
 
 _T, _TC, _J = "attnspec.backends.torch_backends:", "attnspec.backends.torch_cuda_backends:", "attnspec.backends.jax_backends:"
+_S = "attnspec.backends.serving_cuda:"  # the serving kernels (packed, paged): CUDA only
 BUILTINS = {
     "numpy-naive": "attnspec.backends.numpy_backends:NumpyNaive",
     "numpy-tiled": "attnspec.backends.numpy_backends:NumpyTiled",
@@ -28,6 +29,11 @@ BUILTINS = {
     "torch-sdpa-cuda-efficient": _TC + "TorchSdpaCudaEfficient",
     "torch-sdpa-cuda-cudnn": _TC + "TorchSdpaCudaCudnn",
     "torch-sdpa-cuda-math": _TC + "TorchSdpaCudaMath",
+    "torch-varlen-cuda": _S + "TorchVarlenCuda",
+    "flash-attn-varlen-cuda": _S + "FlashAttnVarlenCuda",
+    "flash-attn-kvcache-cuda": _S + "FlashAttnKvcacheCuda",
+    "flashinfer-prefill-cuda": _S + "FlashInferPrefillCuda",
+    "flashinfer-decode-cuda": _S + "FlashInferDecodeCuda",
     "torch-flex": "attnspec.backends.flex_backends:TorchFlex",
     "torch-flex-compiled": "attnspec.backends.flex_backends:TorchFlexCompiled",
     "jax-naive": _J + "JaxNaive",

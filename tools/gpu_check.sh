@@ -11,6 +11,9 @@ OUT=${OUT:-$PWD/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false  # several JAX processes share the GPU
 GPU_BACKENDS=${GPU_BACKENDS:-"torch-sdpa-cuda-flash torch-sdpa-cuda-efficient torch-sdpa-cuda-cudnn torch-sdpa-cuda-math jax-dpa-cudnn"}
+# the serving kernels (backends/serving_cuda.py): packed and paged calls only, so the suites and not the padded
+# benchmarks; flash_attn and flashinfer are skipped with their reason where they are not installed
+SERVING_BACKENDS=${SERVING_BACKENDS:-"torch-varlen-cuda flash-attn-varlen-cuda flash-attn-kvcache-cuda flashinfer-prefill-cuda flashinfer-decode-cuda"}
 start=$SECONDS
 say() { echo "[gpu-check $((SECONDS - start)) s] $*"; }
 
@@ -19,6 +22,7 @@ say "environment and install" | tee "$OUT/env.txt"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, jax; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn',
 torch.backends.cudnn.version(), torch.cuda.get_device_name(0)); print('jax', jax.__version__, jax.devices())"
+  for m in flash_attn flashinfer; do python3 -c "import $m; print('$m', $m.__version__)" 2>&1 | tail -1; done
   if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps .whl/*.whl; fi
   python3 -m pip install -q --no-deps --no-build-isolation -e .
   if ! git rev-parse HEAD >/dev/null 2>&1; then  # the copy may come without .git: asv needs a commit
@@ -31,8 +35,8 @@ say "probe"
 timeout 60 python3 tools/gpu_probe.py > "$OUT/probe.json" 2> "$OUT/probe.err"
 
 backend_args=""
-for b in $GPU_BACKENDS; do backend_args="$backend_args --backend $b"; done
-say "suites: $GPU_BACKENDS"
+for b in $GPU_BACKENDS $SERVING_BACKENDS; do backend_args="$backend_args --backend $b"; done
+say "suites: $GPU_BACKENDS $SERVING_BACKENDS"
 # --suite-timeout bounds each backend's suite; the outer timeout only stops a hang of the run itself
 timeout "${SUITES_LIMIT:-280}" attnspec run --no-bench $backend_args --jobs 8 \
   --suite-timeout "${SUITE_TIMEOUT:-260}" --out "$OUT/suites" > "$OUT/suites.log" 2>&1
