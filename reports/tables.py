@@ -6,7 +6,7 @@ import pandas as pd
 from attnspec.reports.inputs import CONFORMANCE_COLUMNS, SEMANTICS_COLUMNS, ReportInputError, merge_conformance, merge_semantics
 
 BENCH_COLUMNS = ("backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine", "commit",
-                 "clock", "problem", "kv_heads", "Lq", "Lk", "grid")
+                 "clock", "problem", "kv_heads", "Lq", "Lk", "grid", "page_size")
 SCALING_COLUMNS = ("backend", "op", "metric", "exponent", "r2")
 WORKED_COLUMNS = ("source", "quantity", "kind", "printed", "computed", "agrees")
 FIT_T_MIN = 256  # the O(T^2) term dominates only above a few hundred; below, call overhead does

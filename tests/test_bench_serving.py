@@ -88,8 +88,10 @@ def test_the_loader_rates_paged_decode_by_kv_bytes_and_varlen_by_useful_pairs(tm
 def test_the_report_draws_both_in_its_serving_section(tmp_path):
     from attnspec.reports import bench_sections
     from attnspec.reports.asv_results import load_results
+    from attnspec.reports.tables import benchmarks_frame
 
-    frames = type("Frames", (), {"bench": load_results(_results(tmp_path, [0.01, 0.02], [0.1, 1.0]))})()
+    # the report's own frame (its columns), as attnspec run and attnspec report build it
+    frames = type("Frames", (), {"bench": benchmarks_frame([_results(tmp_path, [0.01, 0.02], [0.1, 1.0])])})()
     data = bench_sections.serving_data(frames)
     assert data["measured"] and data["batch"] == 4
     assert data["paged"]["rows"][0][:4] == ["numpy-tiled", "float32", "16", "2048"]
