@@ -26,6 +26,7 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.backends.base import Backend, Unsupported
+from attnspec.backends.torch_backends import TorchBackend
 
 VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 KVCACHE = ("k_cache", "v_cache", "cache_seqlens")
@@ -160,9 +161,8 @@ class TorchFlashFunction(FlashFunctionBackend):
         self.capabilities = replace(self.capabilities,
                                     gradients=self.form == "varlen" and self.declaration.backward is not False)
 
-    from attnspec.backends.torch_backends import TorchBackend as _Torch
-    load, to_native, from_native, sync = _Torch.load, _Torch.to_native, _Torch.from_native, _Torch.sync
-    del _Torch
+    load, to_native, from_native, sync = TorchBackend.load, TorchBackend.to_native, TorchBackend.from_native, \
+        TorchBackend.sync  # torch-math's conversions (torch is imported by load, not here)
 
     def native_dtype(self, y) -> str:
         return str(y.dtype).removeprefix("torch.")

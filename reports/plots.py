@@ -240,57 +240,46 @@ def _log2_axis(ax, values, name: str) -> None:
     ax.set_xlabel(name)
 
 
-def decode_bandwidth(rows, roofs: dict) -> str | None:
-    """KV-read GB/s against the cache length Lk, one panel per Lq, under the measured bandwidth.
-
-    rows: kv_gbps rows (one dtype, Hkv = Hq); roofs: {(machine, kernel, size label): GB/s}."""
+def _bandwidth_panels(rows, roofs: dict, panel: str, x: str, title, xlabel: str) -> str | None:
+    """KV-read GB/s against column `x`, one panel per value of column `panel` (title(value) its title),
+    under the measured bandwidth roofs {(machine, kernel, size label): GB/s}."""
     if rows.empty:
         return None
     several = rows["machine"].nunique() > 1
     colours = _colours(rows)
-    lqs = sorted(int(x) for x in rows["Lq"].dropna().unique())
+    values = sorted(int(v) for v in rows[panel].dropna().unique())
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(1, len(lqs), figsize=(5.8 * len(lqs), 3.4), squeeze=False, sharey=True)
-        for ax, lq in zip(axes[0], lqs, strict=True):
-            _lines(ax, rows[rows["Lq"] == lq], "Lk", colours, several)
+        fig, axes = plt.subplots(1, len(values), figsize=(5.8 * len(values), 3.4), squeeze=False, sharey=True)
+        for ax, value in zip(axes[0], values, strict=True):
+            _lines(ax, rows[rows[panel] == value], x, colours, several)
             for (machine, kernel, size), gbps in sorted(roofs.items()):
                 small = str(size).split()[0].isdigit() and int(str(size).split()[0]) < 64
                 where = f", {machine}" if several else ""
                 ax.axhline(gbps, color="black", linewidth=1.0, linestyle=":" if small else "--",
                            label=ROOF + label(f"{kernel} {size}: {gbps:.1f} GB/s{where}"))
-            ax.set_title(f"Lq = {lq} ({'one new token' if lq == 1 else 'speculative step, causal'})")
+            ax.set_title(title(value))
             ax.set_yscale("log")
-            _log2_axis(ax, rows["Lk"].dropna(), "KV cache length Lk")
+            _log2_axis(ax, rows[x].dropna(), xlabel)
             _roof_legend(ax)
         axes[0][0].set_ylabel("KV read GB/s")
         _backend_legend(fig, axes[0])
         return to_svg(fig)
+
+
+def decode_bandwidth(rows, roofs: dict) -> str | None:
+    """KV-read GB/s against the cache length Lk, one panel per Lq, under the measured bandwidth.
+
+    rows: kv_gbps rows (one dtype, Hkv = Hq); roofs: {(machine, kernel, size label): GB/s}."""
+    return _bandwidth_panels(rows, roofs, "Lq", "Lk",
+                             lambda lq: f"Lq = {lq} ({'one new token' if lq == 1 else 'speculative step, causal'})",
+                             "KV cache length Lk")
 
 
 def paged_bandwidth(rows, roofs: dict) -> str | None:
     """KV-read GB/s of a paged decode step against the page size, one panel per cache length Lk,
     under the measured bandwidth.  rows: kv_gbps rows of problem "paged_decode" (one dtype)."""
-    if rows.empty:
-        return None
-    several = rows["machine"].nunique() > 1
-    colours = _colours(rows)
-    lks = sorted(int(x) for x in rows["Lk"].dropna().unique())
-    with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(1, len(lks), figsize=(5.2 * len(lks), 3.4), squeeze=False, sharey=True)
-        for ax, lk in zip(axes[0], lks, strict=True):
-            _lines(ax, rows[rows["Lk"] == lk], "page_size", colours, several)
-            for (machine, kernel, size), gbps in sorted(roofs.items()):
-                small = str(size).split()[0].isdigit() and int(str(size).split()[0]) < 64
-                where = f", {machine}" if several else ""
-                ax.axhline(gbps, color="black", linewidth=1.0, linestyle=":" if small else "--",
-                           label=ROOF + label(f"{kernel} {size}: {gbps:.1f} GB/s{where}"))
-            ax.set_title(f"one token a sequence, caches of {lk} keys")
-            ax.set_yscale("log")
-            _log2_axis(ax, rows["page_size"].dropna(), "page size (keys)")
-            _roof_legend(ax)
-        axes[0][0].set_ylabel("KV read GB/s")
-        _backend_legend(fig, axes[0])
-        return to_svg(fig)
+    return _bandwidth_panels(rows, roofs, "Lk", "page_size", lambda lk: f"one token a sequence, caches of {lk} keys",
+                             "page size (keys)")
 
 
 def rate_by_panel(rows, panel: str, titles: dict, roofs: dict | None = None, ylabel: str = "GFLOP/s") -> str | None:

@@ -28,7 +28,7 @@ SCHEMAS = {
                         "attribution", "outside_limits", "declined"],
     "semantics.csv": ["backend", "question", "dtype", "observed", "declared", "agrees"],
     "benchmarks.csv": ["backend", "op", "batch", "heads", "T", "E", "dtype", "metric", "value", "unit", "machine",
-                       "commit", "clock", "problem", "kv_heads", "Lq", "Lk", "grid"],
+                       "commit", "clock", "problem", "kv_heads", "Lq", "Lk", "grid", "page_size"],
     "scaling.csv": ["backend", "op", "metric", "exponent", "r2"],
     "worked_examples.csv": ["source", "quantity", "kind", "printed", "computed", "agrees"],
     "verdicts.csv": ["backend", "verdict", "passed", "failed", "error", "skipped", "deviations", "semantics contradicted",
