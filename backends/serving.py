@@ -95,19 +95,26 @@ def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=
 
 
 def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NHD", return_lse=False, pool=2.5,
-                  spare_columns=1, fill=np.nan, rng=None, **fields):
+                  spare_columns=1, fill=np.nan, rng=None, share=True, read_only=False, **fields):
     """Output (B, Hq, Lq, Ev) of the backend's paged call on a padded problem: its keys and values in a
-    paged cache (`specs.formats.to_paged`, random placement, NaN wherever nothing may be read)."""
+    paged cache (`specs.formats.to_paged`, random placement, NaN wherever nothing may be read; pages of
+    equal contents shared between sequences unless ``share=False``).  ``read_only``: a BackendFailure
+    if the call wrote into its caches (no append was asked: a shared page would carry it to others)."""
     fmt = f"paged-{layout}"
     p, call = _prepared(backend, fmt, q, k, v, dtype, return_lse, fields)
-    pg = Fm.to_paged(p, page_size, layout, pool=pool, spare_columns=spare_columns, fill=fill, rng=rng)
+    pg = Fm.to_paged(p, page_size, layout, pool=pool, spare_columns=spare_columns, fill=fill, rng=rng, share=share)
     args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, pg.cache_seqlens), _ints(backend, pg.cache_leftpad),
                      layout, page_size)
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
     B = p.batch_shape[0]
     qn, kc, vc = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache, pg.v_cache)
+    before = [np.array(backend.from_native(c)) for c in (kc, vc)] if read_only else None  # copies, as given
     y = backend._call("paged forward", backend.native_paged, qn, kc, vc, args, call)
     out, lse = _with_lse(backend, y, return_lse, "paged forward")
+    for name, c, was in zip(("k_cache", "v_cache"), (kc, vc), before or (), strict=False):
+        if not np.array_equal(np.asarray(backend.from_native(c)), was, equal_nan=True):
+            raise BackendFailure(backend.name, f"paged forward wrote into {name}: a call without new keys must "
+                                 "leave the cache as it was (its pages may be shared by other sequences)")
     shape = p.batch_shape + (p.Lq, p.Ev)
     out = backend._check("paged output", out, shape, backend.output_dtype(dtype))
     if not return_lse:

@@ -112,14 +112,29 @@ def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.n
 
 
 def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1,
-          pool: float | None = None):
+          pool: float | None = None, share: bool = True):
     """The backend's paged call on the case (random placement from `seed`, in a pool `pool` times the need:
     drawn from POOLS by the seed when not given), (B, H, Lq, Ev); spare_columns=0: the longest sequence
-    fills its block table exactly."""
+    fills its block table exactly; pages of equal contents shared unless share=False.  A call that
+    writes into its cache fails (`backends.serving.forward_paged`, read_only)."""
     pool = POOLS[seed % len(POOLS)] if pool is None else pool
     return target.call_backend("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
                                dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
-                               spare_columns=spare_columns, pool=pool, **case.call_kwargs)
+                               spare_columns=spare_columns, pool=pool, share=share, read_only=True,
+                               **case.call_kwargs)
+
+
+def shared_prefix(case: Case, page_size: int) -> tuple:
+    """(the case with every sequence's first n keys and values those of sequence 0, n) - n the whole
+    pages every sequence holds from key 0 (no left padding there): a prompt prefix prefix caching would
+    keep once, in pages the block tables share."""
+    ends, starts = ends_and_starts(case)
+    n = int(ends.min(initial=0)) // page_size * page_size if not np.any(starts) else 0
+    B = case.dims["B"]
+    k = np.array(np.broadcast_to(case.k, (B,) + np.shape(case.k)[1:]))  # (B, Hkv, Lk, E)
+    v = np.array(np.broadcast_to(case.v, (B,) + np.shape(case.v)[1:]))  # (B, Hkv, Lk, Ev)
+    k[:, :, :n], v[:, :, :n] = k[:1, :, :n], v[:1, :, :n]
+    return case.replace(k=k, v=v), n
 
 
 def edge_cases(target: Target) -> list:

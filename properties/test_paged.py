@@ -53,6 +53,20 @@ def test_page_placement_bitwise(target: Target, case: Case, params: dict):
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_paged_shared_prefix(target: Target, case: Case, params: dict):
+    """Sequences with a common prompt prefix whose pages their block tables share (prefix caching), read
+    only: the reference's output, and bit for bit the output of the same keys in pages of their own."""
+    layout = _layout(target, params)
+    case, n = S.shared_prefix(S.problem_of(case, params, queries=False), params["page_size"])
+    shared = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"])  # (B, H, Lq, Ev)
+    with S.as_called(case):
+        agreement(target, case, shared)
+        own = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"], share=False)
+        unchanged("paged_shared_prefix", shared, own, case.judged_rows(),
+                  f"the first {n} keys in pages of each sequence's own instead of shared ones")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_paged_layouts_agree(target: Target, case: Case, params: dict):
     """NHD and HND caches of the same pages give the same output, bit for bit."""
     layouts = S.paged_layouts(target)

@@ -209,12 +209,14 @@ def lse_from_packed(lse, cu_seqlens_q, Lq: int) -> np.ndarray:
 
 
 def to_paged(p, page_size: int, layout: str = "NHD", *, pool: float = 2.5, spare_columns: int = 1, fill=np.nan,
-             rng=None) -> Paged:
+             rng=None, share: bool = False) -> Paged:
     """The paged form of a validated problem's keys and values (queries stay padded (B, Hq, Lq, E)).
 
     Each sequence's pages cover keys [0, kv_len_b); they sit at random places in a pool ``pool`` times
     the need; every slot no sequence owns - unused pages, last pages' tails, the left padding - holds
-    `fill`, and ``spare_columns`` more table columns point at random pages (never to be read)."""
+    `fill`, and ``spare_columns`` more table columns point at random pages (never to be read).
+    ``share``: a full page whose keys and values (every head's) equal a page already placed is that
+    page - one physical page in several block tables, read only, as prefix caching shares a prompt."""
     why = unpackable(p)
     if why:
         raise ValueError(f"this problem has no paged form: {why}")
@@ -234,10 +236,19 @@ def to_paged(p, page_size: int, layout: str = "NHD", *, pool: float = 2.5, spare
     Hkv = k.shape[1]
     kc = np.full((pages, page_size, Hkv, p.E), fill)  # (num_pages, P, Hkv, E) NHD while filling
     vc = np.full((pages, page_size, Hkv, p.Ev), fill)
-    at = 0
+    at, placed = 0, {}
     for b in range(B):
-        table[b, :need[b]] = order[at:at + need[b]]
-        at += need[b]
+        for c in range(need[b]):
+            lo, hi = c * page_size, (c + 1) * page_size
+            whole = share and ks[b] <= lo and hi <= ke[b]  # a full page of the sequence's own keys
+            key = (k[b, :, lo:hi].tobytes(), v[b, :, lo:hi].tobytes()) if whole else None
+            if key in placed:
+                table[b, c] = placed[key]
+                continue
+            table[b, c] = order[at]
+            at += 1
+            if whole:
+                placed[key] = table[b, c]
         for j in range(ks[b], ke[b]):  # the left padding [0, kv_start) stays `fill`: never read
             kc[table[b, j // page_size], j % page_size] = k[b, :, j]
             vc[table[b, j // page_size], j % page_size] = v[b, :, j]

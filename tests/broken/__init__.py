@@ -140,6 +140,8 @@ BROKEN = (
           "the padded seqlen_k for every sequence, vllm-project/flash-attention#18", "serving"),
     Entry("serving_bugs:PagePlacement", SERVING, w.paged_leftpad,
           "pages read in sorted order, pytorch/pytorch#182593", "serving"),
+    Entry("serving_bugs:PrescalesCacheInPlace", SERVING, w.shared_prefix,
+          "keys scaled in place in the cache: a shared page scaled twice", "serving"),
     Entry("serving_bugs:IgnoresCacheLeftpad", SERVING, w.paged_leftpad,
           "cache_leftpad never used, flash-attention#1788", "serving"),
     Entry("serving_bugs:DecodeSkipsNewestKey", SERVING, w.decode_step,

@@ -97,6 +97,11 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
     if k is not None:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table, slip)
         cache_seqlens = np.asarray(cache_seqlens) + k.shape[1]
+    if slip == "prescale_in_place" and block_table is not None:  # keys scaled where they lie, once a sequence
+        P = k_cache.shape[1]
+        for b in range(B):
+            k_cache[block_table[b, :-(-int(cache_seqlens[b]) // P)]] *= scale  # a shared page: scaled twice
+        scale = 1.0
     out = np.zeros(q.shape[:3] + v_cache.shape[-1:])  # (B, Lq, Hq, Ev)
     lse = np.full((B, q.shape[2], q.shape[1]), -np.inf)  # (B, Hq, Lq)
     for b in range(B):

@@ -67,6 +67,17 @@ class PagePlacement(_Twin):
     dtypes = ("float64",)
 
 
+class PrescalesCacheInPlace(_Twin):
+    """Multiplies the keys by the scale where they lie in the cache, a sequence at a time, then attends
+    with scale 1: right for pages of one sequence each, wrong for a page two block tables share (scaled
+    twice), and a cache written by a call that appends nothing."""
+
+    name = "broken-prescales-cache-in-place"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "prescale_in_place"
+    dtypes = ("float64",)
+
+
 class IgnoresCacheLeftpad(_Twin):
     """cache_leftpad accepted and never used: keys from 0, the left padding read
     (Dao-AILab/flash-attention#1788)."""

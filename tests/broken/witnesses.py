@@ -187,6 +187,15 @@ def paged_leftpad(seed=0):
                     positions="per_sequence", kv_lengths=np.array([7, 5]), kv_starts=np.array([2, 1]))
 
 
+def shared_prefix(seed=0):
+    """Issue 30: two sequences of 20 and 18 keys whose first 16 are the same (one 16-key page their block
+    tables share, forward_via_format's page size), two decode-chunk queries each."""
+    q, k, v = _heads(2, 2, 2, 20, B=2, seed=seed)
+    k[1, :, :16], v[1, :, :16] = k[0, :, :16], v[0, :, :16]
+    return _problem(q, k, v, is_causal=True, causal_alignment="bottom_right", positions="per_sequence",
+                    kv_lengths=np.array([20, 18]))
+
+
 def decode_step(seed=0):
     """Issue 30: one decode query a sequence against caches of 5 and 3 keys (causal bottom-right: each
     query sees every key, the newest included)."""
