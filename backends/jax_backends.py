@@ -114,7 +114,7 @@ class JaxBackend(Backend):
 
             def backward(q, k, v, grad_out, arrays):
                 names = (("bias",) if with_dbias else ()) + (("sinks",) if with_dsink else ())
-                _, pullback = self.jax.vjp(lambda a, b, c, *d: forward(a, b, c, {**arrays, **dict(zip(names, d))}),
+                _, pullback = self.jax.vjp(lambda a, b, c, *d: forward(a, b, c, {**arrays, **dict(zip(names, d, strict=True))}),
                                            q, k, v, *(arrays[n] for n in names))
                 return pullback(grad_out)  # (dq, dk, dv[, dbias][, dsink]), each shaped like its input
 
