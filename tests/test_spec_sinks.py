@@ -129,3 +129,17 @@ def test_the_budget_rejects_the_planted_sinks():
     assert not error_budget.check_lse(lse, q, k, v, dtype="float64", **kw)
     with pytest.raises(ValueError, match="sinks"):
         sink_budget.dsink_allowed(q, k, v, np.zeros((2, 4, 5, 2)), enable_gqa=True)
+
+
+@pytest.mark.parametrize("name", ["sdpa_sinks", "fa4_sinks"])
+def test_plain_functions_take_sinks_by_name(name):
+    """A parameter named sinks (FlashInfer) or learnable_sink (FA4) declares the field; the value reaches it."""
+    from attnspec.backends.registry import resolve
+    if name == "fa4_sinks":
+        pytest.importorskip("torch")
+    backend = resolve(f"tests.plugins.sink_functions:{name}")
+    assert "sinks" in backend.capabilities.features and backend.semantics.lse_with_sinks is True
+    q, k, v, s = _problem(5, Hkv=4, dtype="float32")
+    out = backend.forward(q, k, v, dtype="float32", sinks=s)
+    assert error_budget.check_forward(out, q, k, v, dtype="float32", sinks=s)
+    assert not error_budget.check_forward(out, q, k, v, dtype="float32")  # not inert: the sinks were used
