@@ -301,10 +301,14 @@ class Backend:
         out = self._check("forward output", y, p.batch_shape + (p.Lq, p.Ev), None)
         return out, self.native_dtype(y)
 
-    def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
+    def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64", *,
+                 return_dsink=False, **fields):
         """(dQ, dK, dV) as NumPy, each shaped like its input; plus dBias when the backend declares
-        `bias_gradient` and a bias is given."""
+        `bias_gradient` and a bias is given.  With sinks, a native backward returns dSink (Hq,) last;
+        return_dsink: then (grads, dsink)."""
         p = validate(q, k, v, mask, is_causal, scale, **fields)
+        if p.sinks is not None:
+            return self._backward_with_sinks(p, q, k, v, grad_out, dtype, scale, return_dsink)
         out_shape = p.batch_shape + (p.Lq, p.Ev)
         if np.shape(grad_out) != out_shape:
             raise ValueError(f"grad_out must be shaped like the output {out_shape}; got {np.shape(grad_out)}")
@@ -330,6 +334,29 @@ class Backend:
         out_dtype = tuple(dict.fromkeys((dtype, self.output_dtype(dtype))))
         return tuple(self._check(f"d{n}", g, np.shape(x), out_dtype)
                      for n, g, x in zip(("q", "k", "v", "bias"), grads, inputs, strict=False))  # a dbias not asked for: dropped
+
+    def _backward_with_sinks(self, p, q, k, v, grad_out, dtype, scale, return_dsink):
+        """The backward of a problem with sinks: (dq, dk, dv[, dbias], dsink) from the native call."""
+        if np.shape(grad_out) != p.batch_shape + (p.Lq, p.Ev):
+            raise ValueError(f"grad_out must be shaped like the output {p.batch_shape + (p.Lq, p.Ev)}; "
+                             f"got {np.shape(grad_out)}")
+        self.check_supported(dtype, "forward_backward", problem=p)
+        self._check_shapes(p)
+        qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
+        grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn,
+                           self._call_of(p, dtype, False, scale))
+        wants_dbias = p.bias is not None and self.capabilities.bias_gradient
+        n = 4 + wants_dbias
+        if not isinstance(grads, (tuple, list)) or len(grads) != n:
+            raise BackendFailure(self.name, f"backward with sinks returned {type(grads).__name__}"
+                                            f"{f' of {len(grads)}' if isinstance(grads, (tuple, list)) else ''}, "
+                                            f"expected {n}: (dq, dk, dv{', dbias' if wants_dbias else ''}, dsink)")
+        inputs = (q, k, v) + ((p.bias,) if wants_dbias else ())
+        out_dtype = tuple(dict.fromkeys((dtype, self.output_dtype(dtype))))
+        got = tuple(self._check(f"d{n}", g, np.shape(x), out_dtype)
+                    for n, g, x in zip(("q", "k", "v", "bias")[:len(inputs)], grads[:-1], inputs, strict=True))
+        dsink = self._check("dsink", grads[-1], (p.Hq,), None)  # the sink's dtype: FlashInfer's is float32 always
+        return (got, dsink.astype(np.float64)) if return_dsink else got
 
     def prepare(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float32", op="forward", **fields):
         """Convert once; return a no-argument callable that runs the native call and syncs."""

@@ -196,6 +196,9 @@ class Semantics:
     # e.g. (("float64", "float32"),) for a library that computes float64 input in float32.
     output_dtypes: tuple = ()
     deviations: tuple = ()  # Deviation(property, why, dtypes): known departures, reported as such
+    # issue 31: whether the returned LSE counts the sinks (logaddexp(lse, s_h): FA4 yes; gpt-oss's
+    # Triton kernel no, its M = m + log l over the real keys).  None = not declared (recorded).
+    lse_with_sinks: bool | None = None
 
     def deviation(self, prop: str, dtype: str, feature: bool | None = None):
         """The declared Deviation covering this property at this dtype, or None (feature: only those

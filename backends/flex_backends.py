@@ -26,6 +26,7 @@ segment ids as one tensor, always asking for the LSE and fresh inputs took it to
 from __future__ import annotations
 
 import contextlib
+import types
 import warnings
 
 from attnspec.backends.base import BackendUnavailable, Capabilities, Deviation, Semantics
@@ -57,9 +58,11 @@ class TorchFlex(TorchBackend):
     # vmap work a call: the edges grid (shapes where kernels switch paths) once a run, dealt over
     # its dtypes like a compiling backend's (properties/test_edges.py), not 4 x 58 calls
     edge_grid_over_dtypes = True
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False, features=_EVERY_FEATURE)
+    # sinks (issue 31) through the returned LSE, as transformers' GPT-OSS flex path renormalises
+    # (huggingface/transformers#41083): flex's score_mod cannot add a column to the denominator
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False, features=_EVERY_FEATURE | {"sinks"})
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
-                          deviations=_DEVIATIONS,
+                          deviations=_DEVIATIONS, lse_with_sinks=True,
                           notes=("eager flex_attention materialises the scores (its warning is silenced)",
                                  "no gradients: FlexAttention has no backward on CPU (torch 2.13)"))
 
@@ -80,15 +83,27 @@ class TorchFlex(TorchBackend):
         if uniform:  # fresh row-major tensors: dynamo guards on a view's base strides too (8 retraces of 24)
             q, k, v = (x.clone(memory_format=self.torch.contiguous_format) for x in (q, k, v))  # (B, N, L, ·)
         # the uniform hooks always ask for the LSE: one graph with it instead of one with and one without
-        aux = self._fa.AuxRequest(lse=True) if call.return_lse or uniform else None
+        aux = self._fa.AuxRequest(lse=True) if call.return_lse or uniform or call.sinks is not None else None
         with warnings.catch_warnings(), self._tracing():
             # compiled: running eagerly (dynamo gave up) must fail loudly, never pass as compiled
             warnings.filterwarnings("error" if self.compiled else "ignore", message=_EAGER_WARNING)
             y = self._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale,
                              enable_gqa=call.enable_gqa, return_aux=aux)  # (B, N, Lq, Ev)
+        if call.sinks is not None:
+            y = self._with_sinks(y[0], y[1].lse, call.sinks)
         if not call.return_lse:
             return (y if aux is None else y[0]).reshape(*batch, Lq, Ev)  # (..., Lq, Ev)
         return y[0].reshape(*batch, Lq, Ev), y[1].lse.reshape(*batch, Lq)  # (..., Lq, Ev), (..., Lq)
+
+    def _with_sinks(self, out, lse, sinks):
+        """(O sigma(LSE - s_h), an aux whose lse is logaddexp(LSE, s_h)): the sink's closed form on
+        flex's (B, N, Lq, Ev) output and float32 (B, N, Lq) LSE; N is the query heads."""
+        torch = self.torch
+        s = sinks.to(lse.dtype)[None, :, None]  # (1, N, 1)
+        with_sink = torch.logaddexp(lse, s)  # (B, N, Lq)
+        keep = torch.where(torch.isfinite(with_sink), torch.exp(lse - with_sink), torch.ones_like(lse))  # sigma
+        out = (out.to(keep.dtype) * keep[..., None]).to(out.dtype)  # (B, N, Lq, Ev)
+        return out, types.SimpleNamespace(lse=with_sink)
 
     def _flex(self):
         return self._fa.flex_attention

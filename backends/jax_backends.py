@@ -106,18 +106,17 @@ class JaxBackend(Backend):
     def _jitted(self, op, call, with_dbias=False):
         """(key, the jitted forward or vjp) for this call's static fields; arrays are arguments."""
         static, key = self._static(call, op)
-        key += (with_dbias,)
+        with_dsink = call.sinks is not None  # dSink (Hq,) last (issue 31)
+        key += (with_dbias, with_dsink)
         if key not in self._compiled:
             def forward(q, k, v, arrays):
                 return self._attend(q, k, v, arrays, static)  # (..., Lq, Ev) or with (..., Lq)
 
             def backward(q, k, v, grad_out, arrays):
-                if not with_dbias:
-                    _, pullback = self.jax.vjp(lambda a, b, c: forward(a, b, c, arrays), q, k, v)
-                    return pullback(grad_out)  # (dq, dk, dv), each shaped like its input
-                _, pullback = self.jax.vjp(lambda a, b, c, d: forward(a, b, c, {**arrays, "bias": d}),
-                                           q, k, v, arrays["bias"])
-                return pullback(grad_out)  # (dq, dk, dv, dbias)
+                names = (("bias",) if with_dbias else ()) + (("sinks",) if with_dsink else ())
+                _, pullback = self.jax.vjp(lambda a, b, c, *d: forward(a, b, c, {**arrays, **dict(zip(names, d, strict=True))}),
+                                           q, k, v, *(arrays[n] for n in names))
+                return pullback(grad_out)  # (dq, dk, dv[, dbias][, dsink]), each shaped like its input
 
             self._compiled[key] = self.jax.jit(forward if op == "forward" else backward)
         return key, self._compiled[key]
@@ -145,7 +144,7 @@ class JaxNaive(JaxBackend):
     """The textbook computation in jnp, every field of the problem (ours); masks from indices."""
 
     name = "jax-naive"
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE,
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE | {"sinks"},
                                 bias_gradient=True)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
@@ -185,6 +184,7 @@ class JaxNaive(JaxBackend):
              "q_lengths": np.full(lead, Lq, np.int32), "kv_lengths": np.full(lead, Lk, np.int32),
              "q_segment_ids": np.zeros(lead + (Lq,), np.int32), "kv_segment_ids": np.zeros(lead + (Lk,), np.int32),
              "alibi_slopes": np.zeros(q.shape[-3:-2], wide),  # (Hq,), or () without a head axis
+             "sinks": np.full(q.shape[-3:-2], -np.inf, wide),  # no sink: exp(-inf - m) = 0 exactly
              "scale": np.asarray(1.0 / math.sqrt(E) if call.scale is None else call.scale, q.dtype),
              "capped": np.asarray(call.softcap is not None),
              "cap": np.asarray(1.0 if call.softcap is None else call.softcap, q.dtype),
@@ -235,10 +235,11 @@ class JaxNaive(JaxBackend):
         vis = vis & a["mask"]  # (..., Lq, Lk)
         vis = vis & (cols < kv_len) & (rows < q_len) & (q_seg == kv_seg)  # (..., Hq|1, Lq, Lk)
         s = jnp.where(vis, s, -jnp.inf)  # (..., Hq, Lq, Lk)
-        row_max = lax.stop_gradient(s.max(axis=-1, keepdims=True, initial=-jnp.inf))  # (..., Lq, 1) Lk = 0: -inf
+        sink = a["sinks"].astype(s.dtype)[..., None, None]  # (Hq, 1, 1): a virtual key of value 0
+        row_max = lax.stop_gradient(jnp.maximum(s.max(axis=-1, keepdims=True, initial=-jnp.inf), sink))  # (..., Lq, 1)
         row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
         e = jnp.exp(s - row_max)  # (..., Lq, Lk) exp(-inf) = 0 on hidden pairs
-        total = e.sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+        total = e.sum(axis=-1, keepdims=True) + jnp.exp(sink - row_max)  # (..., Lq, 1) the sink in the denominator
         out = (e / jnp.where(total == 0, 1, total)) @ v  # (..., Lq, Ev)
         if not call.return_lse:
             return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from attnspec.backends.jax_backends import JaxBackend
 from attnspec.backends.layout4d import Fold4D
-from attnspec.backends.plain import declared
+from attnspec.backends.plain import declared, renamed
 from attnspec.backends.torch_backends import TorchBackend
 from attnspec.specs.fields import FIELDS
 
@@ -58,12 +58,12 @@ class NativeFunction:
                 continue
             if f.name in _PER_SEQUENCE:
                 value = fold.per_sequence(value, _PER_SEQUENCE[f.name])
-            elif f.name == "alibi_slopes":
+            elif f.name in ("alibi_slopes", "sinks"):  # one per query head
                 value = fold.slopes(value)
             kw[f.name] = value
         if call.return_lse:
             kw["return_lse"] = True
-        y = self.fn(*fold.qkv(q, k, v), **kw)
+        y = self.fn(*fold.qkv(q, k, v), **renamed(self.fn, kw))
         if not call.return_lse:
             return fold.output(y)
         if not isinstance(y, (tuple, list)) or len(y) != 2:

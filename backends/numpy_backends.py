@@ -17,13 +17,24 @@ from attnspec.specs.fields import EVERY_FEATURE
 from attnspec.specs.masks import sequence_offsets
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
-_ALL_FEATURES = EVERY_FEATURE | {"seq_positions"}  # the whole definition (specs.fields), per-sequence positions too
+_ALL_FEATURES = EVERY_FEATURE | {"seq_positions", "sinks"}  # the whole definition, per-sequence positions and sinks too
 _FORMATS = ("padded", "packed", "paged-NHD", "paged-HND", "append")  # specs.formats.FORMATS: backends/numpy_formats.py
 _ROW_BLOCK = 128  # rows per index-masking step: bounds the bool temporary to 128*Lk
 
 
 def _scale(q, scale):
     return q.dtype.type(1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+def _sink(call, dtype):
+    """(Hq, 1, 1) the sinks in the compute dtype (broadcast over each head's rows), or None."""
+    return None if call.sinks is None else np.asarray(call.sinks).astype(dtype)[:, None, None]
+
+
+def _dsink(call, a_sink, go, out):
+    """dSink (Hq,): -sum over batch and rows of p_sink (dO . O), in the sinks' dtype."""
+    ds = -(a_sink[..., 0] * (go * out).sum(axis=-1))  # (..., Hq, Lq)
+    return ds.reshape(-1, *ds.shape[-2:]).sum(axis=(0, 2)).astype(np.asarray(call.sinks).dtype)  # (Hq,)
 
 
 def _offset(call, Lq, Lk):
@@ -173,27 +184,33 @@ class NumpyNaive(Backend):
 
     def _weights(self, q, k, call):
         s = tile_scores(q, k, call, 0, k.shape[-2])  # (..., Lq, Lk)
+        sink = _sink(call, s.dtype)  # (Hq, 1, 1): one more logit in the denominator
         row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
+        if sink is not None:
+            row_max = np.maximum(row_max, sink)  # (..., Lq, 1)
         row_max[~np.isfinite(row_max)] = 0  # fully masked rows: all -inf, keep exp = 0
         s -= row_max
         np.exp(s, out=s)
         total = s.sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+        e_sink = None if sink is None else np.exp(sink - row_max)  # (..., Lq, 1) the sink's value is 0
+        if e_sink is not None:
+            total = total + e_sink
         with np.errstate(divide="ignore"):
             lse = np.where(total[..., 0] > 0, row_max[..., 0] + np.log(total[..., 0]), -np.inf)  # (..., Lq)
         total[total == 0] = 1  # fully masked rows stay zero
         s /= total
-        return s, lse  # (..., Lq, Lk), (..., Lq)
+        return s, lse, None if e_sink is None else e_sink / total  # (..., Lq, Lk), (..., Lq), the sink's (..., Lq, 1)
 
     def native_attention(self, q, k, v, call):
         k, v = _unpadded(k, call), _unpadded(v, call)
-        w, lse = self._weights(q, k, call)
+        w, lse, _ = self._weights(q, k, call)
         out = w @ (_expand(v, w.shape[-3]) if call.enable_gqa else v)  # (..., Lq, Ev)
         return (out, lse) if call.return_lse else out
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         sc = _scale(q, call.scale)
         k, v = _unpadded(k, call), _unpadded(v, call)
-        a, _ = self._weights(q, k, call)  # (..., Lq, Lk)
+        a, _, a_sink = self._weights(q, k, call)  # (..., Lq, Lk), the sink's (..., Lq, 1)
         ke, ve = (_expand(x, a.shape[-3]) for x in (k, v)) if call.enable_gqa else (k, v)
         dv = np.swapaxes(a, -1, -2) @ grad_out  # (..., Hq, Lk, Ev)
         da = grad_out @ np.swapaxes(ve, -1, -2)  # (..., Lq, Lk)
@@ -207,7 +224,10 @@ class NumpyNaive(Backend):
         dk = (np.swapaxes(da, -1, -2) @ q) * sc  # (..., Hq, Lk, E)
         grads = (_reduce(dq, q.shape), _reduce(_group_sum(dk, k.shape[-3]) if call.enable_gqa else dk, k.shape),
                  _reduce(_group_sum(dv, v.shape[-3]) if call.enable_gqa else dv, v.shape))
-        return grads + ((dbias.astype(q.dtype, copy=False),) if dbias is not None else ())
+        grads = grads + ((dbias.astype(q.dtype, copy=False),) if dbias is not None else ())
+        if call.sinks is None:
+            return grads
+        return grads + (_dsink(call, a_sink, grad_out, a @ ve),)
 
 
 class NumpyTiled(Backend):
@@ -264,6 +284,14 @@ class NumpyTiled(Backend):
             acc += s @ (_expand(vb, s.shape[-3]) if call.enable_gqa else vb)
             m = m_new
             del s  # free this tile before the next one is computed: one tile alive at a time
+        sink = _sink(call, q.dtype)  # (Hq, 1, 1)
+        if sink is not None:  # folded once, after the loop (FlashInfer): a key of value 0
+            m_new = np.maximum(m, sink)  # (..., Lq, 1)
+            shift = np.where(np.isfinite(m_new), m_new, 0)
+            alpha = np.exp(m - shift)  # (..., Lq, 1)
+            row_sum = row_sum * alpha + np.exp(sink - shift)
+            acc = acc * alpha
+            m = m_new
         shift = np.where(np.isfinite(m), m, 0)  # (..., Lq, 1) fully masked rows: m = -inf
         total = np.where(row_sum == 0, 1, row_sum)  # (..., Lq, 1) and row_sum = 0: their output stays zero
         with np.errstate(divide="ignore"):
@@ -324,7 +352,10 @@ class NumpyTiled(Backend):
         grads = [_reduce(dq, q.shape), _reduce(dk, k.shape), _reduce(dv, v.shape)]
         if dbias is not None:
             grads.append(_reduce(dbias, call.bias.shape))
-        return tuple(g.astype(dtype, copy=False) for g in grads)
+        grads = [g.astype(dtype, copy=False) for g in grads]
+        if call.sinks is not None:
+            grads.append(_dsink(call, np.exp(_sink(call, q.dtype) - shift) / total, go, out))
+        return tuple(grads)
 
 
 def _raw_call(call):

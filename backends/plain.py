@@ -11,7 +11,7 @@ What it is given follows what it declares, never more:
   (additive) masks in ``attn_mask``, as PyTorch's own function takes them; a parameter named
   after another field (``softcap``, ``window``, ``q_lengths``/``kv_lengths``,
   ``q_segment_ids``/``kv_segment_ids``, ``alibi_slopes``, ``causal_alignment``,
-  ``return_lse``) means that field.
+  ``return_lse``, ``sinks`` or FA4's ``learnable_sink``) means that field.
 - `declare(...)`, attached to the function: dtypes, gradients (a backward function), what it
   does with fully masked and padded rows, its causal alignment, effective precision, output
   dtypes, whether it takes a mask together with ``is_causal`` (PyTorch refuses: by default the
@@ -49,7 +49,18 @@ PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)
 # (specs.fields) takes that field; PyTorch's enable_gqa also means float (additive) masks in
 # attn_mask, as PyTorch's own function takes them (its bias); return_lse the log-sum-exp
 _PARAM_FEATURES = {**{f.name: (f.feature,) for f in FIELDS if f.name != "bias"},
-                   "enable_gqa": ("gqa", "bias"), "return_lse": ("lse",)}
+                   "enable_gqa": ("gqa", "bias"), "return_lse": ("lse",), "learnable_sink": ("sinks",)}
+# a field a function may name otherwise: flash-attention 4 calls the sinks learnable_sink (FlashInfer: sinks)
+ALIASES = {"learnable_sink": "sinks"}
+
+
+def renamed(fn, kw: dict) -> dict:
+    """The keywords under the names fn's signature uses (ALIASES)."""
+    params = _parameters(fn) or {}
+    for alias, name in ALIASES.items():
+        if name in kw and alias in params and name not in params:
+            kw[alias] = kw.pop(name)
+    return kw
 _NUMPY_DTYPES = ("float16", "float32", "float64")  # a plain function works on NumPy arrays
 # framework -> (the dtypes it can be given, the default when none are declared, the devices it names)
 FRAMEWORKS = {"numpy": (_NUMPY_DTYPES, ("float64", "float32"), ("cpu",)),
@@ -83,6 +94,7 @@ class Declaration:
     lse_padding: int | None = None  # its rows rounded up to a multiple of this (cut to Lq)
     env: tuple = ()             # environment variables its behaviour depends on (reproducers carry them)
     bias_gradient: bool = False  # torch/jax: the backward gives dBias too (autograd through the bias)
+    lse_with_sinks: bool | None = None  # a returned LSE counts the sinks (FA4) or not (gpt-oss's Triton)
     limits: dict = field(default_factory=dict)  # the other declared shape limits: Capabilities' fields
 
 
@@ -91,7 +103,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
             masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
             framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=(),
             bias_gradient=False, head_dims=(), max_head_dim=0, head_dim_power_of_two=False, length_multiple=1,
-            max_length=0, causal_equal_lengths=False, op_dtypes=None):
+            max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -115,6 +127,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     multiple of m, cut to Lq) say how a returned LSE is laid out.  env: names of environment
     variables the function depends on (``TRITON_INTERPRET``): reproducers record and restore them.
     bias_gradient: a torch/jax function's autograd gives the bias gradient too (checked then).
+    lse_with_sinks: whether a returned LSE counts the sinks (FA4: True; gpt-oss's Triton kernel: False).
+    With sinks a NumPy function's backward returns (dq, dk, dv, dsink).
 
     The shapes its kernel takes (the suite draws only those, and counts what a limit leaves out of a
     fixed grid): head_dims, a set of the head dims it takes; max_head_dim; head_dim_power_of_two;
@@ -186,7 +200,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
                        None if features is None else tuple(features), tuple(notes), head_dim_multiple,
                        tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()),
                        framework, device, layout, lse_layout, lse_padding, tuple(env), bool(bias_gradient),
-                       limits)
+                       None if lse_with_sinks is None else bool(lse_with_sinks), limits)
 
     def attach(f):
         f.__attnspec__ = decl
@@ -231,7 +245,8 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
                         bias_gradient=gradients and decl.bias_gradient and "bias" in features)
     sem = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                     effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
-                    output_dtypes=decl.output_dtypes, deviations=decl.deviations, notes=decl.notes + (note,))
+                    output_dtypes=decl.output_dtypes, deviations=decl.deviations, notes=decl.notes + (note,),
+                    lse_with_sinks=decl.lse_with_sinks)
     return caps, sem
 
 
@@ -271,7 +286,7 @@ class FunctionBackend(Backend):
                 kw[f.name] = value
         if call.return_lse:
             kw["return_lse"] = True
-        return kw
+        return renamed(self.fn, kw)
 
     def native_attention(self, q, k, v, call):
         return self.fn(q, k, v, **self._kwargs(call))  # (..., Lq, Ev), or (out, lse)

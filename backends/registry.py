@@ -49,6 +49,7 @@ BUILTINS = {
     "flax-nnx": "attnspec.backends.flax_backends:FlaxNnx",
     "transformers-sdpa": "attnspec.backends.transformers_backends:TransformersSdpa",
     "transformers-eager": "attnspec.backends.transformers_backends:TransformersEager",
+    "transformers-gpt-oss": "attnspec.backends.transformers_backends:TransformersGptOss",
     "mlx-sdpa": "attnspec.backends.mlx_backends:MlxFastSdpa",
 }
 
@@ -70,7 +71,7 @@ SUITE_OPT_IN = {
 # with the rest; a plain `pytest properties` checks them when named (their eager JAX ops compile per
 # shape: keras-jax's suite alone is ~60 s with JAX's cache warm, ~200 s cold).
 ZOO = ("keras-numpy", "keras-jax", "keras-torch", "flax-linen", "flax-nnx", "transformers-sdpa", "transformers-eager",
-       "mlx-sdpa")
+       "transformers-gpt-oss", "mlx-sdpa")
 
 
 def suite_names() -> list[str]:

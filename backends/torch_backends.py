@@ -109,8 +109,10 @@ class TorchBackend(Backend):
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         with_bias = call.bias is not None and self.capabilities.bias_gradient
-        leaves = [x.detach().requires_grad_(True) for x in (q, k, v) + ((call.bias,) if with_bias else ())]
-        call = replace(call, bias=leaves[3] if with_bias else call.bias, return_lse=False)
+        sinks = () if call.sinks is None else (call.sinks,)  # dSink last, in the sinks' dtype
+        leaves = [x.detach().requires_grad_(True) for x in (q, k, v) + ((call.bias,) if with_bias else ()) + sinks]
+        call = replace(call, bias=leaves[3] if with_bias else call.bias, return_lse=False,
+                       sinks=leaves[-1] if sinks else None)
         y = self._attention(*leaves[:3], call)  # (..., Lq, Ev)
         # expand() sums broadcast gradients back to each input's shape, GQA groups included
         return self.torch.autograd.grad(y, leaves, grad_out)
@@ -123,8 +125,9 @@ class TorchMath(TorchBackend):
     """
 
     name = "torch-math"
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=_EVERY_FEATURE | {"seq_positions"},
-                                layouts=LAYOUTS, bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND"))
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True,
+                                features=_EVERY_FEATURE | {"seq_positions", "sinks"}, layouts=LAYOUTS,
+                                bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND"))
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
         # torch 2.13 CPU, found by the suite: q = torch.ones(3, 31, 7, dtype=torch.bfloat16); q[:, 16] = nan;
         # torch.bmm(q, torch.ones(3, 7, 7, dtype=torch.bfloat16))[:, 15] is NaN (float16/float32, or a
@@ -201,10 +204,15 @@ class TorchMath(TorchBackend):
         if call.q_segment_ids is not None:
             hidden = hidden | (call.q_segment_ids[..., None, :, None] != call.kv_segment_ids[..., None, None, :])
         s = s.masked_fill(hidden, float("-inf"))  # (..., Hq, Lq, Lk)
-        row_max = s.amax(dim=-1, keepdim=True).detach() if Lk else s.new_zeros(s.shape[:-1] + (1,))  # (..., Lq, 1)
+        row_max = s.amax(dim=-1, keepdim=True).detach() if Lk else s.new_full(s.shape[:-1] + (1,), float("-inf"))
+        sink = None if call.sinks is None else call.sinks.to(s.dtype)[:, None, None]  # (Hq, 1, 1) one per query head
+        if sink is not None:  # a virtual key of value 0: in the maximum and the denominator only
+            row_max = torch.maximum(row_max, sink.detach())  # (..., Lq, 1)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         e = torch.exp(s - row_max)  # (..., Lq, Lk) exp(-inf) = 0 on hidden pairs
         total = e.sum(dim=-1, keepdim=True)  # (..., Lq, 1)
+        if sink is not None:
+            total = total + torch.exp(sink - row_max)  # (..., Lq, 1)
         out = (e / torch.where(total == 0, torch.ones_like(total), total)) @ v  # (..., Lq, Ev)
         if not call.return_lse:
             return out

@@ -126,3 +126,49 @@ class TransformersEager(_Transformers):
         out, _ = self.gemma2.eager_attention_forward(self._module(q, k), q, k, v, self._four_d(additive, q, k),
                                                      scaling=call.scale, softcap=call.softcap)
         return out.transpose(1, 2)  # (B, L, H, E) -> (B, H, L, E)
+
+
+class TransformersGptOss(TransformersEager):
+    """GPT-OSS's eager_attention_forward (issue 31): the sinks concatenated as one more logit column,
+    the row maximum subtracted, a softmax in the input dtype, the column dropped.  The function reads
+    ``module.sinks`` (Hq,) always: a problem without sinks gets -inf there (exp(-inf) = 0, the same)."""
+
+    name = "transformers-gpt-oss"
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True,
+                                features=frozenset(("gqa", "bias", "sinks")), mask_with_causal=True)
+    semantics = Semantics(notes=(
+        "masks are additive: 0 where a pair takes part, torch.finfo(dtype).min where not (masking_utils)",
+        "causal is a mask, as masking_utils builds it without a cache: query i sees keys j <= i",
+        "the sink is one more logit column, softmax(..., dtype=the logits' dtype): no float32 upcast"),
+        deviations=TransformersEager.semantics.deviations)
+
+    def load(self):
+        super().load()
+        from transformers.models.gpt_oss import modeling_gpt_oss
+        self.gpt_oss = modeling_gpt_oss
+
+    def _attention(self, q, k, v, call):
+        torch = self.torch
+        hidden = call.mask
+        if call.is_causal:
+            Lq, Lk = q.shape[-2], k.shape[-2]
+            causal = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None]  # (Lq, Lk) masking_utils' causal_mask_function
+            hidden = causal if hidden is None else hidden & causal
+        additive = None
+        if hidden is not None:  # masking_utils' eager mask: 0 or the dtype's most negative number
+            zero, low = torch.tensor(0.0, dtype=q.dtype), torch.tensor(torch.finfo(q.dtype).min, dtype=q.dtype)
+            additive = torch.where(hidden, zero, low)  # (..., Lq, Lk)
+        if call.bias is not None:
+            additive = call.bias if additive is None else additive + call.bias
+        module = self._module(q, k)
+        module.sinks = (torch.full((q.shape[-3],), float("-inf")) if call.sinks is None else call.sinks).to(q.dtype)
+        scale = q.shape[-1] ** -0.5 if call.scale is None else call.scale  # the function takes no default
+        out, _ = self.gpt_oss.eager_attention_forward(module, q, k, v, self._four_d(additive, q, k), scaling=scale)
+        return out.transpose(1, 2)  # (B, L, H, E) -> (B, H, L, E)
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        from dataclasses import replace
+        sinks = () if call.sinks is None else (call.sinks,)  # dSink last, through the module's sinks
+        leaves = [x.detach().requires_grad_(True) for x in (q, k, v) + sinks]
+        y = self._attention(*leaves[:3], replace(call, sinks=leaves[3] if sinks else None))  # (B, H, Lq, Ev)
+        return self.torch.autograd.grad(y, leaves, grad_out)

@@ -232,12 +232,13 @@ class Target:
                                       **case.call_kwargs)
         return np.asarray(out, dtype=np.float64), returned
 
-    def backward(self, case, grad_out, dtype: str | None = None):
-        """(dq, dk, dv[, dbias]) of sum(output * grad_out)."""
+    def backward(self, case, grad_out, dtype: str | None = None, return_dsink: bool = False):
+        """(dq, dk, dv[, dbias]) of sum(output * grad_out); return_dsink (a case with sinks): (grads, dsink)."""
         dtype = dtype or self.dtype
         self._record("backward", case, dtype)
+        extra = {"return_dsink": True} if return_dsink else {}
         return self.call_backend("backward", self.backend.backward, case.q, case.k, case.v, grad_out, dtype=dtype,
-                             **case.call_kwargs)
+                                 **extra, **case.call_kwargs)
 
     def _repr_pretty_(self, p, cycle):  # Hypothesis' printer: the short form
         p.text(repr(self))

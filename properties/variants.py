@@ -251,9 +251,21 @@ def draw_alibi(draw, env: Drawing) -> dict:
     return {"alibi_slopes": alibi_slopes(H)}  # the standard slopes for H heads
 
 
+def draw_sinks(draw, env: Drawing) -> dict:
+    """One logit per query head, from far below a row's scores to far above (the sink then takes most
+    of the row), a head's sink -inf (none) now and then; multiples of 1/4 up to 16: exact in bfloat16."""
+    H = env.shape[1]
+    quarters = draw(st.lists(st.integers(-64, 64), min_size=H, max_size=H), label="sinks (quarters)")
+    sinks = np.asarray(quarters, dtype=np.float64) / 4  # (Hq,)
+    none = draw(st.integers(0, 2 * H), label="a head without a sink (index; past H: none)")
+    if none < H and H > 1:
+        sinks[none] = -np.inf
+    return {"sinks": sinks}
+
+
 # feature -> its draw (grouped heads are drawn with the shape, the alignment with positions)
 DRAWS = {"bias": draw_bias, "window": draw_window, "seq_lengths": draw_lengths, "segment_ids": draw_segments,
-         "softcap": draw_softcap, "alibi": draw_alibi}
+         "softcap": draw_softcap, "alibi": draw_alibi, "sinks": draw_sinks}
 
 
 def draw_fields(draw, env: Drawing, use: frozenset, alignments: tuple) -> dict:

@@ -56,11 +56,34 @@ def score_terms(p: Problem, raw=None, tanh_share: float = 0.0) -> np.ndarray:
     return np.where(vis, terms, 0.0)
 
 
+def _top(p: Problem, f) -> np.ndarray:
+    """(..., Lq, 1) the row maximum a kernel subtracts: over the visible scores and the sink (gpt-oss's
+    Triton kernel starts its running maximum at the sink; a larger maximum, larger gaps)."""
+    s = np.where(f.visible, f.scores, -np.inf)  # (..., Lq, Lk)
+    top = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
+    if p.sinks is not None:
+        top = np.maximum(top, _f64(p.sinks)[:, None, None])  # (..., Hq, Lq, 1)
+    return top
+
+
+def sink_terms(p: Problem, f) -> tuple:
+    """(w_sink, Th_sink) (..., Lq, 1): the sink as a virtual key of value 0 - its weight and its score's
+    size |s_h| plus its gap to the row maximum (no scale, cap or bias: s_h is only held and shifted);
+    zeros without sinks or where the sink is -inf."""
+    if p.sinks is None or f.sink_weight is None:
+        return 0.0, 0.0
+    s = np.broadcast_to(_f64(p.sinks)[:, None, None], f.lse.shape[:-1] + (f.lse.shape[-1], 1))  # (..., Lq, 1)
+    finite = np.isfinite(s)
+    th = np.where(finite, np.abs(np.where(finite, s, 0.0)) + np.where(finite, _top(p, f) - np.where(finite, s, 0.0), 0.0),
+                  0.0)
+    return f.sink_weight[..., None], th  # (..., Lq, 1) twice
+
+
 def pair_terms(p: Problem, f=None, tanh_share: float = 0.0) -> tuple:
     """(f, Th) with f = run_forward(p) and Th (..., Lq, Lk) = T + gap on visible pairs, 0 elsewhere."""
     f = run_forward(p) if f is None else f
     s = np.where(f.visible, f.scores, -np.inf)  # (..., Lq, Lk)
-    top = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
+    top = _top(p, f)  # (..., Lq, 1)
     with np.errstate(invalid="ignore"):
         gap = np.where(f.visible, top - s, 0.0)  # (..., Lq, Lk)
     return f, score_terms(p, f.raw, tanh_share) + gap
@@ -88,7 +111,8 @@ def forward_terms(p: Problem, f=None, tau: float = 0.0, lse_share: float = 0.0,
     wt = np.broadcast_to(wt, shape + wt.shape[-2:])
     v = np.broadcast_to(f.v, shape + f.v.shape[-2:])  # (..., Lk, Ev)
     y = np.broadcast_to(f.output, shape + f.output.shape[-2:])  # (..., Lq, Ev)
-    out = (np.broadcast_to(out, y.shape) + _lse(f, lse_share) * np.abs(y)).copy()
+    ws, ths = sink_terms(p, f)  # the sink's score error, renormalised: w_s e_s (0 - y)
+    out = (np.broadcast_to(out, y.shape) + (_lse(f, lse_share) + ws * ths) * np.abs(y)).copy()
     rows = max(1, _CHUNK // max(1, int(np.prod(shape, dtype=np.int64)) * p.Lk * p.Ev))
     buf = np.empty(shape + (min(rows, p.Lq), p.Lk, p.Ev))  # (..., R, Lk, Ev) reused: no allocation a chunk
     for r in range(0, p.Lq, rows):
@@ -106,7 +130,8 @@ def lse_terms(p: Problem, f=None, tanh_share: float = 0.0) -> tuple:
     """
     f, th = pair_terms(p, f, tanh_share)
     size = np.where(np.isfinite(f.lse), np.abs(f.lse), 0.0)  # (..., Lq)
-    return 1.0 + (f.weights * th).sum(axis=-1), size
+    ws, ths = sink_terms(p, f)  # the sink is one more term of the row sum
+    return 1.0 + (f.weights * th).sum(axis=-1) + np.sum(ws * ths, axis=-1), size
 
 
 # A library's tanh is within a few ulps of tanh, not correctly rounded (measured here: XLA's CPU
@@ -137,7 +162,8 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
     w = f.weights  # (..., Lq, Lk)
     dy = _f64(grad_out)  # (..., Lq, Ev)
     ady = np.abs(dy)
-    thbar = (w * th).sum(axis=-1, keepdims=True)  # (..., Lq, 1)
+    ws, ths = sink_terms(p, f)  # the sink's score error renormalises every weight too
+    thbar = (w * th).sum(axis=-1, keepdims=True) + ws * ths  # (..., Lq, 1)
     rel = th + thbar  # (..., Lq, Lk) relative error of each weight, renormalised
     terms_da = ady @ np.swapaxes(np.abs(f.v), -1, -2)  # (..., Lq, Lk) |dY_i|.|V_j|
     da = dy @ np.swapaxes(f.v, -1, -2)  # (..., Lq, Lk)

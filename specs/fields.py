@@ -165,6 +165,21 @@ def _ints(name: str, per: str, extra: Callable[[Dims], tuple], limit: Callable[[
     return check
 
 
+def _sinks(value, d: Dims):
+    if not d.batch_shape:
+        raise ValueError(f"sinks needs inputs with a head axis, shaped (..., H, L, E); got query {d.query_shape}")
+    name = _dtype_name(value)
+    if not (name.startswith("float") or name == "bfloat16"):
+        raise ValueError(f"sinks must be a float array, one logit per query head; got dtype {name}")
+    sinks = np.asarray(value, dtype=np.float64)
+    if sinks.ndim != 1 or sinks.shape[0] != d.Hq:
+        raise ValueError(f"sinks must have one logit per query head, shape ({d.Hq},); got shape {sinks.shape}")
+    bad = np.isnan(sinks) | np.isposinf(sinks)
+    if bad.any():
+        raise ValueError(f"sinks must be finite or -inf (no sink); got {sinks.tolist()}")
+    return sinks
+
+
 def _slopes(value, d: Dims):
     slopes = np.asarray(value, dtype=np.float64)
     if slopes.ndim != 1 or slopes.shape[0] != d.Hq:
@@ -255,6 +270,12 @@ FIELDS = (
           _ints("kv_segment_ids", "(..., Lk), one id per key", lambda d: (d.Lk,)), axes=(("key", -1),),
           per_sequence=True),
     Field("alibi_slopes", "alibi", None, "wide", "ALiBi slopes", _slopes, positional=True, diagonal=True),
+    # issue 31: a per-query-head logit s_h in every row's denominator (gpt-oss; FA4 `learnable_sink`,
+    # FlashInfer `sinks`): a virtual key of value 0 that no scale, cap, bias or mask touches.  Not drawn
+    # by the default draws (drawn=False: their layout and kill rates stay); properties/test_sinks.py
+    # draws it for the backends that declare it.
+    Field("sinks", "sinks", None, "wide", "attention sinks (a per-head logit in the denominator)", _sinks,
+          drawn=False),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 NAMES = tuple(BY_NAME)
@@ -267,9 +288,9 @@ PAIRS = (("q_segment_ids", "kv_segment_ids"),)
 FEATURES = tuple(dict.fromkeys(f.feature for f in FIELDS)) + ("lse",)
 FEATURE_TEXT = {**{f.feature: f.text for f in reversed(FIELDS)}, "lse": "returning the log-sum-exp"}
 FIELDS_OF = {feature: tuple(f.name for f in FIELDS if f.feature == feature) for feature in FEATURES}
-# What an adapter implementing the whole definition declares - but per-sequence positions (issue 30),
-# which each adapter declares on its own once it implements them (numpy-naive, numpy-tiled do)
-SERVING_FEATURES = frozenset({"seq_positions"})
+# What an adapter implementing the whole definition declares - but per-sequence positions (issue 30)
+# and attention sinks (issue 31), which each adapter declares on its own once it implements them
+SERVING_FEATURES = frozenset({"seq_positions", "sinks"})
 EVERY_FEATURE = frozenset(FEATURES) - SERVING_FEATURES
 
 

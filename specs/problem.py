@@ -20,6 +20,8 @@ element: shape broadcastable to the leading dims before the head axis): query ro
 q_lengths are padding and see nothing, keys at or past kv_lengths are hidden.
 ``q_segment_ids``/``kv_segment_ids`` (..., Lq)/(..., Lk) integers: a query sees only keys of
 its own segment (packed sequences).  ``alibi_slopes`` (Hq,): adds -slope_h * |i + o - j|.
+``sinks`` (Hq,): a logit s_h added to every row's denominator, weights = exp(s_ij) / (sum_visible
+exp(s_ij') + exp(s_h)) - a virtual key of value 0, not scaled, capped, biased or masked (-inf = none).
 
 Only NumPy (and objects exposing ``shape``/``dtype``) is used here.
 """

@@ -7,12 +7,16 @@ Forward, one pipeline for every field of `specs.problem` (seed 004's steps, grow
     s  += bias + alibi
     row maximum subtracted ("resta el máximo de la fila (por estabilidad)"), hidden pairs -inf,
     A   = softmax(s) over visible keys,  Y = A V,  lse = log sum_j exp(s_j) over visible keys
+    with sinks s_h (query head h): A = exp(s_j) / (sum_visible exp(s_j') + exp(s_h)), lse includes
+    exp(s_h); the sink is a virtual key of value 0 that no scale, cap, bias or mask reaches
 
 Backward (seed 003's chain, plus the fields):
 
     dV = A^T dY;  dA = dY V^T;  dS = A * (dA - rowsum(dA * A));  dBias = dS (summed to bias's shape)
     dS_raw = dS * (1 - tanh^2(s / softcap)) with a softcap, else dS
     dQ = dS_raw K * scale;  dK = dS_raw^T Q * scale;  dK, dV summed over each query-head group.
+    dSink_h = -sum_{b,i} p_sink(b,h,i) (dY_i . Y_i), p_sink = exp(s_h - lse): the sink's column of dS,
+    whose dA is 0 (its value is 0) and whose row term rowsum(dA * A) = dY_i . Y_i (`run_dsink`).
 
 The pipeline takes an *arithmetic*: exact float64 here; `specs.error_budget` runs the very same
 steps with every intermediate rounded to a dtype (the "plain" computation), so the reference
@@ -20,7 +24,8 @@ and the budget's model can never describe two different algorithms.
 
 Fully masked rows (no visible key, padded query rows included) are left to implementations by
 the spec.  The reference's choice: weights, output and gradients of such a row are zeros, and
-its log-sum-exp is -inf.  Optimized code must never import this module.
+its log-sum-exp is -inf; with a sink, the output of such a row is 0 and its lse is s_h.
+Optimized code must never import this module.
 """
 from __future__ import annotations
 
@@ -38,7 +43,8 @@ class Forward:
     scores: np.ndarray    # (..., Lq, Lk) final scores (scaled, capped, biased), unmasked
     weights: np.ndarray   # (..., Lq, Lk) softmax over visible keys; zeros on empty rows
     output: np.ndarray    # (..., Lq, Ev)
-    lse: np.ndarray       # (..., Lq) log-sum-exp of visible scores; -inf on empty rows
+    lse: np.ndarray       # (..., Lq) log-sum-exp of visible scores (and the sink); -inf on empty rows
+    sink_weight: np.ndarray | None = None  # (..., Lq) exp(s_h - lse): the sink's share; None without sinks
 
     @property
     def empty_rows(self) -> np.ndarray:
@@ -105,6 +111,15 @@ class _Steps:
     weights: np.ndarray   # (..., Lq, Lk)
     output: np.ndarray    # (..., Lq, Ev)
     lse: np.ndarray       # (..., Lq)
+    sink_weight: np.ndarray | None = None  # (..., Lq) the sink's weight; None without sinks
+
+
+def sink_logits(p: Problem, shape: tuple, A=EXACT):
+    """(..., Lq, 1) the sink s_h of each row's query head, broadcast to the scores' rows; None without."""
+    if p.sinks is None:
+        return None
+    s = A.a(A.r(_f64(p.sinks)))[:, None, None]  # (Hq, 1, 1): one per query head, the head axis -3
+    return np.broadcast_to(s, shape[:-1] + (1,))  # (..., Lq, 1)
 
 
 def scores_of(p: Problem, A=EXACT, q=None, k=None) -> tuple:
@@ -126,16 +141,27 @@ def scores_of(p: Problem, A=EXACT, q=None, k=None) -> tuple:
 
 def masked_softmax(s: np.ndarray, vis: np.ndarray, A=EXACT):
     """Row softmax over visible entries; returns (weights, lse). Stable for |s| up to ~1e300."""
+    return sink_softmax(s, vis, A)[:2]
+
+
+def sink_softmax(s: np.ndarray, vis: np.ndarray, A=EXACT, sink=None):
+    """`masked_softmax` with ``sink`` (..., Lq, 1) - one more logit in each row's denominator (gpt-oss's
+    naive kernel: concatenated as a column, softmax, column dropped); returns (weights, lse, the sink's
+    weight (..., Lq) or None)."""
     masked = np.where(vis, A.a(s), -np.inf)  # (..., Lq, Lk)
+    if sink is not None:
+        masked = np.concatenate([masked, np.broadcast_to(sink, masked.shape[:-1] + (1,))], axis=-1)  # (..., Lq, Lk+1)
     row_max = masked.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
-    empty = ~np.isfinite(row_max)  # rows with no visible key
+    empty = ~np.isfinite(row_max)  # rows with no visible key (and no sink)
     shift = np.where(empty, 0.0, row_max)  # (..., Lq, 1)
-    e = A.a(A.r(np.exp(masked - shift)))  # (..., Lq, Lk) exp(-inf) = 0 exactly
+    e = A.a(A.r(np.exp(masked - shift)))  # (..., Lq, Lk[+1]) exp(-inf) = 0 exactly
     total = A.a(A.sum(e, axis=-1, keepdims=True))  # (..., Lq, 1) >= 1 on non-empty rows
-    weights = A.r(e / np.where(empty, 1.0, total))  # (..., Lq, Lk)
+    weights = A.r(e / np.where(empty, 1.0, total))  # (..., Lq, Lk[+1])
     with np.errstate(divide="ignore"):
         lse = np.where(empty, -np.inf, A.a(A.r(shift + A.a(A.r(np.log(np.where(empty, 1.0, total)))))))[..., 0]
-    return weights, lse  # (..., Lq, Lk), (..., Lq)
+    if sink is None:
+        return weights, lse, None  # (..., Lq, Lk), (..., Lq)
+    return weights[..., :-1], lse, A.a(weights[..., -1])  # (..., Lq, Lk), (..., Lq), (..., Lq)
 
 
 def run_forward(p: Problem, A=EXACT) -> _Steps:
@@ -146,9 +172,9 @@ def run_forward(p: Problem, A=EXACT) -> _Steps:
     raw, s = scores_of(p, A, q, k)  # (..., Lq, Lk) twice
     vis = visible(p)  # (..., Lq, Lk)
     s = np.broadcast_to(s, vis.shape)
-    w, lse = masked_softmax(s, vis, A)  # (..., Lq, Lk), (..., Lq)
-    out = A.r(A.matmul(w, v))  # (..., Lq, Ev)
-    return _Steps(q, k, v, np.broadcast_to(raw, vis.shape), s, vis, w, out, lse)
+    w, lse, ws = sink_softmax(s, vis, A, sink_logits(p, vis.shape, A))  # (..., Lq, Lk), (..., Lq), (..., Lq)
+    out = A.r(A.matmul(w, v))  # (..., Lq, Ev): the sink's value is 0
+    return _Steps(q, k, v, np.broadcast_to(raw, vis.shape), s, vis, w, out, lse, ws)
 
 
 def run_backward(p: Problem, grad_out, A=EXACT) -> tuple:
@@ -173,6 +199,17 @@ def run_backward(p: Problem, grad_out, A=EXACT) -> tuple:
     return tuple(A.r(g) for g in grads)
 
 
+def run_dsink(p: Problem, grad_out, A=EXACT, f=None) -> np.ndarray:
+    """dSink (Hq,) of sum(output * grad_out): the sink's column of dS, p_sink (0 - dY.Y), summed over
+    every batch element and query row of its head (the head axis is -3 of the scores, -2 here)."""
+    f = run_forward(p, A) if f is None else f
+    dy = A.r(_f64(grad_out))  # (..., Hq, Lq, Ev)
+    row = A.a(A.sum(A.a(dy) * A.a(f.output), axis=-1))  # (..., Hq, Lq) dY_i . Y_i
+    ds = A.r(-A.a(f.sink_weight) * row)  # (..., Hq, Lq)
+    ds = ds.reshape(-1, *ds.shape[-2:])  # (batch, Hq, Lq)
+    return A.r(A.a(ds).sum(axis=(0, 2)))  # (Hq,)
+
+
 def _problem(query, key, value, mask, is_causal, scale, fields) -> Problem:
     if isinstance(query, Problem):
         return query
@@ -183,7 +220,7 @@ def forward(query, key=None, value=None, mask=None, is_causal=False, scale=None,
     """The reference forward; `query` may also be a validated `specs.problem.Problem`."""
     p = _problem(query, key, value, mask, is_causal, scale, fields)
     f = run_forward(p)
-    return Forward(p, f.visible, f.scores, f.weights, f.output, f.lse)
+    return Forward(p, f.visible, f.scores, f.weights, f.output, f.lse, f.sink_weight)
 
 
 def attention(query, key=None, value=None, mask=None, is_causal=False, scale=None, **fields) -> np.ndarray:
@@ -193,6 +230,14 @@ def attention(query, key=None, value=None, mask=None, is_causal=False, scale=Non
 def backward(query, key, value, grad_out, mask=None, is_causal=False, scale=None, **fields):
     """(dQ, dK, dV) of sum(output * grad_out), each shaped like its input; (dQ, dK, dV, dBias) with a bias."""
     return run_backward(_problem(query, key, value, mask, is_causal, scale, fields), grad_out)
+
+
+def dsink(query, key, value, grad_out, mask=None, is_causal=False, scale=None, **fields) -> np.ndarray:
+    """dSink (Hq,) of sum(output * grad_out) for a problem with sinks."""
+    p = _problem(query, key, value, mask, is_causal, scale, fields)
+    if p.sinks is None:
+        raise ValueError("dsink needs sinks: the problem has none")
+    return run_dsink(p, grad_out)
 
 
 def merge(parts) -> tuple:

@@ -58,6 +58,8 @@ def _fields(feature: str, rng, alignment: str = "top_left") -> dict:
         return {"softcap": 1.0}  # below the largest scores: it bites
     if feature == "alibi":
         return {"alibi_slopes": alibi_slopes(HQ), "is_causal": True, "causal_alignment": alignment}
+    if feature == "sinks":  # near the scores, one far above them, one head without (-inf)
+        return {"sinks": np.array([0.5, -1.0, 4.0, -np.inf])}
     if feature == "lse":
         mask = rng.random((LQ, LK)) > 0.3  # (Lq, Lk)
         mask[:, 0] = True

@@ -48,6 +48,7 @@ def test_what_the_libraries_document_is_declared():
     assert not sdpa.capabilities.mask_with_causal  # with a mask, is_causal is ignored: the mask carries it
     assert "gqa" in sdpa.capabilities.features and "softcap" not in sdpa.capabilities.features  # sdpa refuses softcap
     assert "softcap" in registry.resolve("transformers-eager").capabilities.features
+    assert "sinks" in registry.resolve("transformers-gpt-oss").capabilities.features  # module.sinks, always read
     for name in ("flax-linen", "flax-nnx"):
         assert "gqa" not in registry.resolve(name).capabilities.features  # "same heads for q and k"
     for name in registry.ZOO:  # every declared deviation names its entry in the register

@@ -61,9 +61,11 @@ SOFTCAP = ("capped_scores_bounded", "softcap_gradient_matches_reference") + MASK
 ALIBI = ("alibi_matches_reference", "alibi_equals_explicit_bias") + REF
 # issue 30: properties/test_packed.py, test_paged.py
 SERVING = ("packed_", "paged_", "page_placement", "per_sequence")
+# issue 31: properties/test_sinks.py (every property there names the sink)
+SINKS = ("sink",)
 
 FAMILIES = ("scale", "softmax", "masking", "alignment", "online kernel", "gradients", "grouped heads", "bias",
-            "lse", "window", "sequences", "softcap", "alibi", "serving")
+            "lse", "window", "sequences", "softcap", "alibi", "serving", "sinks")
 
 
 BROKEN = (
@@ -152,6 +154,15 @@ BROKEN = (
           "a chunk attends only within itself, kekzl/imp#117", "serving"),
     Entry("serving_bugs:DecodeDispatchByFirst", SERVING, w.mixed_batch,
           "a mixed batch run by the decode kernel its first sequence chose", "serving"),
+    # issue 31: attention sinks (tests/broken/sink_bugs.py)
+    Entry("sink_bugs:SinkIgnored", SINKS, w.sinks, "sinks accepted and dropped, vllm-project/vllm#52148", "sinks"),
+    Entry("sink_bugs:SinkPerSplit", SINKS, w.sinks, "the sink counted in every split, ROCm/rocm-libraries#12227",
+          "sinks"),
+    Entry("sink_bugs:SinkScaled", SINKS, w.sinks, "the sink multiplied by the softmax scale", "sinks"),
+    Entry("sink_bugs:SinkCapped", SINKS, w.sinks, "the sink softcapped", "sinks"),
+    Entry("sink_bugs:SinkByKvHead", SINKS, w.sinks, "the sink of the KV head's index", "sinks"),
+    Entry("sink_bugs:SinkWithValue", SINKS, w.sinks, "the sink given a value (v_0)", "sinks"),
+    Entry("sink_bugs:SinkLseExcluded", SINKS, w.sinks_lse, "LSE without the sink, declared with it", "sinks"),
 )
 
 CORRECT = (
@@ -166,4 +177,7 @@ CORRECT = (
     Entry("correct:DsScaleRounded", origin="dS * scale rounded to the dtype before dQ and dK (issue 29)"),
     Entry("flash_twins:flash_attn_varlen_func", origin="flash-attention's varlen signature and layout (issue 30)"),
     Entry("flash_twins:flash_attn_with_kvcache", origin="flash-attention's kvcache signature, paged (issue 30)"),
+    Entry("sink_bugs:SinkKernel", origin="split-KV, the sink folded once after the merge (FlashInfer; issue 31)"),
+    Entry("sink_bugs:SinkInitMax", origin="the running max initialised with the sink, LSE without it, declared "
+                                         "(gpt-oss's Triton kernel; issue 31)"),
 )

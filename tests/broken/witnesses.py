@@ -132,6 +132,18 @@ def causal_bottom_right(seed=0):
     return _problem(*_heads(2, 2, 3, 6, seed=seed), is_causal=True, causal_alignment="bottom_right")
 
 
+def sinks(seed=0):
+    """4 query heads on 2 KV heads, distinct sinks near the scores, cap 1, scale 0.5: a sink dropped,
+    counted twice, scaled, capped, read by KV head or given a value each shows."""
+    return _problem(*_heads(4, 2, 4, 6, seed=seed), scale=0.5, enable_gqa=True, softcap=1.0,
+                    sinks=np.array([1.5, -0.5, 2.0, 0.75]))
+
+
+def sinks_lse(seed=0):
+    """The LSE with sinks: logaddexp(lse, s_h) where it is declared to include them."""
+    return {**sinks(seed), "op": "lse"}
+
+
 def lse(seed=0):
     return _problem(*_heads(2, 2, 4, 6, seed=seed), scale=0.5, op="lse")
 
@@ -255,4 +267,4 @@ ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scal
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
        window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
-       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad)
+       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse)
