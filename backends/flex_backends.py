@@ -9,7 +9,8 @@ bottom-right aligned, lengths, segment ids) and becomes a ``BlockMask``.  Groupe
 ``enable_gqa=True``.  The LSE: ``return_aux=AuxRequest(lse=True)`` (natural log, float32 for
 16-bit inputs; -inf on a fully masked row).
 
-Measured on torch 2.13 CPU: flex_attention has no backward on CPU ("FlexAttention does not
+Packed calls (cu_seqlens): one flex call with document masks, backends/flex_formats.py (eager only;
+paged KV is not declared, why there).  Measured on torch 2.13 CPU: flex_attention has no backward on CPU ("FlexAttention does not
 support backward on CPU"), so neither backend declares gradients.  Eager flex materialises the
 scores (it warns so; that one warning is silenced here) and takes float64.  Compiled flex
 (``torch.compile(flex_attention, dynamic=False)``, one compiled callable per backend) takes
@@ -58,8 +59,6 @@ class TorchFlex(TorchBackend):
     # vmap work a call: the edges grid (shapes where kernels switch paths) once a run, dealt over
     # its dtypes like a compiling backend's (properties/test_edges.py), not 4 x 58 calls
     edge_grid_over_dtypes = True
-    # packed: one flex call over the concatenated tokens with document masks (backends/flex_formats.py);
-    # no paged format: PagedAttention runs on CPU but NaN in an unused page reaches the rows (see there)
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False, features=_EVERY_FEATURE | {"seq_positions"},
                                 formats=("padded", "packed"))
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",

@@ -41,7 +41,7 @@ def flex_packed(self, q, k, v, args, call):
     i64 = dict(dtype=torch.int64, device=q.device)
     cu_q, cu_k = args.cu_seqlens_q.to(torch.int64), args.cu_seqlens_k.to(torch.int64)  # (B+1,)
     used = None if args.seqused_k is None else args.seqused_k.to(torch.int64)  # (B,)
-    (total_q, Hq, _), (total_k, Hkv, _), Ev = q.shape, k.shape, v.shape[-1]
+    (total_q, Hq, _), total_k, Ev = q.shape, k.shape[0], v.shape[-1]
     doc_q, pos_q, owned_q = _documents(torch, cu_q, total_q)
     doc_k, pos_k, owned_k = _documents(torch, cu_k, total_k, used)
     out = q.new_zeros((total_q, Hq, Ev))  # (total_q, Hq, Ev)
