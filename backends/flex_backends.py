@@ -9,7 +9,8 @@ bottom-right aligned, lengths, segment ids) and becomes a ``BlockMask``.  Groupe
 ``enable_gqa=True``.  The LSE: ``return_aux=AuxRequest(lse=True)`` (natural log, float32 for
 16-bit inputs; -inf on a fully masked row).
 
-Measured on torch 2.13 CPU: flex_attention has no backward on CPU ("FlexAttention does not
+Packed calls (cu_seqlens): one flex call with document masks, backends/flex_formats.py (eager only;
+paged KV is not declared, why there).  Measured on torch 2.13 CPU: flex_attention has no backward on CPU ("FlexAttention does not
 support backward on CPU"), so neither backend declares gradients.  Eager flex materialises the
 scores (it warns so; that one warning is silenced here) and takes float64.  Compiled flex
 (``torch.compile(flex_attention, dynamic=False)``, one compiled callable per backend) takes
@@ -29,6 +30,7 @@ import contextlib
 import types
 import warnings
 
+from attnspec.backends import flex_formats
 from attnspec.backends.base import BackendUnavailable, Capabilities, Deviation, Semantics
 from attnspec.backends.torch_backends import TorchBackend, _fold
 from attnspec.specs.fields import EVERY_FEATURE
@@ -60,11 +62,14 @@ class TorchFlex(TorchBackend):
     edge_grid_over_dtypes = True
     # sinks (issue 31) through the returned LSE, as transformers' GPT-OSS flex path renormalises
     # (huggingface/transformers#41083): flex's score_mod cannot add a column to the denominator
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False, features=_EVERY_FEATURE | {"sinks"})
+    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=False,
+                                features=_EVERY_FEATURE | {"sinks", "seq_positions"}, formats=("padded", "packed"))
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           deviations=_DEVIATIONS, lse_with_sinks=True,
                           notes=("eager flex_attention materialises the scores (its warning is silenced)",
                                  "no gradients: FlexAttention has no backward on CPU (torch 2.13)"))
+
+    native_packed = flex_formats.flex_packed  # sequences as document masks, one flex call
 
     def load(self):
         super().load()
@@ -84,16 +89,21 @@ class TorchFlex(TorchBackend):
             q, k, v = (x.clone(memory_format=self.torch.contiguous_format) for x in (q, k, v))  # (B, N, L, ·)
         # the uniform hooks always ask for the LSE: one graph with it instead of one with and one without
         aux = self._fa.AuxRequest(lse=True) if call.return_lse or uniform or call.sinks is not None else None
+        y, out_aux = self._run_flex(q, k, v, score_mod, block_mask, call, aux)  # (B, N, Lq, Ev)
+        if call.sinks is not None:
+            y, out_aux = self._with_sinks(y, out_aux.lse, call.sinks)
+        if not call.return_lse:
+            return y.reshape(*batch, Lq, Ev)  # (..., Lq, Ev)
+        return y.reshape(*batch, Lq, Ev), out_aux.lse.reshape(*batch, Lq)  # (..., Lq, Ev), (..., Lq)
+
+    def _run_flex(self, q, k, v, score_mod, block_mask, call, aux):
+        """(output, aux or None) of one flex_attention call on (B, N, L, ·) tensors."""
         with warnings.catch_warnings(), self._tracing():
             # compiled: running eagerly (dynamo gave up) must fail loudly, never pass as compiled
             warnings.filterwarnings("error" if self.compiled else "ignore", message=_EAGER_WARNING)
             y = self._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale,
                              enable_gqa=call.enable_gqa, return_aux=aux)  # (B, N, Lq, Ev)
-        if call.sinks is not None:
-            y = self._with_sinks(y[0], y[1].lse, call.sinks)
-        if not call.return_lse:
-            return (y if aux is None else y[0]).reshape(*batch, Lq, Ev)  # (..., Lq, Ev)
-        return y[0].reshape(*batch, Lq, Ev), y[1].lse.reshape(*batch, Lq)  # (..., Lq, Ev), (..., Lq)
+        return (y, None) if aux is None else y
 
     def _with_sinks(self, out, lse, sinks):
         """(O sigma(LSE - s_h), an aux whose lse is logaddexp(LSE, s_h)): the sink's closed form on
@@ -166,13 +176,15 @@ class TorchFlex(TorchBackend):
         q_seg, kv_seg = per_sequence(call.q_segment_ids, 0, Lq), per_sequence(call.kv_segment_ids, 0, Lk)  # (B, L)
         q_pos, kv_pos = torch.arange(Lq, **i64)[:, None], torch.arange(Lk, **i64)  # (Lq, 1), (Lk,)
         keep = per_head(call.mask, True, torch.bool)  # (B, H, Lq, Lk)
+        kv_start = per_sequence(call.kv_starts, 0)  # (B,) left padding: keys before it hidden
         keep = keep & (q_pos < q_len[:, None, None, None]) & (kv_pos < kv_len[:, None, None, None])
+        keep = keep & (kv_pos >= kv_start[:, None, None, None])
         keep = (keep & (q_seg[:, None, :, None] == kv_seg[:, None, None, :])).clone(memory_format=dense)
         capped = torch.tensor(call.softcap is not None, device=device)
         # the scores' working precision (float64 only for float64): a float64 cap would promote them
         cap = torch.tensor(call.softcap if call.softcap is not None else 1.0, dtype=wide, device=device)
         slopes = call.alibi_slopes if call.alibi_slopes is not None else torch.zeros(H, dtype=wide, device=device)
-        o = torch.tensor(Lk - Lq if call.causal_alignment == "bottom_right" else 0, **i64)
+        o = self._offsets(call, (q_len, kv_len, kv_start), B, Lq, Lk, i64)  # (B,) query 0's diagonal key
         unlimited = Lq + Lk  # a window side this wide hides no key
         left, right = call.window if call.window is not None else (None, None)
         left, right = (torch.tensor(unlimited if side is None else side, **i64) for side in (left, right))
@@ -181,11 +193,12 @@ class TorchFlex(TorchBackend):
         def score_mod(score, b, h, q_idx, kv_idx):  # score: already scaled
             score = torch.where(capped, torch.tanh(score / cap) * cap, score)
             score = score + bias[b, h, q_idx, kv_idx]
-            return score - (slopes[h] * (q_idx + o - kv_idx).abs()).to(score.dtype)
+            return score - (slopes[h] * (q_idx + o[b] - kv_idx).abs()).to(score.dtype)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            keep_pair = not_causal | (kv_idx <= q_idx + o)
-            keep_pair = keep_pair & (kv_idx <= q_idx + o + right) & (kv_idx >= q_idx + o - left)
+            d = q_idx + o[b]
+            keep_pair = not_causal | (kv_idx <= d)
+            keep_pair = keep_pair & (kv_idx <= d + right) & (kv_idx >= d - left)
             return keep_pair & keep[b, h, q_idx, kv_idx]
 
         # Every block partial (mask_mod decides each pair): a valid, conservative BlockMask, and all
@@ -197,10 +210,18 @@ class TorchFlex(TorchBackend):
         return score_mod, self._fa.BlockMask.from_kv_blocks(kv_count, kv_indices, BLOCK_SIZE=_BLOCK,
                                                             mask_mod=mask_mod, seq_lengths=(Lq, Lk))
 
+    def _offsets(self, call, lengths, B, Lq, Lk, i64):
+        """(B,) int64: the key on query 0's diagonal - Lk - Lq bottom-right, else 0; with per-sequence
+        positions kv_len_b - q_len_b bottom-right, kv_start_b top-left (specs.masks.sequence_offsets)."""
+        torch = self.torch
+        if call.positions != "per_sequence":
+            return torch.full((B,), Lk - Lq if call.causal_alignment == "bottom_right" else 0, **i64)
+        q_len, kv_len, kv_start = (x.to(torch.int64) for x in lengths)
+        return (kv_len - q_len if call.causal_alignment == "bottom_right" else kv_start).clone()
+
     def _specialised_mods(self, call, batch, B, H, Lq, Lk, device):
         """Hooks with only the problem's fields: what a compiled kernel specialises on (block skipping)."""
         torch = self.torch
-        o = Lk - Lq if call.causal_alignment == "bottom_right" else 0  # query i's diagonal is key i + o
 
         def per_head(x):  # mask or bias (..., Lq, Lk) -> (B, H, Lq, Lk)
             return None if x is None else x.expand(*batch, Lq, Lk).reshape(B, H, Lq, Lk).contiguous()
@@ -212,6 +233,13 @@ class TorchFlex(TorchBackend):
         cap, slopes = call.softcap, call.alibi_slopes
         q_len, kv_len = per_sequence(call.q_lengths), per_sequence(call.kv_lengths)
         q_seg, kv_seg = per_sequence(call.q_segment_ids, Lq), per_sequence(call.kv_segment_ids, Lk)
+        kv_start = per_sequence(call.kv_starts)
+        o = Lk - Lq if call.causal_alignment == "bottom_right" else 0  # query i's diagonal is key i + o
+        if call.positions == "per_sequence":  # one diagonal per sequence: o[b]
+            i64 = dict(dtype=torch.int64, device=device)
+            full = (torch.full((B,), n, **i64) if x is None else x for x, n in ((q_len, Lq), (kv_len, Lk), (kv_start, 0)))
+            o = self._offsets(call, tuple(full), B, Lq, Lk, i64)  # (B,)
+        per_b = not isinstance(o, int)
         left, right = call.window if call.window is not None else (None, None)
         causal = call.is_causal
 
@@ -221,17 +249,20 @@ class TorchFlex(TorchBackend):
             if bias is not None:
                 score = score + bias[b, h, q_idx, kv_idx]
             if slopes is not None:
-                score = score - (slopes[h] * (q_idx + o - kv_idx).abs()).to(score.dtype)
+                score = score - (slopes[h] * (q_idx + (o[b] if per_b else o) - kv_idx).abs()).to(score.dtype)
             return score
 
         def mask_mod(b, h, q_idx, kv_idx):
             keep = q_idx >= 0  # True, as a tensor
+            o_b = o[b] if per_b else o
             if causal:
-                keep = keep & (kv_idx <= q_idx + o)
+                keep = keep & (kv_idx <= q_idx + o_b)
             if right is not None:
-                keep = keep & (kv_idx <= q_idx + o + right)
+                keep = keep & (kv_idx <= q_idx + o_b + right)
             if left is not None:
-                keep = keep & (kv_idx >= q_idx + o - left)
+                keep = keep & (kv_idx >= q_idx + o_b - left)
+            if kv_start is not None:
+                keep = keep & (kv_idx >= kv_start[b])
             if mask is not None:
                 keep = keep & mask[b, h, q_idx, kv_idx]
             if kv_len is not None:
@@ -243,7 +274,7 @@ class TorchFlex(TorchBackend):
             return keep
 
         scored = cap is not None or bias is not None or slopes is not None
-        per_batch = any(x is not None for x in (mask, q_len, kv_len, q_seg))
+        per_batch = per_b or any(x is not None for x in (mask, q_len, kv_len, q_seg, kv_start))
         hides = causal or call.window is not None or per_batch
         block_mask = self._fa.create_block_mask(mask_mod, B if per_batch else None, H if mask is not None else None,
                                                 Lq, Lk, device=device) if hides else None
