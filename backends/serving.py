@@ -73,10 +73,11 @@ def _with_lse(backend, y, return_lse: bool, what: str):
 
 
 def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=0, unused=0, fill=np.nan, rng=None,
-                   **fields):
+                   tail_rows=False, **fields):
     """Output (B, Hq, Lq, Ev) of the backend's packed call on a padded problem (padded rows zeros);
     with return_lse, (output, lse (B, Hq, Lq), padded rows -inf).  ``tail``/``unused``/``fill``/``rng``:
-    `specs.formats.to_packed`'s tokens that must not be read."""
+    `specs.formats.to_packed`'s tokens that must not be read.  ``tail_rows``: (output, the ``tail``
+    output rows past cu_seqlens_q[-1] as returned (tail, Hq, Ev)) - rows no sequence owns."""
     p, call = _prepared(backend, "packed", q, k, v, dtype, return_lse, fields)
     pk = Fm.to_packed(p, tail=tail, unused=unused, fill=fill, rng=rng)
     args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
@@ -88,6 +89,8 @@ def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=
     n = int(pk.cu_seqlens_q[-1])
     out = backend._check("packed output", out, pk.q.shape[:2] + (p.Ev,), backend.output_dtype(dtype))
     full = Fm.from_packed(out[:n], pk.cu_seqlens_q, p.Lq)  # (B, Hq, Lq, Ev)
+    if tail_rows:
+        return full, np.asarray(out[n:], dtype=np.float64)  # (tail, Hq, Ev)
     if not return_lse:
         return full
     lse = backend._check("packed lse", lse, (pk.q.shape[1], pk.q.shape[0]), None).astype(np.float64)

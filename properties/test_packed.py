@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnspec.backends import serving
 from attnspec.properties import serving_calls as S
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, close_outputs, grad_out, require, rule_of, unchanged, verdict
@@ -137,3 +138,23 @@ def test_packed_mixed_batch_equals_each_alone(target: Target, case: Case, params
     with S.as_called(case):
         close_outputs("packed_mixed_batch_equals_each_alone", target, case, mixed, alone, case,
                       f"q_lengths {lengths.tolist()} together against each sequence alone")
+
+
+@prop(requires=S.REQUIRES, grid=S.edge_cases)
+def test_packed_rows_past_cu_seqlens(target: Target, case: Case, params: dict):
+    """The output rows of query tokens past cu_seqlens_q[-1] (flash-attention#1661: rows outside the
+    sequences modified): rows no sequence owns, as a padded row past q_lengths - judged by the declared
+    ``padded_rows`` (zeros: exactly 0; nan: all NaN), recorded when undeclared.  The tokens there hold
+    0.5, so a kernel that attends with them writes something else."""
+    S.skip_without(target, "packed")
+    _, rows = target.call_backend("packed forward", serving.forward_packed, target.backend, case.q, case.k, case.v,
+                                  dtype=target.dtype, tail=3, fill=0.5, rng=params["seed"], tail_rows=True,
+                                  **case.call_kwargs)  # rows: (3, Hq, Ev)
+    observed = "nan" if np.isnan(rows).all() else "zeros" if np.all(rows == 0) else "other"
+    declared = target.backend.semantics.padded_rows
+    agrees = None if declared not in ("zeros", "nan") else observed == declared
+    target.answers.append(dict(backend=target.name, question="rows_past_cu_seqlens_q", dtype=target.dtype,
+                               observed=observed, declared=declared, agrees=agrees))
+    require(verdict("packed_rows_past_cu_seqlens", agrees is not False, None, float("nan"),
+                    f"{target.name} declares padded_rows = {declared!r} but the output rows past cu_seqlens_q[-1] "
+                    f"({case.label}) are {observed!r}: {np.nanmax(np.abs(rows)) if rows.size else 0:.6g} at most"))

@@ -160,9 +160,11 @@ def test_the_append_and_packed_gradient_properties_reject_their_planted_bugs(tmp
     planted = {"broken-append-one-late": "tests.broken.serving_bugs:AppendOneLate",
                "broken-append-to-next-sequence": "tests.broken.serving_bugs:AppendToNextSequence",
                "broken-packed-gradient-past-cu-seqlens": "tests.broken.serving_bugs:PackedGradientPastCuSeqlens",
-               "broken-packed-backward-nan-one-key": "tests.broken.serving_bugs:PackedBackwardNaNOneKey"}
+               "broken-packed-backward-nan-one-key": "tests.broken.serving_bugs:PackedBackwardNaNOneKey",
+               "broken-writes-rows-past-cu-seqlens": "tests.broken.serving_bugs:WritesRowsPastCuSeqlens"}
     result = run_suite([*planted.values(), KVCACHE, "numpy-naive"], json_path=str(tmp_path / "out.json"),
-                       extra_args=["-k", "append_writes_its_slots_only or packed_gradient", "--attnspec-no-shrink"],
+                       extra_args=["-k", "append_writes_its_slots_only or packed_gradient or rows_past",
+                                   "--attnspec-no-shrink"],
                        profile="dev", cwd=str(tmp_path),
                        pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])], timeout=300)
     rows = {(r["backend"], r["property"], r["dtype"]): r["status"] for r in result.conformance}
@@ -171,6 +173,8 @@ def test_the_append_and_packed_gradient_properties_reject_their_planted_bugs(tmp
     assert rows[("broken-packed-gradient-past-cu-seqlens", "packed_gradients_match_reference", "float64")] == "failed"
     # by construction (the edge grid's one-key sequences), whatever the draws
     assert rows[("broken-packed-backward-nan-one-key", "packed_gradient_edges", "float32")] == "failed"
+    # the edge grid's tokens past cu_seqlens_q[-1], declared zeros (flash-attention#1661)
+    assert rows[("broken-writes-rows-past-cu-seqlens", "packed_rows_past_cu_seqlens", "float32")] == "failed"
     others = {s for (b, _, _), s in rows.items() if b not in planted}
     assert others == {"passed", "skipped"} or others == {"passed"}, rows  # the kvcache twin: no packed backward
 

@@ -59,6 +59,10 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
         if q1 > q0:
             out[q0:q1], lse[:, q0:q1] = attend(q[q0:q1], k[k0:k1], v[k0:k1], scale, causal, window_size, softcap,
                                                alibi_slopes, slip)
+    n = int(cu_seqlens_q[-1])
+    if slip == "rows_past_cu_seqlens" and n < q.shape[0]:  # the last sequence's block runs on past its end
+        k0 = int(cu_seqlens_k[-2]) if len(cu_seqlens_k) > 1 else 0
+        out[n:], lse[:, n:] = attend(q[n:], k[k0:], v[k0:], scale, False, (-1, -1), softcap, alibi_slopes)
     out = out.astype(q.dtype)
     return (out, lse) if return_softmax_lse else out
 

@@ -48,6 +48,19 @@ class ReadsPastCuSeqlens(_Twin):
     dtypes = ("bfloat16",)
 
 
+class WritesRowsPastCuSeqlens(_Twin):
+    """Declares padded rows zeros, yet its last sequence's tile runs on past cu_seqlens_q[-1] and writes
+    the rows there (flash-attention#1661: rows outside cu_seqlens_q modified)."""
+
+    name = "broken-writes-rows-past-cu-seqlens"
+    slip = "rows_past_cu_seqlens"
+    dtypes = ("float32",)
+
+    def __init__(self):
+        super().__init__()
+        self.semantics = replace(self.semantics, padded_rows="zeros")
+
+
 class PaddedSeqlenK(_Twin):
     """Every sequence reads max_seqlen_k keys, the padded length, instead of its own
     (vllm-project/flash-attention#18: a split-KV kernel used params.seqlen_k)."""
