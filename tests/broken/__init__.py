@@ -61,9 +61,11 @@ SOFTCAP = ("capped_scores_bounded", "softcap_gradient_matches_reference") + MASK
 ALIBI = ("alibi_matches_reference", "alibi_equals_explicit_bias") + REF
 # issue 30: properties/test_packed.py, test_paged.py
 SERVING = ("packed_", "paged_", "page_placement", "per_sequence")
+# issue 31: properties/test_conventions.py (semantics questions), test_merge.py, test_knobs.py
+CONVENTIONS = ("lse_base", "empty_lse", "merge_", "knob_", "deterministic", "batch_invariant")
 
 FAMILIES = ("scale", "softmax", "masking", "alignment", "online kernel", "gradients", "grouped heads", "bias",
-            "lse", "window", "sequences", "softcap", "alibi", "serving")
+            "lse", "window", "sequences", "softcap", "alibi", "serving", "conventions")
 
 
 BROKEN = (
@@ -150,6 +152,21 @@ BROKEN = (
           "a chunk attends only within itself, kekzl/imp#117", "serving"),
     Entry("serving_bugs:DecodeDispatchByFirst", SERVING, w.mixed_batch,
           "a mixed batch run by the decode kernel its first sequence chose", "serving"),
+    # issue 31: conventions kernels differ on, declared and judged
+    Entry("variant_bugs:LseBase2DeclaredE", ("lse_base",) + LSE, w.lse, "log2 LSE declared natural, flashinfer#2113",
+          "conventions"),
+    Entry("variant_bugs:EmptyLsePlusInfDeclaredMinusInf", ("empty_lse",), w.empty_row_lse,
+          "empty-row LSE +inf (FA2) declared -inf (FA3)", "conventions"),
+    Entry("convention_bugs:MergeEmptyNaN", ("merge_",), w.merge_states, "two empty states merge to NaN, flashinfer#4051",
+          "conventions"),
+    Entry("convention_bugs:MergeAverages", ("merge_",), w.merge_states, "merge ignores the LSE gap (averages)",
+          "conventions"),
+    Entry("convention_bugs:KnobDropsTail", ("knob_",), w.knob_tail, "a block size that drops the last partial block",
+          "conventions"),
+    Entry("convention_bugs:BackwardRandomOrder", ("deterministic",), w.repeated_backward,
+          "deterministic backward declared, atomics' order, flash-attention#2244", "conventions"),
+    Entry("convention_bugs:RowDependsOnBatch", ("batch_invariant",), w.batch_rows,
+          "batch invariance declared, split-KV by batch size", "conventions"),
 )
 
 CORRECT = (
@@ -164,4 +181,7 @@ CORRECT = (
     Entry("correct:DsScaleRounded", origin="dS * scale rounded to the dtype before dQ and dK (issue 29)"),
     Entry("flash_twins:flash_attn_varlen_func", origin="flash-attention's varlen signature and layout (issue 30)"),
     Entry("flash_twins:flash_attn_with_kvcache", origin="flash-attention's kvcache signature, paged (issue 30)"),
+    Entry("correct:LseBase2Declared", origin="log2 LSE, declared base 2 (FlashInfer, issue 31)"),
+    Entry("correct:EmptyLsePlusInf", origin="+inf empty-row LSE declared (FA2), its merge takes +inf (issue 31)"),
+    Entry("correct:KnobBlockSize", origin="block-size knob, every tail kept; deterministic, batch invariant (issue 31)"),
 )
