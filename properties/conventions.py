@@ -32,9 +32,10 @@ def probe(target: Target, shape=(1, 2, 3, 4), seed=0) -> Case:
 
 def base_of(target: Target, lse, case: Case) -> str:
     """'e' when the LSE (as the backend returned it) is the natural one within its budget, '2' when it is
-    log2-sum-exp2 (FlashInfer), else 'other'."""
+    log2-sum-exp2 (FlashInfer), else 'other' - on the rows that see a key (an empty row's is empty_lse's)."""
+    rows = case.judged_rows()  # (B, H, Lq)
     for base, natural in (("e", lse), ("2", lse * LN2)):
-        if error_budget.check_lse(natural, case.problem, dtype=target.budget_dtype):
+        if error_budget.check_lse(natural, case.problem, dtype=target.budget_dtype, rows=rows):
             return base
     return "other"
 
