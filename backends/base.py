@@ -19,6 +19,8 @@ Importing this module loads no framework.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from attnspec.specs.fields import CAUSAL_ALIGNMENTS, FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
@@ -78,6 +80,10 @@ class Backend:
     # names of environment variables its behaviour depends on (TRITON_INTERPRET): reproducers
     # record them with the run's values and restore them (properties/run_context.py)
     env_vars: tuple = ()
+    # tuning knobs and their domains, {name: (default, other values...)} (numpy-tiled's block size, FA3's
+    # num_splits): every setting must give the default's answer within the error budget, bitwise where
+    # Semantics.knob_exact (properties/test_knobs.py); the call's setting arrives as Call.knobs
+    knobs: dict = {}
 
     # -- hooks for adapters -------------------------------------------------------
     def load(self) -> None:
@@ -131,6 +137,34 @@ class Backend:
         """Write k_new, v_new (B, n, Hkv, D) into the caches in place at args.cache_seqlens, then the paged
         call over the grown cache (backends/serving.py): (B, Hq, Lq, Ev)."""
         raise Unsupported(f"{self.name} takes no append")
+
+    def native_merge(self, o_a, lse_a, o_b, lse_b):
+        """Two attention states over disjoint key sets merged: (o (..., Lq, Ev), lse (..., Lq)), natural log
+        (FlashInfer's merge_state, vLLM's merge_attn_states).  o_* native in the call's dtype, lse_* native
+        float32 (float64 for float64).  Not offered by default."""
+        raise Unsupported(f"{self.name} offers no merge")
+
+    def offers_merge(self) -> bool:
+        return _overrides(self, "native_merge")
+
+    def merge(self, o_a, lse_a, o_b, lse_b, dtype: str = "float64"):
+        """`native_merge` on NumPy float64 states holding dtype's values: (o as NumPy, lse float64, natural)."""
+        if not self.offers_merge():
+            raise Unsupported(f"{self.name} offers no merge")
+        shapes = {np.shape(o_a), np.shape(o_b)}
+        if len(shapes) != 1 or np.shape(lse_a) != np.shape(o_a)[:-1] or np.shape(lse_b) != np.shape(o_a)[:-1]:
+            raise ValueError(f"merge: o_a, o_b must share one shape (..., Lq, Ev) and lse_a, lse_b be (..., Lq); got "
+                             f"{np.shape(o_a)}, {np.shape(lse_a)}, {np.shape(o_b)}, {np.shape(lse_b)}")
+        wide = "float64" if dtype == "float64" else "float32"
+        oa, ob = self._natives(dtype, o_a, o_b)
+        to_base = 1 / np.log(2.0) if self.semantics.lse_base == "2" else 1.0  # a base-2 merge takes base-2 LSEs
+        la, lb = self._natives(wide, np.asarray(lse_a, dtype=np.float64) * to_base,
+                               np.asarray(lse_b, dtype=np.float64) * to_base)
+        y = self._call("merge", self.native_merge, oa, la, ob, lb)
+        if not isinstance(y, (tuple, list)) or len(y) != 2:
+            raise BackendFailure(self.name, f"merge returned {type(y).__name__}, expected (o, lse)")
+        out = self._check("merged output", y[0], np.shape(o_a), self.output_dtype(dtype))
+        return out, self._natural(self._check("merged lse", y[1], np.shape(lse_a), None).astype(np.float64))
 
     def sync(self, y) -> None:
         """Wait until y is computed (CUDA synchronize, JAX block_until_ready)."""
@@ -262,15 +296,17 @@ class Backend:
             raise BackendFailure(self.name, f"{what} raised {type(e).__name__}: {e}") from e
 
     def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", *, return_lse=False,
-                layout="contiguous", **fields):
+                layout="contiguous", knobs=None, **fields):
         """Output (..., Lq, Ev) as NumPy in `dtype` (bfloat16 -> float32); with return_lse, (output, lse).
 
         Inputs: float64 NumPy; ``fields``: the optional problem fields of `specs.problem.validate`;
-        ``layout``: the memory layout q, k, v reach the native call in (LAYOUTS).
+        ``layout``: the memory layout q, k, v reach the native call in (LAYOUTS); ``knobs``: a setting of
+        `knobs` (None: the defaults).  The LSE comes back natural (a declared base 2 converted).
         """
         if "padded" not in self.capabilities.formats:  # a varlen or paged kernel: through its format
             from attnspec.backends.serving import forward_via_format
-            return forward_via_format(self, q, k, v, mask, is_causal, scale, dtype, return_lse, fields)
+            y = forward_via_format(self, q, k, v, mask, is_causal, scale, dtype, return_lse, fields)
+            return (y[0], self._natural(y[1])) if return_lse else y
         p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
         self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
         self._check_shapes(p)
@@ -278,6 +314,11 @@ class Backend:
             raise Unsupported(f"{self.name} cannot be handed {layout} inputs (declares {self.capabilities.layouts})")
         qn, kn, vn = (self.relayout(x, layout) for x in self._natives(dtype, q, k, v))
         call = self._call_of(p, dtype, return_lse, scale)
+        if knobs:
+            unknown = sorted(set(knobs) - set(self.knobs))
+            if unknown:
+                raise ValueError(f"knobs: {self.name} has no knob {unknown}; it declares {sorted(self.knobs)}")
+            call = replace(call, knobs=dict(knobs))
         y = self._call("forward", self.native_attention, qn, kn, vn, call)
         out_shape = p.batch_shape + (p.Lq, p.Ev)
         if not return_lse:
@@ -285,8 +326,12 @@ class Backend:
         if not isinstance(y, (tuple, list)) or len(y) != 2:
             raise BackendFailure(self.name, f"forward with return_lse returned {type(y).__name__}, "
                                             "expected (output, lse)")
-        lse = self._check("lse", y[1], p.batch_shape + (p.Lq,), None)
-        return self._check("forward output", y[0], out_shape, self.output_dtype(dtype)), lse.astype(np.float64)
+        lse = self._check("lse", y[1], p.batch_shape + (p.Lq,), None).astype(np.float64)
+        return self._check("forward output", y[0], out_shape, self.output_dtype(dtype)), self._natural(lse)
+
+    def _natural(self, lse: np.ndarray) -> np.ndarray:
+        """The LSE in natural log: a declared log2-sum-exp2 (FlashInfer) times ln 2."""
+        return lse * np.log(2.0) if self.semantics.lse_base == "2" else lse
 
     def forward_as_returned(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", **fields):
         """(output as NumPy, the dtype name it came back in): `forward` without the output-dtype check,
@@ -393,6 +438,9 @@ class Backend:
                 "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
                 "padded_rows": s.padded_rows, "output_dtypes": [list(x) for x in s.output_dtypes],
                 "effective_precision": s.effective_precision, "notes": list(s.notes),
+                "lse_base": s.lse_base, "empty_lse": s.empty_lse, "deterministic": s.deterministic,
+                "batch_invariant": s.batch_invariant, "knobs": {n: list(d) for n, d in self.knobs.items()},
+                "knob_exact": s.knob_exact, "merge": self.offers_merge(),
                 "deviations": [{"property": d.property, "dtypes": list(d.dtypes), "why": d.why} for d in s.deviations]}
 
     def __repr__(self) -> str:

@@ -14,6 +14,8 @@ from attnspec.specs.fields import FEATURES, FIELDS
 from attnspec.specs.formats import FORMATS
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
+LSE_BASES = ("e", "2")  # the log-sum-exp's base: natural (the spec's), or 2 (FlashInfer: flashinfer#2113)
+EMPTY_LSES = ("-inf", "+inf")  # the LSE of a row that sees nothing: FA3 -inf, FA2 +inf
 # Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.
 LAYOUTS = ("contiguous", "transposed", "offset", "permuted", "expanded")
 OPS = ("forward", "forward_backward")
@@ -199,6 +201,22 @@ class Semantics:
     # issue 31: whether the returned LSE counts the sinks (logaddexp(lse, s_h): FA4 yes; gpt-oss's
     # Triton kernel no, its M = m + log l over the real keys).  None = not declared (recorded).
     lse_with_sinks: bool | None = None
+    # ---- conventions kernels differ on (issue 31; properties/test_conventions.py): judged where declared,
+    # recorded where not.  lse_base: LSE_BASES (None: natural, the spec's, is assumed and the base recorded);
+    # empty_lse: EMPTY_LSES for a row with no visible key (None: left open, recorded); deterministic:
+    # repeated backward calls bitwise equal (the forward is asked of every backend); batch_invariant: a
+    # sequence's rows bitwise independent of the others in the call; knob_exact: every setting of
+    # Backend.knobs bitwise equal to the default (else within the error budget)
+    lse_base: str | None = None
+    empty_lse: str | None = None
+    deterministic: bool | None = None
+    batch_invariant: bool | None = None
+    knob_exact: bool = False
+
+    def __post_init__(self):
+        for name, known in (("lse_base", LSE_BASES), ("empty_lse", EMPTY_LSES)):
+            if getattr(self, name) not in (None,) + known:
+                raise ValueError(f"Semantics.{name} must be one of {', '.join(known)} or None; got {getattr(self, name)!r}")
 
     def deviation(self, prop: str, dtype: str, feature: bool | None = None):
         """The declared Deviation covering this property at this dtype, or None (feature: only those
@@ -212,14 +230,15 @@ def _call_fields() -> list:
     the call options."""
     return ([("mask", object, None), ("is_causal", bool, False), ("scale", object, None)]
             + [(f.name, object, f.off) for f in FIELDS]
-            + [("return_lse", bool, False), ("dtype", str, "float64")])
+            + [("return_lse", bool, False), ("dtype", str, "float64"), ("knobs", object, None)])
 
 
 # What `native_attention` receives besides q, k, v: the problem's fields (specs.fields.FIELDS), arrays
 # native and cast as each row says (bias in the input dtype, lengths and segment ids int32, ALiBi
 # slopes float64 for float64 input, else float32); mask bool (..., Lq, Lk), True = takes part; scale
 # None = the backend's default (1/sqrt(E)); return_lse: then return (output, lse (..., Hq, Lq),
-# natural log); dtype: the dtype q, k, v were cast to.
+# natural log, or base 2 where Semantics.lse_base says so); dtype: the dtype q, k, v were cast to; knobs:
+# {knob: value} of Backend.knobs for this call (None: every knob at its default, the first of its domain).
 Call = make_dataclass("Call", _call_fields(), frozen=True)
 Call.__doc__ = "What native_attention receives besides q, k, v (backends/declarations.py)."
 

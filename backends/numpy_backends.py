@@ -176,7 +176,8 @@ class NumpyNaive(Backend):
     name = "numpy-naive"
     capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
                                 bias_gradient=True, layouts=LAYOUTS, formats=_FORMATS)
-    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
+                          lse_base="e", empty_lse="-inf", deterministic=True, batch_invariant=True)
     native_packed = numpy_formats.gathered_packed  # its own gather into a padded batch
     native_paged = numpy_formats.gathered_paged
     native_paged_append = numpy_formats.appended_paged
@@ -206,6 +207,19 @@ class NumpyNaive(Backend):
         w, lse, _ = self._weights(q, k, call)
         out = w @ (_expand(v, w.shape[-3]) if call.enable_gqa else v)  # (..., Lq, Ev)
         return (out, lse) if call.return_lse else out
+
+    def native_merge(self, o_a, lse_a, o_b, lse_b):
+        """FlashInfer's merge_state: shift both by the larger LSE; two empty states give (0, -inf)."""
+        top = np.maximum(lse_a, lse_b)  # (..., Lq)
+        shift = np.where(np.isfinite(top), top, 0)  # both empty: exp(-inf - 0) = 0, never -inf - -inf
+        wa, wb = np.exp(lse_a - shift), np.exp(lse_b - shift)  # (..., Lq)
+        total = wa + wb
+        with np.errstate(divide="ignore"):
+            lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1)), -np.inf)  # (..., Lq)
+        inv = 1 / np.where(total > 0, total, 1)  # (..., Lq)
+        wide = np.promote_types(o_a.dtype, np.float32)  # float16 states weighed in float32
+        out = o_a.astype(wide) * (wa * inv)[..., None] + o_b.astype(wide) * (wb * inv)[..., None]  # (..., Lq, Ev)
+        return out.astype(o_a.dtype), lse
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         sc = _scale(q, call.scale)
@@ -247,12 +261,15 @@ class NumpyTiled(Backend):
     native_paged_append = numpy_formats.appended_paged
     native_packed_backward = numpy_formats.gathered_packed_backward
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
-                          notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",))
+                          notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",),
+                          lse_base="e", empty_lse="-inf", deterministic=True, batch_invariant=True)
 
     def __init__(self, block: int = 128):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"block must be a positive int; got {block!r}")
         self.block = block
+        # the key block as a per-call knob (Call.knobs): its default first, then sizes that cut most draws' tails
+        self.knobs = {"block_size": (block,) + tuple(b for b in (16, 32, 64, 7) if b != block)}
 
     def _blocks(self, Lq, Lk, call):
         """Key blocks [j0, j1); with causal, blocks past the last query's diagonal are skipped."""
@@ -260,7 +277,8 @@ class NumpyTiled(Backend):
         if call.is_causal or (call.window is not None and call.window[1] is not None):
             right = 0 if call.is_causal else call.window[1]
             end = max(0, min(Lk, Lq - 1 + int(np.max(_offset(call, Lq, Lk), initial=-Lq)) + right + 1))
-        return [(j0, min(j0 + self.block, end)) for j0 in range(0, end, self.block)]
+        block = (call.knobs or {}).get("block_size", self.block)
+        return [(j0, min(j0 + block, end)) for j0 in range(0, end, block)]
 
     def _forward(self, q, k, v, call, tiles=None):
         """tiles: (j0, key block, value block) in order; default k and v cut into self.block keys

@@ -26,9 +26,11 @@ import pytest
 from attnspec.backends.base import Unsupported  # noqa: E402
 from attnspec.backends.registry import resolve  # noqa: E402
 from attnspec.specs import error_budget, reference  # noqa: E402
+from tests import teeth_conventions as conventions  # noqa: E402
 from tests import teeth_report as teeth  # noqa: E402
 from tests.broken import BROKEN, CORRECT, FAMILIES  # noqa: E402
 from tests.broken import witnesses as W  # noqa: E402
+from tests.teeth_conventions import CONVENTION_OPS  # noqa: E402
 
 
 def _in_dtype(p: dict, dtype: str) -> dict:
@@ -45,6 +47,8 @@ def _verdicts(backend, p, dtype: str) -> list:
     """Error-budget verdicts (specs.error_budget) of one backend on one witness problem in one dtype."""
     p = _in_dtype(p, dtype)
     q, k, v, mask, causal, scale, fields = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "fields"))
+    if p["op"] in CONVENTION_OPS:
+        return conventions.verdicts(backend, p, dtype)
     if p["op"] in ("forward", "lse"):
         out, lse = backend.forward(q, k, v, mask=mask, is_causal=causal, scale=scale, dtype=dtype, return_lse=True,
                                    **fields) if p["op"] == "lse" else (
@@ -57,7 +61,8 @@ def _verdicts(backend, p, dtype: str) -> list:
             if backend.semantics.lse_with_sinks is False:  # declared: the LSE over the real keys
                 fields = {n: x for n, x in fields.items() if n != "sinks"}
                 empty = reference.forward(q, k, v, mask, causal, scale, **fields).empty_rows
-            return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, rows=~empty, **fields)]
+            return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, rows=~empty, **fields),
+                    conventions.empty_lse_verdict(backend, lse, empty)]
         return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
     grads = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
     return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields)

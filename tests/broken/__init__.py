@@ -63,9 +63,11 @@ ALIBI = ("alibi_matches_reference", "alibi_equals_explicit_bias") + REF
 SERVING = ("packed_", "paged_", "page_placement", "per_sequence")
 # issue 31: properties/test_sinks.py (every property there names the sink)
 SINKS = ("sink",)
+# issue 31: properties/test_conventions.py (semantics questions), test_merge.py, test_knobs.py
+CONVENTIONS = ("lse_base", "empty_lse", "merge_", "knob_", "deterministic", "batch_invariant")
 
 FAMILIES = ("scale", "softmax", "masking", "alignment", "online kernel", "gradients", "grouped heads", "bias",
-            "lse", "window", "sequences", "softcap", "alibi", "serving", "sinks")
+            "lse", "window", "sequences", "softcap", "alibi", "serving", "sinks", "conventions")
 
 
 BROKEN = (
@@ -163,6 +165,21 @@ BROKEN = (
     Entry("sink_bugs:SinkByKvHead", SINKS, w.sinks, "the sink of the KV head's index", "sinks"),
     Entry("sink_bugs:SinkWithValue", SINKS, w.sinks, "the sink given a value (v_0)", "sinks"),
     Entry("sink_bugs:SinkLseExcluded", SINKS, w.sinks_lse, "LSE without the sink, declared with it", "sinks"),
+    # issue 31: conventions kernels differ on, declared and judged
+    Entry("variant_bugs:LseBase2DeclaredE", ("lse_base",) + LSE, w.lse, "log2 LSE declared natural, flashinfer#2113",
+          "conventions"),
+    Entry("variant_bugs:EmptyLsePlusInfDeclaredMinusInf", ("empty_lse",), w.empty_row_lse,
+          "empty-row LSE +inf (FA2) declared -inf (FA3)", "conventions"),
+    Entry("convention_bugs:MergeEmptyNaN", ("merge_",), w.merge_states, "two empty states merge to NaN, flashinfer#4051",
+          "conventions"),
+    Entry("convention_bugs:MergeAverages", ("merge_",), w.merge_states, "merge ignores the LSE gap (averages)",
+          "conventions"),
+    Entry("convention_bugs:KnobDropsTail", ("knob_",), w.knob_tail, "a block size that drops the last partial block",
+          "conventions"),
+    Entry("convention_bugs:BackwardRandomOrder", ("deterministic",), w.repeated_backward,
+          "deterministic backward declared, atomics' order, flash-attention#2244", "conventions"),
+    Entry("convention_bugs:RowDependsOnBatch", ("batch_invariant",), w.batch_rows,
+          "batch invariance declared, split-KV by batch size", "conventions"),
 )
 
 CORRECT = (
@@ -180,4 +197,7 @@ CORRECT = (
     Entry("sink_bugs:SinkKernel", origin="split-KV, the sink folded once after the merge (FlashInfer; issue 31)"),
     Entry("sink_bugs:SinkInitMax", origin="the running max initialised with the sink, LSE without it, declared "
                                          "(gpt-oss's Triton kernel; issue 31)"),
+    Entry("correct:LseBase2Declared", origin="log2 LSE, declared base 2 (FlashInfer, issue 31)"),
+    Entry("correct:EmptyLsePlusInf", origin="+inf empty-row LSE declared (FA2), its merge takes +inf (issue 31)"),
+    Entry("correct:KnobBlockSize", origin="block-size knob, every tail kept; deterministic, batch invariant (issue 31)"),
 )

@@ -21,7 +21,7 @@ from ._kernels import ALL_DTYPES, NumpyBackend, store, sum_to, widened
 SLIPS = (None, "kv_head_modulo", "kv_head_zero", "bias_scaled", "float_mask_as_bool", "causal_ignores_alignment",
          "lse_unscaled", "dk_first_of_group", "window_left_exclusive", "window_right_one_more",
          "window_top_left", "softcap_after_mask", "padded_rows_nan", "segment_end_inclusive", "alibi_pow2_slopes",
-         "lengths_of_first_sequence", "segments_of_first_sequence")
+         "lengths_of_first_sequence", "segments_of_first_sequence", "lse_base2", "empty_lse_plus_inf")
 
 
 class VariantKernel(NumpyBackend):
@@ -31,6 +31,8 @@ class VariantKernel(NumpyBackend):
     slip = None
     gqa_by = "index"  # "index": gather KV head h // g | "repeat": np.repeat K/V | "group": reshape the queries
     hide_by = "select"  # "select": where(visible, s, -inf) | "bias": add a 0/-inf bias built from the mask
+    lse_base = "e"  # the LSE's base it returns: "e" | "2" (correct either way when declared so)
+    empty_lse = "-inf"  # what an empty row's LSE holds: "-inf" | "+inf" (idem)
     capabilities = Capabilities(dtypes=ALL_DTYPES, device="cpu", gradients=False)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
 
@@ -182,6 +184,10 @@ class VariantKernel(NumpyBackend):
         if self.slip == "lse_unscaled":  # the slip: the running max kept unscaled and added back so
             scale = 1.0 / np.sqrt(q.shape[-1]) if call.scale is None else call.scale
             lse = np.where(np.isfinite(lse), lse - m + m / scale, lse)  # (..., Lq) m / scale, not m
+        if self.slip == "lse_base2" or self.lse_base == "2":  # log2-sum-exp2, the slip where "e" is declared
+            lse = lse / np.log(2.0)
+        if self.slip == "empty_lse_plus_inf" or self.empty_lse == "+inf":  # FA2's softmax.h: +inf when sum == 0
+            lse = np.where(lse == -np.inf, np.inf, lse)
         out = store(out, call.dtype)
         return (out, lse) if call.return_lse else out
 

@@ -183,3 +183,54 @@ class DsScaleRounded(NumpyBackend):
         dq = ds @ k  # (..., Lq, E)
         dk = np.swapaxes(ds, -1, -2) @ q  # (..., Lk, E)
         return tuple(store(sum_to(g, x.shape), call.dtype) for g, x in ((dq, q), (dk, k), (dv, v)))
+
+
+# ---- issue 31: conventions, declared ------------------------------------------------------------
+
+def _lse(*dtypes: str, gradients: bool = False) -> Capabilities:
+    return Capabilities(dtypes=dtypes, device="cpu", gradients=gradients, features=frozenset(("lse",)))
+
+
+class LseBase2Declared(VariantKernel):
+    """Returns log2-sum-exp2 and says so (FlashInfer's convention): judged as declared."""
+
+    name = "ok-lse-base2-declared"
+    lse_base = "2"
+    capabilities = _lse("bfloat16")
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", lse_base="2")
+
+
+class EmptyLsePlusInf(VariantKernel):
+    """An empty row's LSE +inf, declared (FA2); its merge takes +inf as empty, as vLLM's maps inf to -inf."""
+
+    name = "ok-empty-lse-plus-inf"
+    empty_lse = "+inf"
+    capabilities = _lse("float32", "float16")
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", empty_lse="+inf")
+
+    def native_merge(self, o_a, lse_a, o_b, lse_b):
+        la, lb = (np.where(x == np.inf, -np.inf, x) for x in (lse_a, lse_b))  # (..., Lq) empty: -inf
+        lse = np.logaddexp(la, lb)  # (..., Lq)
+        ref = np.where(np.isfinite(lse), lse, 0)
+        wide = [x.astype(np.float32) if x.dtype == np.float16 else x for x in (o_a, o_b)]
+        out = wide[0] * np.exp(la - ref)[..., None] + wide[1] * np.exp(lb - ref)[..., None]  # (..., Lq, Ev)
+        return out.astype(o_a.dtype), np.where(lse == -np.inf, np.inf, lse)
+
+
+class KnobBlockSize(VariantKernel):
+    """A block-size knob over an online-softmax loop that keeps the last partial block; declares a
+    deterministic backward and batch invariance (NumPy's loops are both)."""
+
+    name = "ok-knob-block-size"
+    capabilities = _lse("float64", gradients=True)
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
+                          deterministic=True, batch_invariant=True)
+    knobs = {"block_size": (1, 4, 16)}
+
+    def native_attention(self, q, k, v, call):
+        block = (call.knobs or {}).get("block_size", 1)
+        if block == 1 or call.return_lse or call.enable_gqa:
+            return super().native_attention(q, k, v, call)
+        q, k, v = widened(q, k, v)
+        vis = visible(q.shape[-2], k.shape[-2], call.mask, call.is_causal)  # (..., Lq, Lk)
+        return store(tiled_attention(q, k, v, vis, resolve_scale(q, call.scale), block), call.dtype)

@@ -6,7 +6,7 @@ features its authors would claim; the dtypes each runs in are chosen in tests/br
 """
 from __future__ import annotations
 
-from attnspec.backends.base import Capabilities
+from attnspec.backends.base import Capabilities, Semantics
 
 from ._kernels import ALL_DTYPES
 from ._variants import VariantKernel
@@ -83,6 +83,26 @@ class LseUnscaled(VariantKernel):
     name = "broken-lse-unscaled"
     slip = "lse_unscaled"
     capabilities = claims("lse", dtypes=ALL_DTYPES)
+
+
+class LseBase2DeclaredE(VariantKernel):
+    """Returns log2-sum-exp2 (FlashInfer's convention, flashinfer#2113) while declaring the natural log:
+    a caller merging it with natural LSEs (FA3's) weighs the states wrongly."""
+
+    name = "broken-lse-base2-declared-e"
+    slip = "lse_base2"
+    capabilities = claims("lse", dtypes=("float32",))
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", lse_base="e")
+
+
+class EmptyLsePlusInfDeclaredMinusInf(VariantKernel):
+    """An empty row's LSE +inf (FA2's softmax.h) while declaring -inf (FA3's): a merge reading the
+    declared convention takes the empty state for an infinitely heavy one."""
+
+    name = "broken-empty-lse-plus-inf"
+    slip = "empty_lse_plus_inf"
+    capabilities = claims("lse", dtypes=("float16",))
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", empty_lse="-inf")
 
 
 # ---- issue 11: windows, padded and packed sequences, softcap, ALiBi -----------------------------

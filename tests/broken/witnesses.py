@@ -263,8 +263,51 @@ def ds_scale_underflow(seed=0):
     return kw
 
 
+# ---- issue 31: conventions (tests/test_teeth.py's _verdicts judges the ops below) -----------------
+
+def empty_row_lse(seed=0):
+    """Query 1 sees nothing: its LSE must be the declared empty_lse (the reference's -inf)."""
+    q, k, v = _heads(2, 2, 4, 6, seed=seed)
+    mask = np.ones((4, 6), dtype=bool)
+    mask[1] = False
+    return _problem(q, k, v, mask=mask, op="lse")
+
+
+def merge_states(seed=0):
+    """op "merge": two states of (B, H, Lq, Ev) = (1, 2, 4, 8): rows alike, rows 3 apart, a row where one
+    is empty and one where both are (exactly (0, -inf))."""
+    rng = np.random.default_rng(seed)
+    o_a, o_b = (np.round(rng.standard_normal((1, 2, 4, 8)) * 8) / 8 for _ in range(2))  # (B, H, Lq, Ev)
+    lse_a = np.array([[[0.5, 2.0, -np.inf, -np.inf]] * 2])  # (B, H, Lq)
+    lse_b = np.array([[[0.25, -1.0, 1.5, -np.inf]] * 2])
+    o_a[..., 2:, :], o_b[..., 3, :] = 0.0, 0.0  # empty states hold zeros
+    kw = _problem(*_heads(2, 2, 4, 6, seed=seed), op="merge")
+    kw["states"] = ((o_a, lse_a), (o_b, lse_b))
+    return kw
+
+
+def knob_tail(seed=0):
+    """op "knobs": Lk = 7 at block_size 4 (a partial last block), against the reference."""
+    kw = _problem(*_heads(2, 2, 3, 7, seed=seed), op="knobs")
+    kw["knobs"] = {"block_size": 4}
+    return kw
+
+
+def repeated_backward(seed=0):
+    """op "repeat_backward": the same backward four times, bitwise (judged where deterministic is declared)."""
+    return {**_problem(*_heads(2, 2, 6, 9, seed=seed), op="backward"), "op": "repeat_backward"}
+
+
+def batch_rows(seed=0):
+    """op "batch": three sequences, each alone and together, bitwise (judged where batch_invariant is declared)."""
+    return _problem(*_heads(2, 2, 4, 9, B=3, seed=seed), op="batch")
+
+
+CONVENTIONS = (empty_row_lse, merge_states, knob_tail, repeated_backward, batch_rows)
+
+
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
        window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
-       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse)
+       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse) + CONVENTIONS

@@ -1,0 +1,103 @@
+"""Slips in the conventions kernels differ on (issue 31): merge entry points, tuning knobs, repeated
+calls and batch invariance.  Each is the correct `VariantKernel` with one slip (the LSE-convention
+slips live in variant_bugs.py, as slips of the kernel's own LSE).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from attnspec.backends.base import Capabilities, Semantics
+
+from ._kernels import store, tiled_attention, widened
+from ._variants import VariantKernel
+
+
+def _lse_caps(*dtypes: str, gradients: bool = False) -> Capabilities:
+    return Capabilities(dtypes=dtypes, device="cpu", gradients=gradients, features=frozenset(("lse",)))
+
+
+_DECLARED = dict(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros")
+
+
+class MergeEmptyNaN(VariantKernel):
+    """merge_state shifting by the larger LSE without a guard: two empty states give
+    exp(-inf - -inf) = NaN (flashinfer-ai/flashinfer#4051)."""
+
+    name = "broken-merge-empty-nan"
+    capabilities = _lse_caps("bfloat16")
+
+    def native_merge(self, o_a, lse_a, o_b, lse_b):
+        top = np.maximum(lse_a, lse_b)  # (..., Lq) the slip: -inf for two empty states, unguarded
+        with np.errstate(invalid="ignore"):
+            wa, wb = np.exp(lse_a - top), np.exp(lse_b - top)  # (..., Lq) NaN when both are -inf
+            total = wa + wb
+            out = (widened(o_a)[0] * wa[..., None] + widened(o_b)[0] * wb[..., None]) / total[..., None]
+        return store(out, "bfloat16"), top + np.log(total)
+
+
+class MergeAverages(VariantKernel):
+    """A merge that averages the two outputs, ignoring the LSE gap (the LSE itself right): right only
+    for states of equal mass."""
+
+    name = "broken-merge-averages"
+    capabilities = _lse_caps("float64")
+
+    def native_merge(self, o_a, lse_a, o_b, lse_b):
+        lse = np.logaddexp(lse_a, lse_b)  # (..., Lq)
+        both = np.isfinite(lse_a) & np.isfinite(lse_b)  # (..., Lq) one empty: the other as it is
+        out = np.where(both[..., None], (o_a + o_b) / 2, o_a + o_b)  # the slip: weights 1/2, not exp(l - L)
+        return out, lse
+
+
+class KnobDropsTail(VariantKernel):
+    """A block-size knob whose tiled loop runs Lk // block blocks: the last partial block dropped (a
+    grid of floor(Lk / BLOCK_N) programs), right whenever the block divides Lk - the default's 1 does."""
+
+    name = "broken-knob-drops-tail"
+    capabilities = _lse_caps("float32")
+    knobs = {"block_size": (1, 4, 16)}
+
+    def native_attention(self, q, k, v, call):
+        block = (call.knobs or {}).get("block_size", 1)
+        full = k.shape[-2] // block * block  # the slip: the keys of whole blocks only
+        if full in (0, k.shape[-2]):
+            return super().native_attention(q, k, v, call)
+        mask = None if call.mask is None else call.mask[..., :full]
+        return super().native_attention(q, k[..., :full, :], v[..., :full, :], replace(call, mask=mask))
+
+
+class BackwardRandomOrder(VariantKernel):
+    """Declares a deterministic backward, but sums dQ over its key blocks in a random order each call
+    (atomic adds from blocks finishing in any order: Dao-AILab/flash-attention#2244, #414)."""
+
+    name = "broken-backward-random-order"
+    capabilities = _lse_caps("float16", gradients=True)
+    semantics = Semantics(**_DECLARED, deterministic=True)
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        dq, *rest = super().native_attention_backward(q, k, v, grad_out, call)
+        ulp = np.spacing(np.abs(dq)).astype(np.float32)  # (like dq) one float16 step
+        step = np.random.default_rng().integers(-1, 2, dq.shape) * ulp  # the atomics' order: a last bit either way
+        return (store(np.asarray(dq, dtype=np.float32) + step, call.dtype), *rest)
+
+
+class RowDependsOnBatch(VariantKernel):
+    """Declares batch invariance, but splits the keys in two (split-KV) when the batch is small - the
+    split heuristic of decode kernels, counting programs per batch (vLLM's VLLM_BATCH_INVARIANT exists
+    to turn it off): a sequence's rows round differently alone and in a batch."""
+
+    name = "broken-row-depends-on-batch"
+    capabilities = _lse_caps("float64")
+    semantics = Semantics(**_DECLARED, batch_invariant=True)
+
+    def native_attention(self, q, k, v, call):
+        Lk = k.shape[-2]
+        if q.ndim < 4 or q.shape[0] > 1 or Lk < 2 or call.mask is not None or call.is_causal or call.return_lse \
+                or any(getattr(call, f) is not None for f in ("bias", "window", "kv_lengths", "q_lengths")):
+            return super().native_attention(q, k, v, call)
+        scale = 1 / np.sqrt(q.shape[-1]) if call.scale is None else call.scale
+        vis = np.ones(q.shape[-2:-1] + (Lk,), dtype=bool)  # (Lq, Lk)
+        kk, vv = self._kv_heads(k, q.shape[-3], call), self._kv_heads(v, q.shape[-3], call)
+        return store(tiled_attention(*widened(q, kk, vv), vis, scale, (Lk + 1) // 2), call.dtype)  # two splits

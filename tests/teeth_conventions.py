@@ -1,0 +1,67 @@
+"""The proof of teeth's witnesses for the conventions of issue 31 (tests/broken/witnesses.py's ops
+"merge", "knobs", "repeat_backward", "batch", and the empty-row LSE): verdicts of one backend on one
+witness in one dtype, as tests/test_teeth.py's `_verdicts` returns them.  A backend that does not
+offer what a witness asks (no merge, no such knob, no gradients, no declaration to hold it to) declines
+it with Unsupported.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attnspec.backends.base import Unsupported
+from attnspec.specs import error_budget, reference
+from attnspec.specs.invariants import Verdict
+from attnspec.specs.merge_budget import merge_allowed
+
+CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch")
+
+
+def _bitwise(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+
+
+def empty_lse_verdict(backend, lse, empty) -> Verdict:
+    """Rows that see nothing hold the declared empty_lse (undeclared: whatever they hold)."""
+    declared = backend.semantics.empty_lse
+    want = {"-inf": -np.inf, "+inf": np.inf}.get(declared)
+    rows = np.asarray(lse)[np.broadcast_to(empty, np.shape(lse))]
+    ok = want is None or bool(np.all(rows == want))
+    return Verdict("empty_lse", ok, None, float("nan"), f"empty rows' LSE {rows[:4]} where {declared} is declared")
+
+
+def verdicts(backend, p: dict, dtype: str) -> list:
+    q, k, v, mask, causal, scale, fields = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "fields"))
+    kw = dict(mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
+    if p["op"] == "merge":
+        (o_a, l_a), (o_b, l_b) = p["states"]
+        o_a, o_b = (np.asarray(error_budget.round_to(o, dtype), dtype=np.float64) for o in (o_a, o_b))
+        plus = backend.semantics.empty_lse == "+inf"  # the states in its declared convention
+        given = [np.where(x == -np.inf, np.inf, x) if plus else x for x in (l_a, l_b)]
+        o, lse = backend.merge(o_a, given[0], o_b, given[1], dtype)
+        lse = np.where(lse == (np.inf if plus else -np.inf), -np.inf, lse)
+        want_o, want_lse = reference.merge([(o_a, l_a), (o_b, l_b)])
+        o_tol, l_tol = merge_allowed([(o_a, l_a), (o_b, l_b)], dtype)
+        empty = np.isneginf(want_lse)
+        with np.errstate(invalid="ignore"):
+            ok_o = bool(np.all(np.where(empty[..., None], o == 0, np.abs(o - want_o) <= o_tol)))
+            ok_l = bool(np.all(np.where(empty, lse == -np.inf, np.abs(lse - want_lse) <= l_tol)))
+        return [Verdict("merge", ok_o and ok_l, None, float("nan"), f"merged {o[0, 0]} / lse {lse[0, 0]}; "
+                        f"reference {want_o[0, 0]} / {want_lse[0, 0]}")]
+    if p["op"] == "knobs":
+        if set(p["knobs"]) - set(backend.knobs):
+            raise Unsupported(f"{backend.name} has no knob {sorted(p['knobs'])}")
+        out = backend.forward(q, k, v, knobs=p["knobs"], **kw)
+        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
+    if p["op"] == "repeat_backward":
+        if not backend.semantics.deterministic:
+            raise Unsupported(f"{backend.name} declares no deterministic backward")
+        runs = [backend.backward(q, k, v, p["grad_out"], **kw) for _ in range(4)]
+        same = all(_bitwise(a, b) for r in runs[1:] for a, b in zip(runs[0], r, strict=True))
+        return [Verdict("repeat_backward", same, None, float("nan"), "repeated backward calls differ")]
+    if not backend.semantics.batch_invariant:  # "batch"
+        raise Unsupported(f"{backend.name} declares no batch invariance")
+    whole = backend.forward(q, k, v, **kw)  # (B, H, Lq, Ev)
+    same = all(_bitwise(backend.forward(q[b:b + 1], k[b:b + 1], v[b:b + 1], **kw)[0], whole[b])
+               for b in range(q.shape[0]))
+    return [Verdict("batch", same, None, float("nan"), "a sequence's rows differ alone and in the batch")]
