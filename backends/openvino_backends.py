@@ -12,7 +12,9 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
 - ``causal`` is top-left (the spec's ``triu(-inf, k=1)``) and the attention_mask is ignored when
   it is set (documented): a mask or bias with is_causal has the triangle folded in instead.
 - a fully masked row: NaN (softmax over all -inf, the spec's pseudo-code) for float32, float16 and
-  bfloat16 inputs; float64 inputs give the mean of V instead (a finding; see the report).
+  bfloat16 inputs; float64 inputs give the mean of V instead (a finding; see the report), and so do
+  bfloat16 inputs on a CPU without bfloat16 kernels (declared at ``load`` from the plugin's
+  OPTIMIZATION_CAPABILITIES).
 - no grouped KV heads: K/V heads broadcast NumPy-style only (Hkv = 1 or Hq).
 - the scale input must have the query's element type, so a bfloat16 call rounds it to bfloat16.
 - the CPU plugin has no float64 kernels: float64 is computed in float32 and returned as float64;
@@ -62,6 +64,14 @@ _DEVIATIONS = (
 )
 
 
+# measured on a CPU whose plugin lists no BF16 among its OPTIMIZATION_CAPABILITIES (AMD EPYC, FP32 only):
+# CPUs with bfloat16 kernels give NaN there, as for the other dtypes
+_EMULATED_BF16_MASKED = Deviation(
+    "fully_masked_rows", "on a CPU without bfloat16 kernels (no BF16 in the plugin's OPTIMIZATION_CAPABILITIES) "
+    "bfloat16 inputs give the mean of V on a fully masked row, not the NaN of the other dtypes",
+    dtypes=("bfloat16",), when="does 'mean_of_values'")
+
+
 def _bf16_bits(x) -> np.ndarray:
     """float64 -> bfloat16 bit patterns, round to nearest even (via float32: a double rounding,
     off by one bfloat16 ulp only for float64 values within 2^-32 relative of a tie)."""
@@ -106,9 +116,10 @@ class OpenVinoSdpa(Backend):
         self.config = {} if self.precision_hint is None else {"INFERENCE_PRECISION_HINT": self.precision_hint}
         hint = self.precision_hint or core.get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
         self.inference_precision = _PRECISIONS.get(hint, hint)
+        bf16_kernels = "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         self.semantics = Semantics(
             fully_masked="nan", causal_alignment="top_left", effective_precision=self.inference_precision,
-            deviations=_DEVIATIONS,
+            deviations=_DEVIATIONS + (() if bf16_kernels else (_EMULATED_BF16_MASKED,)),
             notes=(f"computes every dtype in {self.inference_precision} (CPU plugin INFERENCE_PRECISION_HINT "
                    f"{'set to' if self.precision_hint else 'default on this CPU:'} {hint})",) + _NOTES)
         if not hasattr(self, "_compiled"):
