@@ -68,7 +68,8 @@ _DEVIATIONS = (
 # CPUs with bfloat16 kernels give NaN there, as for the other dtypes
 _EMULATED_BF16_MASKED = Deviation(
     "fully_masked_rows", "on a CPU without bfloat16 kernels (no BF16 in the plugin's OPTIMIZATION_CAPABILITIES) "
-    "bfloat16 inputs give the mean of V on a fully masked row, not the NaN of the other dtypes",
+    "bfloat16 inputs give the mean of V on a row a boolean mask hides entirely (a -inf bias still gives "
+    "NaN), not the NaN of the other dtypes",
     dtypes=("bfloat16",), when="does 'mean_of_values'")
 
 
