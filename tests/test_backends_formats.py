@@ -199,7 +199,8 @@ def test_torch_functions_with_flash_attentions_signatures_get_torch_tensors_and_
     by = {}
     for r in rows:
         by.setdefault(r["backend"], set()).add(r["status"])
-    assert by[good[0]] == {"passed", "skipped"} and by[good[1]] == {"passed", "skipped"}, result.output[-3000:]
+    # recorded: what they leave open (rows past cu_seqlens_q with padded_rows undeclared) is an answer, not a verdict
+    assert all({"passed", "skipped"} <= by[g] <= {"passed", "skipped", "recorded"} for g in good), result.output[-3000:]
     assert {(r["dtype"]) for r in rows if r["backend"] in good and r["status"] == "passed"} == {
         "float16", "bfloat16", "float32"}
     assert "failed" in by[bad] and not any(r["status"] == "error" for r in rows), result.output[-3000:]

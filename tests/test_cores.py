@@ -137,7 +137,7 @@ def test_a_run_records_its_seconds_and_the_next_loadgroup_run_starts_the_longest
     assert set(recorded) == {"numpy-tiled"} and recorded["numpy-tiled"] > 0
     # a filtered run (-k) records nothing: its few tests are not the backend's suite
     (pytester.path / cores.SECONDS_FILE).unlink()
-    pytester.runpytest_inprocess("--pyargs", "attnspec.properties", *TWO, "-k", "rows_sum_to_one")
+    pytester.runpytest_inprocess("--pyargs", "attnspec.properties", *TWO, "-k", "rows_sum_to_one and not sink")
     assert cores.recorded_seconds(str(pytester.path)) == {}
 
 
@@ -200,7 +200,7 @@ def test_attnspec_run_starts_the_longest_recorded_suites_first_under_the_runs_pr
 def test_the_suite_over_two_backends_spreads_over_workers_and_its_rows_reach_the_stream(pytester, monkeypatch):
     monkeypatch.setenv("ATTNSPEC_WORKERS", "2")
     monkeypatch.setenv("ATTNSPEC_PROFILE", "dev")
-    result = pytester.runpytest_subprocess("--pyargs", "attnspec.properties", *TWO, "-k", "rows_sum_to_one",
+    result = pytester.runpytest_subprocess("--pyargs", "attnspec.properties", *TWO, "-k", "rows_sum_to_one and not sink",
                                            "--attnspec-rows", "rows.jsonl", "-p", "no:cacheprovider")
     out = result.stdout.str()
     assert result.ret == 0, out[-3000:]

@@ -48,6 +48,10 @@ PLANTED = {
     "paged": ("tests.broken.serving_bugs:IgnoresCacheLeftpad", "broken-ignores-cache-leftpad", "float32"),
     "semantics": ("tests.broken.kernel_bugs:NaNForFullyMaskedDeclaredZeros", "broken-nan-fully-masked-declared-zeros",
                   "float64"),
+    "sinks": ("tests.broken.sink_bugs:SinkIgnored", "broken-sink-ignored", "float64"),
+    "conventions": ("tests.broken.variant_bugs:EmptyLsePlusInfDeclaredMinusInf", "broken-empty-lse-plus-inf", "float16"),
+    "merge": ("tests.broken.convention_bugs:MergeAverages", "broken-merge-averages", "float64"),
+    "knobs": ("tests.broken.convention_bugs:KnobDropsTail", "broken-knob-drops-tail", "float32"),
 }
 
 
