@@ -110,7 +110,9 @@ class TransformersEager(_Transformers):
                     # the property builds the -inf bias from the drawn mask itself: the problem has no bias
                     Deviation("neg_inf_bias_equals_boolean_mask", _BMM_NAN, dtypes=("bfloat16",), when=r"differs by inf")))
 
-    def _attention(self, q, k, v, call):
+    def _additive(self, q, k, call):
+        """The mask, causal triangle and bias as transformers' eager path takes them: one additive
+        (..., Lq, Lk) tensor, or None."""
         torch = self.torch
         hidden = call.mask
         if call.is_causal:
@@ -123,6 +125,10 @@ class TransformersEager(_Transformers):
             additive = torch.where(hidden, zero, low)  # (..., Lq, Lk)
         if call.bias is not None:
             additive = call.bias if additive is None else additive + call.bias
+        return additive
+
+    def _attention(self, q, k, v, call):
+        additive = self._additive(q, k, call)  # (..., Lq, Lk) or None
         out, _ = self.gemma2.eager_attention_forward(self._module(q, k), q, k, v, self._four_d(additive, q, k),
                                                      scaling=call.scale, softcap=call.softcap)
         return out.transpose(1, 2)  # (B, L, H, E) -> (B, H, L, E)
@@ -149,17 +155,7 @@ class TransformersGptOss(TransformersEager):
 
     def _attention(self, q, k, v, call):
         torch = self.torch
-        hidden = call.mask
-        if call.is_causal:
-            Lq, Lk = q.shape[-2], k.shape[-2]
-            causal = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None]  # (Lq, Lk) masking_utils' causal_mask_function
-            hidden = causal if hidden is None else hidden & causal
-        additive = None
-        if hidden is not None:  # masking_utils' eager mask: 0 or the dtype's most negative number
-            zero, low = torch.tensor(0.0, dtype=q.dtype), torch.tensor(torch.finfo(q.dtype).min, dtype=q.dtype)
-            additive = torch.where(hidden, zero, low)  # (..., Lq, Lk)
-        if call.bias is not None:
-            additive = call.bias if additive is None else additive + call.bias
+        additive = self._additive(q, k, call)  # (..., Lq, Lk) or None
         module = self._module(q, k)
         module.sinks = (torch.full((q.shape[-3],), float("-inf")) if call.sinks is None else call.sinks).to(q.dtype)
         scale = q.shape[-1] ** -0.5 if call.scale is None else call.scale  # the function takes no default
