@@ -24,6 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.specs.fields import CAUSAL_ALIGNMENTS, FEATURE_TEXT, FEATURES, FIELDS, on_diagonal
+from attnspec.specs.fp8 import is_fp8
 from attnspec.specs.problem import causal_mask, validate  # the definition; never the reference
 
 
@@ -194,6 +195,10 @@ class Backend:
     def output_dtype(self, dtype: str) -> str:
         return dict(self.semantics.output_dtypes).get(dtype, dtype)
 
+    def query_dtype(self, dtype: str) -> str:
+        """The dtype q is handed in: dtype, or the declared 16-bit query beside fp8 K/V (Capabilities.fp8_query)."""
+        return self.capabilities.fp8_query or dtype if is_fp8(dtype) else dtype
+
     # -- public API ---------------------------------------------------------------
     def availability(self) -> tuple[bool, str]:
         try:
@@ -229,6 +234,12 @@ class Backend:
         missing = sorted(needed - caps.features, key=FEATURES.index)
         if missing:
             raise Unsupported(f"{self.name} does not support {', '.join(FEATURE_TEXT[m] for m in missing)} natively")
+        if problem is not None and op == "forward_backward" and "descale" in problem.features:
+            raise Unsupported(f"{self.name}: descales are forward-only (FA3, FA4 and PyTorch's quantised SDPA have no "
+                              "backward with them; nor does the reference)")
+        if problem is not None and caps.descale_granularity == "tensor" and _descales_vary(problem):
+            raise Unsupported(f"{self.name} takes one descale per tensor (Capabilities.descale_granularity); "
+                              "the problem's vary by batch element or KV head")
         if (problem is not None and (problem.Lq != problem.Lk or problem.positions == "per_sequence")
                 and on_diagonal(problem)
                 and problem.causal_alignment not in self.causal_alignments()):
@@ -250,6 +261,10 @@ class Backend:
     def _natives(self, dtype, *arrays):
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
 
+    def _inputs(self, dtype, q, k, v, *more):
+        """q in `query_dtype`, k, v (and more: grad_out) in dtype, native."""
+        return self._natives(self.query_dtype(dtype), q) + self._natives(dtype, k, v, *more)
+
     def _call_of(self, p, dtype: str, return_lse: bool, scale) -> Call:
         """The native Call for a validated problem, every field cast as specs.fields says.
 
@@ -266,7 +281,9 @@ class Backend:
             if f.cast == "value" or x is None:
                 values[f.name] = x
                 continue
-            cast = {"input": dtype, "int32": "int32", "wide": "float64" if dtype == "float64" else "float32"}[f.cast]
+            # fp8 inputs: a float field (a bias) comes in float32, what such a kernel computes in
+            cast = {"input": "float32" if is_fp8(dtype) else dtype, "int32": "int32",
+                    "wide": "float64" if dtype == "float64" else "float32"}[f.cast]
             values[f.name] = self.to_native(np.asarray(x, dtype=np.int64 if cast == "int32" else np.float64), cast)
         return Call(mask=None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None),
                     is_causal=is_causal, scale=scale, return_lse=return_lse, dtype=dtype, **values)
@@ -312,7 +329,7 @@ class Backend:
         self._check_shapes(p)
         if layout not in self.capabilities.layouts:
             raise Unsupported(f"{self.name} cannot be handed {layout} inputs (declares {self.capabilities.layouts})")
-        qn, kn, vn = (self.relayout(x, layout) for x in self._natives(dtype, q, k, v))
+        qn, kn, vn = (self.relayout(x, layout) for x in self._inputs(dtype, q, k, v))
         call = self._call_of(p, dtype, return_lse, scale)
         if knobs:
             unknown = sorted(set(knobs) - set(self.knobs))
@@ -341,7 +358,7 @@ class Backend:
         p = validate(q, k, v, mask, is_causal, scale, **fields)
         self.check_supported(dtype, "forward", problem=p)
         self._check_shapes(p)
-        qn, kn, vn = self._natives(dtype, q, k, v)
+        qn, kn, vn = self._inputs(dtype, q, k, v)
         y = self._call("forward", self.native_attention, qn, kn, vn, self._call_of(p, dtype, False, scale))
         out = self._check("forward output", y, p.batch_shape + (p.Lq, p.Ev), None)
         return out, self.native_dtype(y)
@@ -408,7 +425,7 @@ class Backend:
         p = validate(q, k, v, mask, is_causal, scale, **fields)
         self.check_supported(dtype, op, problem=p)
         self._check_shapes(p)
-        qn, kn, vn, gn = self._natives(dtype, q, k, v, np.ones(p.batch_shape + (p.Lq, p.Ev)))
+        qn, kn, vn, gn = self._inputs(dtype, q, k, v, np.ones(p.batch_shape + (p.Lq, p.Ev)))
         call = self._call_of(p, dtype, False, scale)
         if op == "forward":
             def run():
@@ -441,10 +458,18 @@ class Backend:
                 "lse_base": s.lse_base, "empty_lse": s.empty_lse, "deterministic": s.deterministic,
                 "batch_invariant": s.batch_invariant, "knobs": {n: list(d) for n, d in self.knobs.items()},
                 "knob_exact": s.knob_exact, "merge": self.offers_merge(),
+                "descale_granularity": c.descale_granularity, "fp8_query": c.fp8_query,
+                "p_dtypes": [list(x) for x in s.p_dtypes],
                 "deviations": [{"property": d.property, "dtypes": list(d.dtypes), "why": d.why} for d in s.deviations]}
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"
+
+
+def _descales_vary(p) -> bool:
+    """Whether a problem's descales differ between batch elements or KV heads (not one per tensor)."""
+    return any(d is not None and np.ptp(np.asarray(d, dtype=np.float64)) > 0
+               for d in (p.q_descale, p.k_descale, p.v_descale))
 
 
 def _overrides(backend, hook: str) -> bool:

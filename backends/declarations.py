@@ -12,6 +12,7 @@ import numpy as np
 
 from attnspec.specs.fields import FEATURES, FIELDS
 from attnspec.specs.formats import FORMATS
+from attnspec.specs.fp8 import FP8_DTYPE_NAMES
 
 FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 LSE_BASES = ("e", "2")  # the log-sum-exp's base: natural (the spec's), or 2 (FlashInfer: flashinfer#2113)
@@ -19,6 +20,10 @@ EMPTY_LSES = ("-inf", "+inf")  # the LSE of a row that sees nothing: FA3 -inf, F
 # Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.
 LAYOUTS = ("contiguous", "transposed", "offset", "permuted", "expanded")
 OPS = ("forward", "forward_backward")
+# how finely fp8 descales may vary: one per (batch, KV head) - FA3/FA4's and PyTorch's (B, Hkv) - or one
+# per tensor (FlashInfer's k_scale, vLLM's, JAX's ragged paged attention)
+DESCALE_GRANULARITIES = ("head", "tensor")
+QUERY_DTYPES = ("float16", "bfloat16", "float32")  # a query that stays 16/32-bit beside fp8 K/V
 
 
 
@@ -56,6 +61,11 @@ class Capabilities:
     # the call formats it takes (specs.formats.FORMATS; backends/serving.py): the first is how a backend
     # without "padded" is called for a padded problem
     formats: tuple = ("padded",)
+    # fp8 inputs (dtypes float8_e4m3fn / float8_e5m2, issue 31): the descales it takes with the "descale"
+    # feature (DESCALE_GRANULARITIES), and the dtype q comes in when only K and V are fp8 (FlashInfer's and
+    # vLLM's fp8 KV cache: the query's 16-bit dtype); None: q is fp8 too (FA3, FA4, PyTorch)
+    descale_granularity: str = "head"
+    fp8_query: str | None = None
 
     def __post_init__(self):
         unknown = sorted(set(self.features) - set(FEATURES))
@@ -76,14 +86,22 @@ class Capabilities:
         if isinstance(self.formats, str) or not self.formats or set(self.formats) - set(FORMATS):
             raise ValueError(f"Capabilities.formats: a non-empty tuple of {', '.join(FORMATS)}; got {self.formats!r}")
         object.__setattr__(self, "formats", tuple(self.formats))
+        if self.descale_granularity not in DESCALE_GRANULARITIES:
+            raise ValueError(f"Capabilities.descale_granularity must be one of {', '.join(DESCALE_GRANULARITIES)}; "
+                             f"got {self.descale_granularity!r}")
+        if self.fp8_query not in (None,) + QUERY_DTYPES:
+            raise ValueError(f"Capabilities.fp8_query must be None (q is fp8 too) or one of {', '.join(QUERY_DTYPES)}; "
+                             f"got {self.fp8_query!r}")
         if not any(self.takes_head_dim(E) for E in range(1, 1025)):
             raise ValueError("Capabilities: the declared head-dim limits leave no head dim up to 1024")
 
     # ---- the declared limits -------------------------------------------------------------------
     def dtypes_for(self, op: str) -> tuple:
-        """The dtypes an op (forward, forward_backward) runs in."""
+        """The dtypes an op (forward, forward_backward) runs in; fp8 inputs are forward-only (FA3, FA4 and
+        PyTorch's quantised SDPA have no fp8 backward; the error budget has none either)."""
         narrowed = dict(self.op_dtypes).get(op)
-        return self.dtypes if narrowed is None else tuple(d for d in self.dtypes if d in narrowed)
+        dtypes = self.dtypes if narrowed is None else tuple(d for d in self.dtypes if d in narrowed)
+        return dtypes if op == "forward" else tuple(d for d in dtypes if d not in FP8_DTYPE_NAMES)
 
     def head_dim_limits(self, E: int) -> list:
         """The head-dim limits E breaks, in words ("E=160 > 128")."""
@@ -212,11 +230,25 @@ class Semantics:
     deterministic: bool | None = None
     batch_invariant: bool | None = None
     knob_exact: bool = False
+    # fp8 inputs (issue 31): what P = exp(s - max) is rounded to before P V, as (input dtype, P dtype) pairs -
+    # "float8_e4m3fn" (FA3, FA4, PyTorch's quantised SDPA: the second GEMM takes fp8), a 16-bit dtype
+    # (FlashInfer's fp8 KV cache), "float32" (not rounded); an fp8 input without a pair: not declared, the
+    # rounding is observed on a probe, recorded and judged as observed (properties/test_fp8.py)
+    p_dtypes: tuple = ()
 
     def __post_init__(self):
         for name, known in (("lse_base", LSE_BASES), ("empty_lse", EMPTY_LSES)):
             if getattr(self, name) not in (None,) + known:
                 raise ValueError(f"Semantics.{name} must be one of {', '.join(known)} or None; got {getattr(self, name)!r}")
+        for pair in self.p_dtypes:
+            if (not isinstance(pair, tuple) or len(pair) != 2 or pair[0] not in FP8_DTYPE_NAMES
+                    or pair[1] not in FP8_DTYPE_NAMES + QUERY_DTYPES):
+                raise ValueError(f"Semantics.p_dtypes: (fp8 input dtype, P dtype) pairs, the P dtype one of "
+                                 f"{', '.join(FP8_DTYPE_NAMES + QUERY_DTYPES)}; got {pair!r}")
+
+    def p_dtype(self, dtype: str) -> str | None:
+        """What P is rounded to before P V for fp8 input `dtype` ("float32": not rounded); None: not declared."""
+        return dict(self.p_dtypes).get(dtype)
 
     def deviation(self, prop: str, dtype: str, feature: bool | None = None):
         """The declared Deviation covering this property at this dtype, or None (feature: only those

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends import numpy_formats
+from attnspec.backends import numpy_formats, numpy_fp8
 from attnspec.backends.base import LAYOUTS, Backend, Capabilities, Semantics
 from attnspec.specs.fields import EVERY_FEATURE
 from attnspec.specs.masks import sequence_offsets
 
 _NUMPY_DTYPES = ("float16", "float32", "float64")
+_FP8 = tuple(numpy_fp8.P_FORMATS)  # forward-only: FA3's fp8 arithmetic, emulated (numpy-tiled)
 _ALL_FEATURES = EVERY_FEATURE | {"seq_positions", "sinks"}  # the whole definition, per-sequence positions and sinks too
 _FORMATS = ("padded", "packed", "paged-NHD", "paged-HND", "append")  # specs.formats.FORMATS: backends/numpy_formats.py
 _ROW_BLOCK = 128  # rows per index-masking step: bounds the bool temporary to 128*Lk
@@ -254,15 +255,18 @@ class NumpyTiled(Backend):
     """
 
     name = "numpy-tiled"
-    capabilities = Capabilities(dtypes=_NUMPY_DTYPES, device="cpu", gradients=True, features=_ALL_FEATURES,
-                                bias_gradient=True, layouts=LAYOUTS, formats=_FORMATS)
+    capabilities = Capabilities(dtypes=_NUMPY_DTYPES + _FP8, device="cpu", gradients=True,
+                                features=_ALL_FEATURES | {"descale"}, bias_gradient=True, layouts=LAYOUTS,
+                                formats=_FORMATS)
     native_packed = numpy_formats.tiled_packed  # natively: a sequence's slice, the pages as key blocks
     native_paged = numpy_formats.tiled_paged
     native_paged_append = numpy_formats.appended_paged
     native_packed_backward = numpy_formats.gathered_packed_backward
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
-                          notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",),
-                          lse_base="e", empty_lse="-inf", deterministic=True, batch_invariant=True)
+                          notes=("float16 inputs are computed in float32 (FlashAttention's accumulators)",
+                                 "fp8 inputs as FA3 computes them: float32, P rounded to the input's format"),
+                          lse_base="e", empty_lse="-inf", deterministic=True, batch_invariant=True,
+                          output_dtypes=tuple((d, "float32") for d in _FP8), p_dtypes=tuple((d, d) for d in _FP8))
 
     def __init__(self, block: int = 128):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
@@ -280,9 +284,10 @@ class NumpyTiled(Backend):
         block = (call.knobs or {}).get("block_size", self.block)
         return [(j0, min(j0 + block, end)) for j0 in range(0, end, block)]
 
-    def _forward(self, q, k, v, call, tiles=None):
+    def _forward(self, q, k, v, call, tiles=None, p_dtype=None):
         """tiles: (j0, key block, value block) in order; default k and v cut into self.block keys
-        (a paged call's tiles are its pages: backends/numpy_formats.py)."""
+        (a paged call's tiles are its pages: backends/numpy_formats.py); p_dtype: each tile's P rounded
+        to this fp8 format before P V (backends/numpy_fp8.py)."""
         Lq, Lk = q.shape[-2], k.shape[-2]
         batch = _batch(q, k, v, call)
         if tiles is None:
@@ -299,9 +304,10 @@ class NumpyTiled(Backend):
             np.exp(s, out=s)  # p, in place
             row_sum = row_sum * alpha + s.sum(axis=-1, keepdims=True)
             acc *= alpha
-            acc += s @ (_expand(vb, s.shape[-3]) if call.enable_gqa else vb)
+            p = s if p_dtype is None else numpy_fp8.round_p(s, p_dtype)  # P as the fp8 GEMM takes it
+            acc += p @ (_expand(vb, s.shape[-3]) if call.enable_gqa else vb)
             m = m_new
-            del s  # free this tile before the next one is computed: one tile alive at a time
+            del s, p  # free this tile before the next one is computed: one tile alive at a time
         sink = _sink(call, q.dtype)  # (Hq, 1, 1)
         if sink is not None:  # folded once, after the loop (FlashInfer): a key of value 0
             m_new = np.maximum(m, sink)  # (..., Lq, 1)
@@ -325,10 +331,21 @@ class NumpyTiled(Backend):
         from dataclasses import replace
         return call if call.bias is None else replace(call, bias=self._widen(call.bias)[0])
 
+    def to_native(self, x, dtype):
+        """fp8 values held exactly in float32 (NumPy has no fp8 type: backends/numpy_fp8.py)."""
+        return x.astype(np.float32) if dtype in numpy_fp8.P_FORMATS else super().to_native(x, dtype)
+
     def native_attention(self, q, k, v, call):
         k, v = _unpadded(k, call), _unpadded(v, call)
-        out, _, _, lse = self._forward(*self._widen(q, k, v), self._wide_call(call))  # (..., Lq, Ev)
-        out = out.astype(q.dtype, copy=False)
+        if call.dtype in numpy_fp8.P_FORMATS:  # FA3's fp8 forward: P rounded to the input's format
+            qd, kd = numpy_fp8.dequantised_qk(q, k, call)
+            out, _, _, lse = self._forward(qd, kd, v, call, p_dtype=call.dtype)  # (..., Lq, Ev)
+            out = numpy_fp8.descaled_output(out, call).astype(np.float32)
+            return (out, lse) if call.return_lse else out
+        qw, kw, vw = self._widen(q, k, v)
+        qw, kw = numpy_fp8.dequantised_qk(qw, kw, call)  # descales in any dtype (their first use: fp8)
+        out, _, _, lse = self._forward(qw, kw, vw, self._wide_call(call))  # (..., Lq, Ev)
+        out = numpy_fp8.descaled_output(out, call).astype(q.dtype, copy=False)
         return (out, lse) if call.return_lse else out
 
     def native_attention_backward(self, q, k, v, grad_out, call):

@@ -42,6 +42,7 @@ from attnspec.backends.base import (
 )
 from attnspec.backends.layout4d import LAYOUTS_4D, LSE_LAYOUTS
 from attnspec.specs.fields import FEATURES, FIELDS
+from attnspec.specs.fp8 import FP8_DTYPE_NAMES, is_fp8
 from attnspec.specs.problem import FLOAT_DTYPE_NAMES
 
 PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)"
@@ -49,9 +50,11 @@ PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)
 # (specs.fields) takes that field; PyTorch's enable_gqa also means float (additive) masks in
 # attn_mask, as PyTorch's own function takes them (its bias); return_lse the log-sum-exp
 _PARAM_FEATURES = {**{f.name: (f.feature,) for f in FIELDS if f.name != "bias"},
-                   "enable_gqa": ("gqa", "bias"), "return_lse": ("lse",), "learnable_sink": ("sinks",)}
-# a field a function may name otherwise: flash-attention 4 calls the sinks learnable_sink (FlashInfer: sinks)
-ALIASES = {"learnable_sink": "sinks"}
+                   "enable_gqa": ("gqa", "bias"), "return_lse": ("lse",), "learnable_sink": ("sinks",),
+                   "k_scale": ("descale",), "v_scale": ("descale",)}
+# a field a function may name otherwise: flash-attention 4 calls the sinks learnable_sink (FlashInfer: sinks);
+# FlashInfer's and vLLM's k_scale, v_scale multiply on dequantisation as FA3's k_descale, v_descale do
+ALIASES = {"learnable_sink": "sinks", "k_scale": "k_descale", "v_scale": "v_descale"}
 
 
 def renamed(fn, kw: dict) -> dict:
@@ -61,10 +64,11 @@ def renamed(fn, kw: dict) -> dict:
         if name in kw and alias in params and name not in params:
             kw[alias] = kw.pop(name)
     return kw
-_NUMPY_DTYPES = ("float16", "float32", "float64")  # a plain function works on NumPy arrays
+# a plain function works on NumPy arrays; fp8 ones are ml_dtypes' (JAX's dependency: NumPy has no fp8 type)
+_NUMPY_DTYPES = ("float16", "float32", "float64") + FP8_DTYPE_NAMES
 # framework -> (the dtypes it can be given, the default when none are declared, the devices it names)
 FRAMEWORKS = {"numpy": (_NUMPY_DTYPES, ("float64", "float32"), ("cpu",)),
-              "torch": (FLOAT_DTYPE_NAMES, ("float16", "bfloat16", "float32"), ("cpu", "cuda")),
+              "torch": (FLOAT_DTYPE_NAMES + FP8_DTYPE_NAMES, ("float16", "bfloat16", "float32"), ("cpu", "cuda")),
               "jax": (FLOAT_DTYPE_NAMES, ("float16", "bfloat16", "float32"), ("cpu", "gpu", "tpu"))}
 
 
@@ -96,6 +100,7 @@ class Declaration:
     bias_gradient: bool = False  # torch/jax: the backward gives dBias too (autograd through the bias)
     lse_with_sinks: bool | None = None  # a returned LSE counts the sinks (FA4) or not (gpt-oss's Triton)
     limits: dict = field(default_factory=dict)  # the other declared shape limits: Capabilities' fields
+    fp8: dict = field(default_factory=dict)  # p_dtypes, descale_granularity, fp8_query (Semantics, Capabilities)
 
 
 def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_rows=None,
@@ -103,7 +108,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
             masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
             framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=(),
             bias_gradient=False, head_dims=(), max_head_dim=0, head_dim_power_of_two=False, length_multiple=1,
-            max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None):
+            max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None, p_dtypes=None,
+            descale_granularity="head", fp8_query=None):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -129,6 +135,13 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     bias_gradient: a torch/jax function's autograd gives the bias gradient too (checked then).
     lse_with_sinks: whether a returned LSE counts the sinks (FA4: True; gpt-oss's Triton kernel: False).
     With sinks a NumPy function's backward returns (dq, dk, dv, dsink).
+
+    fp8 inputs (dtypes float8_e4m3fn, float8_e5m2; forward-only): a NumPy function gets ml_dtypes arrays,
+    a torch one torch.float8_* tensors, and the descales (parameters q_descale, k_descale, v_descale, or
+    FlashInfer's k_scale, v_scale) as float32 (B, Hkv).  p_dtypes: {fp8 input dtype: what P is rounded to
+    before P V} ("float8_e4m3fn" as FA3 does, "float32" for not at all); output_dtypes says the output's
+    (FA3: bfloat16); descale_granularity "tensor" for one descale a tensor (then a float32 scalar array);
+    fp8_query: q's dtype when only K and V are fp8 (a 16-bit dtype).
 
     The shapes its kernel takes (the suite draws only those, and counts what a limit leaves out of a
     fixed grid): head_dims, a set of the head dims it takes; max_head_dim; head_dim_power_of_two;
@@ -188,19 +201,22 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
                   max_length=max_length, causal_equal_lengths=bool(causal_equal_lengths),
                   op_dtypes=tuple((op, tuple(d)) for op, d in (op_dtypes or {}).items()))
     try:
-        Capabilities(dtypes=tuple(dtypes), **limits)
+        Capabilities(dtypes=tuple(dtypes), descale_granularity=descale_granularity, fp8_query=fp8_query, **limits)
+        Semantics(p_dtypes=tuple(sorted((p_dtypes or {}).items())))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"declare: {e}".replace("Capabilities.", "")) from None
+        raise ValueError(f"declare: {e}".replace("Capabilities.", "").replace("Semantics.", "")) from None
     pairs = tuple(sorted((output_dtypes or {}).items()))
     for src, dst in pairs:
-        if src not in allowed_dtypes or dst not in allowed_dtypes:
+        if src not in allowed_dtypes or dst not in allowed_dtypes + ("bfloat16",):  # NumPy: ml_dtypes' bfloat16
             raise ValueError(f"declare: output_dtypes maps dtype names of {framework}; got {src!r}: {dst!r}")
     decl = Declaration(tuple(dtypes), backward, fully_masked, padded_rows, causal_alignment, effective_precision,
                        pairs, bool(mask_with_causal), bool(masks), bool(causal),
                        None if features is None else tuple(features), tuple(notes), head_dim_multiple,
                        tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()),
                        framework, device, layout, lse_layout, lse_padding, tuple(env), bool(bias_gradient),
-                       None if lse_with_sinks is None else bool(lse_with_sinks), limits)
+                       None if lse_with_sinks is None else bool(lse_with_sinks), limits,
+                       dict(p_dtypes=tuple(sorted((p_dtypes or {}).items())), descale_granularity=descale_granularity,
+                            fp8_query=fp8_query))
 
     def attach(f):
         f.__attnspec__ = decl
@@ -242,11 +258,13 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
     caps = Capabilities(dtypes=decl.dtypes, device=decl.device, gradients=gradients, features=features,
                         mask_with_causal=decl.mask_with_causal, masks=decl.masks, causal=decl.causal,
                         head_dim_multiple=decl.head_dim_multiple, **decl.limits,
-                        bias_gradient=gradients and decl.bias_gradient and "bias" in features)
+                        bias_gradient=gradients and decl.bias_gradient and "bias" in features,
+                        descale_granularity=decl.fp8.get("descale_granularity", "head"),
+                        fp8_query=decl.fp8.get("fp8_query"))
     sem = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                     effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
                     output_dtypes=decl.output_dtypes, deviations=decl.deviations, notes=decl.notes + (note,),
-                    lse_with_sinks=decl.lse_with_sinks)
+                    lse_with_sinks=decl.lse_with_sinks, p_dtypes=decl.fp8.get("p_dtypes", ()))
     return caps, sem
 
 
@@ -286,7 +304,13 @@ class FunctionBackend(Backend):
                 kw[f.name] = value
         if call.return_lse:
             kw["return_lse"] = True
-        return renamed(self.fn, kw)
+        kw = renamed(self.fn, kw)
+        params = _parameters(self.fn)
+        for name in ("q_descale", "k_descale", "v_descale"):  # a function may take some of the three only
+            if name in kw and params is not None and name not in params and not any(
+                    p.kind == p.VAR_KEYWORD for p in params.values()):
+                raise Unsupported(f"{self.name} takes no {name} (its parameters: {', '.join(params)})")
+        return kw
 
     def native_attention(self, q, k, v, call):
         return self.fn(q, k, v, **self._kwargs(call))  # (..., Lq, Ev), or (out, lse)
@@ -295,6 +319,22 @@ class FunctionBackend(Backend):
         if self.declaration.backward is None:
             raise Unsupported(f"{self.name} declares no backward")
         return self.declaration.backward(q, k, v, grad_out, **self._kwargs(call))
+
+    def to_native(self, x, dtype):
+        """NumPy arrays; fp8 (and a bfloat16 query beside fp8 K/V) as ml_dtypes' types."""
+        if dtype in FP8_DTYPE_NAMES or (dtype == "bfloat16" and self.capabilities.fp8_query == "bfloat16"):
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise Unsupported(f"{self.name}: {dtype} inputs need ml_dtypes (pip install ml_dtypes): "
+                                  "NumPy has no such type") from None
+            return x.astype(getattr(ml_dtypes, dtype))
+        return super().to_native(x, dtype)
+
+    def from_native(self, y):
+        """NumPy; ml_dtypes' bfloat16 and fp8 results widened to float32 (exactly)."""
+        y = np.asarray(y)
+        return y.astype(np.float32) if is_fp8(str(y.dtype)) or str(y.dtype) == "bfloat16" else y
 
     def native_dtype(self, y):
         return str(np.asarray(y).dtype)

@@ -34,6 +34,8 @@ BUILTINS = {
     "flash-attn-kvcache-cuda": _S + "FlashAttnKvcacheCuda",
     "flashinfer-prefill-cuda": _S + "FlashInferPrefillCuda",
     "flashinfer-decode-cuda": _S + "FlashInferDecodeCuda",
+    "torch-sdpa-fp8-cuda": "attnspec.backends.fp8_cuda:TorchSdpaFp8Cuda",
+    "flash-attn3-fp8-cuda": "attnspec.backends.fp8_cuda:FlashAttn3Fp8Cuda",
     "torch-flex": "attnspec.backends.flex_backends:TorchFlex",
     "torch-flex-compiled": "attnspec.backends.flex_backends:TorchFlexCompiled",
     "jax-naive": _J + "JaxNaive",

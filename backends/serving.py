@@ -25,6 +25,7 @@ import numpy as np
 
 from attnspec.backends.base import BackendFailure, Unsupported
 from attnspec.specs import formats as Fm
+from attnspec.specs.fp8 import is_fp8
 from attnspec.specs.problem import validate
 
 
@@ -57,6 +58,8 @@ def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields):
         raise Unsupported(f"{backend.name} takes no {fmt} call (declares {', '.join(backend.capabilities.formats)})")
     backend.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
     backend._check_shapes(p)
+    if is_fp8(dtype):  # left open: the lowerings carry no descales, and numpy-tiled's pages no fp8 arithmetic
+        raise Unsupported(f"{backend.name}: fp8 inputs in {fmt} calls are not judged yet (padded calls are)")
     why = Fm.unpackable(p)
     if why:
         raise Unsupported(f"{backend.name} takes {fmt} calls only, and this problem has no {fmt} form: {why}")

@@ -30,6 +30,7 @@ from attnspec.specs.fields import EVERY_FEATURE
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")  # forward-only (specs.fp8)
 _EVERY_FEATURE = EVERY_FEATURE  # the whole definition (specs.fields)
 _SDPA_FEATURES = frozenset(("gqa", "bias", "causal_bottom_right"))
 
@@ -125,10 +126,14 @@ class TorchMath(TorchBackend):
     """
 
     name = "torch-math"
-    capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True,
-                                features=_EVERY_FEATURE | {"seq_positions", "sinks"}, layouts=LAYOUTS,
+    capabilities = Capabilities(dtypes=_ALL + _FP8, device="cpu", gradients=True,
+                                features=_EVERY_FEATURE | {"seq_positions", "sinks", "descale"}, layouts=LAYOUTS,
                                 bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND"))
-    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
+    # fp8 inputs: dequantised to float32 (x.float() * descale), the math in float32, P not rounded, the
+    # output in bfloat16 - PyTorch's quantised SDPA's output dtype
+    semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
+                          output_dtypes=tuple((d, "bfloat16") for d in _FP8),
+                          p_dtypes=tuple((d, "float32") for d in _FP8), deviations=(
         # torch 2.13 CPU, found by the suite: q = torch.ones(3, 31, 7, dtype=torch.bfloat16); q[:, 16] = nan;
         # torch.bmm(q, torch.ones(3, 7, 7, dtype=torch.bfloat16))[:, 15] is NaN (float16/float32, or a
         # batch of 1 or 2, or 24 rows: no leak)
@@ -177,8 +182,30 @@ class TorchMath(TorchBackend):
         o = kv_len - q_len + 0 * start if call.causal_alignment == "bottom_right" else start + 0 * (q_len + kv_len)
         return o[..., None, None, None]  # (..., 1, 1, 1): over heads, queries, keys
 
+    def _dequantised(self, q, k, v, call, dtype=None):
+        """q, k, v (fp8: as float32) times their descales (..., Hkv) (a query group shares its KV head's)."""
+        dtype = dtype or self.torch.float32
+
+        def times(x, d):
+            x = x.to(dtype)
+            if d is None:
+                return x
+            d = d.to(dtype)
+            if d.dim() and x.shape[-3] != d.shape[-1]:
+                d = d.repeat_interleave(x.shape[-3] // d.shape[-1], dim=-1)  # (..., Hq)
+            return x * (d[..., None, None] if d.dim() else d)  # (..., H, L, D)
+        return times(q, call.q_descale), times(k, call.k_descale), times(v, call.v_descale)
+
     def _attention(self, q, k, v, call):
         torch = self.torch
+        if call.dtype in _FP8:  # dequantised, the math in float32, the output rounded to bfloat16
+            qd, kd, vd = self._dequantised(q, k, v, call)
+            y = self._attention(qd, kd, vd, replace(call, dtype="float32", q_descale=None, k_descale=None,
+                                                    v_descale=None))
+            return (y[0].to(torch.bfloat16), y[1]) if call.return_lse else y.to(torch.bfloat16)
+        if any(d is not None for d in (call.q_descale, call.k_descale, call.v_descale)):  # descales in any dtype
+            q, k, v = self._dequantised(q, k, v, call, q.dtype)
+            call = replace(call, q_descale=None, k_descale=None, v_descale=None)
         k, v = self._unpadded(k, call), self._unpadded(v, call)
         if call.enable_gqa:  # query head h reads KV head h // group
             k, v = (x.repeat_interleave(q.shape[-3] // x.shape[-3], dim=-3) for x in (k, v))  # (..., Hq, Lk, ·)

@@ -19,6 +19,7 @@ from attnspec.specs.masks import causal_mask
 from attnspec.specs.problem import Problem, validate, visible
 
 CLASSIC = ("q", "k", "v", "mask", "is_causal", "scale", "label")
+DESCALES = frozenset(F.FIELDS_OF["descale"])  # fp8 inputs' descales, one per KV head (specs.fields)
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ class Case:
 
     # ---- transforms ---------------------------------------------------------------------------
     def with_identity_values(self) -> "Case":
-        """V = identity (Ev = Lk): the output is then the weight matrix itself."""
+        """V = identity (Ev = Lk): the output is then the weight matrix itself (V's descale, if any, 1)."""
         d = self.dims
-        return self.replace(v=np.broadcast_to(np.eye(d["Lk"]), (d["B"], d["Hkv"], d["Lk"], d["Lk"])).copy())
+        return self.replace(v=np.broadcast_to(np.eye(d["Lk"]), (d["B"], d["Hkv"], d["Lk"], d["Lk"])).copy(),
+                            v_descale=None)
 
     def without(self, feature: str) -> "Case":
         """The same problem without one optional feature (grouped heads: K/V repeated per query head)."""
@@ -99,9 +101,22 @@ class Case:
         return self.replace(**{name: F.OFF[name] for name in F.FIELDS_OF[feature]})
 
     def repeated_kv(self) -> "Case":
-        """K/V repeated per query head (PyTorch's repeat_interleave), grouping off: the same problem."""
+        """K/V repeated per query head (PyTorch's repeat_interleave), grouping off: the same problem (fp8
+        descales, one per KV head, repeated with their heads)."""
         g = self.group
-        return self.replace(k=np.repeat(self.k, g, axis=-3), v=np.repeat(self.v, g, axis=-3), enable_gqa=False)
+        descales = {n: np.repeat(d, g, axis=-1) for n, d in self.fields.items()  # (B, Hkv) -> (B, Hq)
+                    if n in DESCALES and np.ndim(d) and np.shape(d)[-1] > 1}
+        return self.replace(k=np.repeat(self.k, g, axis=-3), v=np.repeat(self.v, g, axis=-3), enable_gqa=False,
+                            **descales)
+
+    def dequantized(self) -> "Case":
+        """The same problem with q, k, v times their descales (fp8: the values the definition reads) and no
+        descales: for invariants over the values themselves (the convex hull of V, |V|)."""
+        if not DESCALES & set(self.fields):
+            return self
+        from attnspec.specs.reference import dequantized
+        q, k, v = dequantized(self.problem)
+        return self.replace(q=q, k=k, v=v, **{n: None for n in DESCALES})
 
     def causal_as_mask(self) -> "Case":
         """The causal triangle made part of the boolean mask (permutations move it off the diagonal)."""

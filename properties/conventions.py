@@ -27,7 +27,7 @@ def probe(target: Target, shape=(1, 2, 3, 4), seed=0) -> Case:
     q = np.round(rng.standard_normal((B, H, Lq, E)) * 8) / 4  # (B, H, Lq, E)
     k = np.round(rng.standard_normal((B, H, Lk, E)) * 8) / 8  # (B, H, Lk, E)
     v = np.round(rng.standard_normal((B, H, Lk, E)) * 8) / 8 + 1.0  # (B, H, Lk, Ev)
-    return Case(q, k, v)
+    return target.exact(Case(q, k, v))
 
 
 def base_of(target: Target, lse, case: Case) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties import fp8_draws
 from attnspec.properties import variants as V
 from attnspec.properties.case import Case
 from attnspec.properties.shapes import (  # noqa: F401 - the sizes' names, public here too
@@ -42,6 +43,7 @@ from attnspec.properties.shapes import (  # noqa: F401 - the sizes' names, publi
     pick,
 )
 from attnspec.specs import fields as F
+from attnspec.specs.fp8 import is_fp8
 from attnspec.specs.plain import round_to
 
 if TYPE_CHECKING:
@@ -181,16 +183,22 @@ def _exact_after(x: np.ndarray, j: int, dtype: str) -> bool:
         np.asarray(round_to(y, dtype), dtype=np.float64), y)
 
 
-def amplitude(draw, dtype, q, k, scale, group) -> int:
-    """log2 of the factor on q and k (each) that puts the largest score term where the draw asks."""
-    S = score_terms(q, k, scale, group)
-    if S == 0:
-        return 0
+def _toward(draw, dtype, S: float) -> int:
+    """log2 of the factor on q and k (each) that puts a largest score term S where the draw asks."""
     _, target = pick(draw, AMPLITUDES, "score size")
     goal = SCORE_CAP[dtype] if target is None else min(2.0**target, SCORE_CAP[dtype])
     j = int(np.floor((np.log2(goal) - np.log2(S)) / 2))  # q and k each scaled by 2^j: S by 4^j
     while np.ldexp(S, 2 * j) > SCORE_CAP[dtype]:  # S * 4^j, inf rather than OverflowError
         j -= 1
+    return j
+
+
+def amplitude(draw, dtype, q, k, scale, group) -> int:
+    """log2 of the factor on q and k (each) that puts the largest score term where the draw asks."""
+    S = score_terms(q, k, scale, group)
+    if S == 0:
+        return 0
+    j = _toward(draw, dtype, S)
     while j and not (_exact_after(q, j, dtype) and _exact_after(k, j, dtype)):
         j += 1 if j < 0 else -1  # toward 1: never leave the format's exact normal numbers
     return j
@@ -204,7 +212,7 @@ def draw_case(draw, target: Target, *, kinds=MASK_KINDS, allow_empty_rows=True, 
     Values, score sizes and the bias stay in the range of the dtype whose budget judges the results
     (a float64 call computed in float32 is judged in float32) and are exact in it.
     """
-    caps, fmt = target.caps, target.budget_dtype
+    caps, fmt = target.caps, draw_format(target)
     need, avoid = frozenset(need), frozenset(avoid)
     config = V.compiled_config(draw, need, avoid) if target.compiled else None
     use = V.chosen_features(draw, caps.features, need, avoid, config)
@@ -226,17 +234,35 @@ def draw_case(draw, target: Target, *, kinds=MASK_KINDS, allow_empty_rows=True, 
     mask = _mask(draw, kind, s, target.compiled, allow_empty_rows, small)
     group = s.H // s.Hkv
     used_scale = scale if scale is not None else 1.0 / np.sqrt(s.E)
-    amp = amplitude(draw, fmt, arrays["q"], arrays["k"], used_scale, group)
-    q, k = arrays["q"] * 2.0**amp, arrays["k"] * 2.0**amp
-    env = V.Drawing(shape=s, fmt=fmt, score=score_terms(q, k, used_scale, group), cap=SCORE_CAP[fmt],
+    if is_fp8(target.dtype):  # quantised as a serving stack does; S set through the descales
+        quantised, descales = fp8_draws.quantise(draw, arrays, target, s.Hkv)
+        arrays["v"] = quantised["v"]
+        q, k = quantised["q"], quantised["k"]
+        S = score_terms(fp8_draws.dequantised(q, descales.get("q_descale"), group),
+                        fp8_draws.dequantised(k, descales["k_descale"], 1), used_scale, group)
+        descales = fp8_draws.scale_scores(descales, _toward(draw, fmt, S) if S else 0)
+        S = score_terms(fp8_draws.dequantised(q, descales.get("q_descale"), group),
+                        fp8_draws.dequantised(k, descales["k_descale"], 1), used_scale, group)
+    else:
+        amp = amplitude(draw, fmt, arrays["q"], arrays["k"], used_scale, group)
+        q, k, descales = arrays["q"] * 2.0**amp, arrays["k"] * 2.0**amp, {}
+        S = score_terms(q, k, used_scale, group)
+    env = V.Drawing(shape=s, fmt=fmt, score=S, cap=SCORE_CAP[fmt],
                     compiled=target.compiled, config=config, allow_empty_rows=allow_empty_rows,
                     hides=allow_empty_rows or kind != "none", need=need)
     diagonal = kind in ("causal", "causal_mask") or bool(F.DIAGONAL & use)  # the alignment moves them
-    fields = V.draw_fields(draw, env, use, target.alignments if diagonal else ())
+    fields = {**V.draw_fields(draw, env, use, target.alignments if diagonal else ()), **descales}
     if mask is not None and as_bias(draw, target, avoid):  # the same hidden keys, as a -inf bias
         fields["bias"] = np.where(mask, fields.get("bias", 0.0), -np.inf)
         mask = None
     return Case(q, k, arrays["v"], mask, kind in CAUSAL_KINDS, scale, fields)
+
+
+def draw_format(target: Target) -> str:
+    """The format drawn values, score caps and field values follow: the budget's dtype; for fp8 inputs
+    float32, what such a kernel computes in (a declared coarser effective precision: that one)."""
+    fmt = target.budget_dtype
+    return "float32" if is_fp8(fmt) else fmt
 
 
 def drawable_kinds(target: Target, kinds, allow_empty_rows: bool = True, avoid=frozenset()) -> tuple:

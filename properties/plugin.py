@@ -152,12 +152,11 @@ def make_targets(spec: str, rule: str = "attnspec") -> list:
     """One Target per dtype the backend declares and the error budget covers."""
     from attnspec.backends import registry
     from attnspec.properties.target import Session, Target
-    from attnspec.specs.error_budget import BUDGETS
-    from attnspec.specs.problem import FLOAT_DTYPE_NAMES
+    from attnspec.specs.problem import DTYPE_NAMES
 
     backend = registry.resolve(spec)
     session = Session(backend, spec, import_paths(spec))
-    return [Target(session, d, rule=rule) for d in FLOAT_DTYPE_NAMES if d in backend.capabilities.dtypes and d in BUDGETS]
+    return [Target(session, d, rule=rule) for d in DTYPE_NAMES if d in backend.capabilities.dtypes]
 
 
 def _targets(config, names) -> list:

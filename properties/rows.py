@@ -68,9 +68,9 @@ class RowRecorder:
         rows = found["conformance"]
         if not rows:
             return
-        from attnspec.specs.problem import FLOAT_DTYPE_NAMES
+        from attnspec.specs.problem import DTYPE_NAMES
 
-        tr, dtypes = terminalreporter, list(reversed(FLOAT_DTYPE_NAMES))
+        tr, dtypes = terminalreporter, list(reversed(DTYPE_NAMES))
         tr.section("attnspec: per backend (problems: drawn and fixed problems the checks ran)")
         for line in results.backend_lines(rows):
             tr.write_line(line)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnspec.properties.case import seed_case
+from attnspec.specs.fp8 import is_fp8
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -45,5 +46,6 @@ def seed_examples(prop, target: Target) -> list:
         if case.is_causal and not target.caps.causal:
             continue
         params = prop.seed_params(case) if callable(prop.seed_params) else dict(prop.seed_params)
-        out.append((case.rounded(target.dtype), params))
+        exact = target.exact(case) if is_fp8(target.dtype) else case.rounded(target.dtype)  # fp8: q in its own dtype
+        out.append((exact, params))
     return out

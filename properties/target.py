@@ -20,6 +20,7 @@ import numpy as np
 from attnspec.backends.base import Backend, BackendFailure, Unsupported
 from attnspec.properties.judge import Failed
 from attnspec.specs.error_budget import BUDGETS
+from attnspec.specs.fp8 import Fp8Computation, is_fp8
 from attnspec.specs.invariants import Verdict
 
 DEFAULT_CALL_TIMEOUT = 60.0  # s: generous enough for a JAX compile of the largest shape
@@ -153,13 +154,48 @@ class Target:
     def budget_dtype(self) -> str:
         """The dtype whose error budget judges results: a declared narrower effective precision
         (jax-dpa's float32 softmax for float64 input), or a declared narrower output dtype,
-        replaces a wider input dtype."""
+        replaces a wider input dtype.  fp8 inputs: the kernel's computation (`fp8_computation`)."""
+        if is_fp8(self.dtype):
+            return self.fp8_computation()
         out = self.dtype
         for narrower in (self.backend.semantics.effective_precision,
                          self.backend.output_dtype(self.dtype)):
             if narrower in BUDGETS and BUDGETS[narrower].unit_roundoff > BUDGETS[out].unit_roundoff:
                 out = narrower
         return out
+
+    def fp8_computation(self, p_dtype: str | None = None) -> str:
+        """The computation an fp8 target is judged as (`specs.fp8.Fp8Computation`, by name): P rounded as
+        declared (Semantics.p_dtypes; undeclared: to the input's own fp8 format, the coarsest a kernel
+        does - never a false alarm; test_fp8 records what it observed), the output in its declared dtype,
+        q in Capabilities.fp8_query.  A declared effective precision coarser than float32 (a kernel that
+        dequantises to bfloat16 and runs a bfloat16 attention) replaces it: that dtype's budget."""
+        b = self.backend
+        eff = b.semantics.effective_precision
+        if eff in BUDGETS and BUDGETS[eff].unit_roundoff > BUDGETS["float32"].unit_roundoff:
+            return eff
+        p = p_dtype or b.semantics.p_dtype(self.dtype) or self.dtype
+        return Fp8Computation(self.dtype, None if p == "float32" else p, b.output_dtype(self.dtype),
+                              b.capabilities.fp8_query).name
+
+    def exact(self, case):
+        """A hand-made case with q, k, v rounded to the formats this target hands them in (fp8: q to its
+        query dtype, k and v to the fp8 format), so the reference sees the numbers the backend does."""
+        if not is_fp8(self.dtype):
+            return case
+        from attnspec.specs.fp8 import FP8_FORMATS
+        from attnspec.specs.plain import round_to
+
+        def to(x, dtype):  # a finite value past the format's range saturates, as a quantiser's cast does
+            top = FP8_FORMATS[dtype].largest if dtype in FP8_FORMATS else np.inf
+            x = np.where(np.isfinite(x), np.clip(x, -top, top), x)
+            return np.asarray(round_to(x, dtype), dtype=np.float64)
+        return case.replace(q=to(case.q, self.query_dtype), k=to(case.k, self.dtype), v=to(case.v, self.dtype))
+
+    @property
+    def query_dtype(self) -> str:
+        """The dtype q's values are exact in: the target's, or the declared 16-bit query beside fp8 K/V."""
+        return self.backend.query_dtype(self.dtype)
 
     @property
     def equal_head_dims(self) -> bool:

@@ -28,7 +28,7 @@ from attnspec.properties.case import Case
 from attnspec.properties.draws import in_format
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement
-from attnspec.specs.problem import FLOAT_DTYPE_NAMES
+from attnspec.specs.problem import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -78,7 +78,7 @@ def grid_case(label, B, H, Lq, Lk, E, is_causal, masked, dtype: str, seed: int, 
 def _mine(target: Target, i: int) -> bool:
     if not (target.compiled or target.backend.edge_grid_over_dtypes):
         return True
-    dtypes = [d for d in FLOAT_DTYPE_NAMES if d in target.caps.dtypes]
+    dtypes = [d for d in DTYPE_NAMES if d in target.caps.dtypes]
     return target.dtype in dtypes and dtypes.index(target.dtype) == i % len(dtypes)
 
 
@@ -105,7 +105,8 @@ def grid_problems(target: Target) -> list:
         # hidden keys in every form the backend takes: a backend with masks and a bias gets every other
         # masked shape as a -inf bias (a kernel's -inf bias path is not its mask path)
         as_bias = not target.caps.masks or (target.supports("bias") and i % 2 == 1)
-        out.append((grid_case(label, B, H, Lq, Lk, E, causal, masked, target.dtype, seed=i, as_bias=as_bias), {}))
+        case = grid_case(label, B, H, Lq, Lk, E, causal, masked, target.dtype, seed=i, as_bias=as_bias)
+        out.append((target.exact(case), {}))  # fp8: q, k, v rounded to its formats
     target.left_out, target.outside_limits = n, left
     return out
 

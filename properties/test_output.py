@@ -41,5 +41,5 @@ def test_explicit_scale_honoured(target: Target, case: Case, params: dict):
 def test_convex_combination(target: Target, case: Case, params: dict):
     """Seed 000: "la salida es una combinación convexa de las filas de V" (within the budget)."""
     out = target.forward(case)  # (B, H, Lq, Ev)
-    v = np.repeat(case.v, case.group, axis=-3)  # (B, H, Lk, Ev) each query head's values
+    v = np.repeat(case.dequantized().v, case.group, axis=-3)  # (B, H, Lk, Ev) each query head's values
     require(invariants.convex_combination(out, v, case.visible(), output_tolerance(case, target)))

@@ -24,6 +24,7 @@ from attnspec.properties.outcomes import deviation_of
 from attnspec.properties.target import Declined
 from attnspec.specs import error_budget
 from attnspec.specs.error_budget import BUDGETS, round_to
+from attnspec.specs.fp8 import is_fp8
 from attnspec.specs.masks import CAUSAL_ALIGNMENTS
 
 if TYPE_CHECKING:
@@ -106,8 +107,8 @@ def _row_answer(target: Target, out, row: int, case, computed=None) -> str:
 
 
 def _probe(make):
-    """A question's grid: its one probe problem, built for the target."""
-    return lambda target: [(make(target), {})]
+    """A question's grid: its one probe problem, built for the target (exact in its formats: fp8)."""
+    return lambda target: [(target.exact(make(target)), {})]
 
 
 @prop(grid=_probe(_problem))
@@ -146,12 +147,20 @@ def test_padded_rows(target: Target, case: Case, params: dict):
     _answer(target, "padded_rows", observed, target.backend.semantics.padded_rows, "padded_rows")
 
 
+def _coarser(dtype: str) -> list:
+    """dtype, then the float formats coarser than it, finest first (an fp8 kernel's computation: its own
+    budget first, then bfloat16's and float16's)."""
+    u = error_budget._budget(dtype).unit_roundoff
+    coarser = sorted((d for d in BUDGETS if BUDGETS[d].unit_roundoff >= u and d != dtype),
+                     key=lambda d: BUDGETS[d].unit_roundoff)
+    return [dtype] + coarser if is_fp8(dtype) else sorted(coarser + [dtype], key=lambda d: BUDGETS[d].unit_roundoff)
+
+
 def alignment_of(target: Target, out, case) -> str:
     """The causal alignment the output follows: the one whose reference it meets within the budget of
     the backend's precision - or the first coarser budget that tells the two apart (a float64 call
     computed in float32 is top-left or bottom-right all the same); 'other' when it meets neither."""
-    u = BUDGETS[target.budget_dtype].unit_roundoff
-    for fmt in sorted((d for d in BUDGETS if BUDGETS[d].unit_roundoff >= u), key=lambda d: BUDGETS[d].unit_roundoff):
+    for fmt in _coarser(target.budget_dtype):
         met = []
         for name in CAUSAL_ALIGNMENTS:
             asked = case.replace(causal_alignment=name)
@@ -205,6 +214,9 @@ def _masked_pair(bad: float, where: str):
 
     def check(target, case, params):
         """A NaN/inf in a key or value no query may see: does it reach the output? (0 * NaN = NaN)"""
+        if math.isinf(bad) and target.dtype == "float8_e4m3fn":
+            import pytest
+            pytest.skip("float8_e4m3fn has no infinity (its casts make it NaN: the NaN question asks that)")
         out, _ = _run(target, case)
         observed = out if isinstance(out, str) else ("leaks" if not np.isfinite(out).all() else "no_leak")
         _answer(target, question, observed, None, question)
@@ -248,6 +260,9 @@ def _precision_probe(target: Target):
 @prop(grid=_probe(_precision_probe))
 def test_effective_precision(target: Target, case: Case, params: dict):
     """The widest format whose error budget the results meet (float64 input computed in float32: float32)."""
+    if is_fp8(target.dtype):
+        import pytest
+        pytest.skip("fp8 inputs: the precision is the declared computation's (output_dtype, test_fp8's p_rounding)")
     out, _ = _run(target, case)
     observed = out if isinstance(out, str) else "worse than bfloat16"
     if not isinstance(out, str):

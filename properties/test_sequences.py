@@ -32,7 +32,7 @@ def test_other_segment_changes_nothing(target: Target, case: Case, params: dict)
     other = case.replace(k=np.where(kv_seg, -case.k, case.k), v=np.where(kv_seg, 1 - case.v, case.v),
                          q=np.where(q_seg, 2 * case.q, case.q))  # segment seg's tokens change
     rows = case.judged_rows() & (case.fields["q_segment_ids"][:, None, :] != seg)  # (B, H, Lq)
-    unchanged("other_segment_changes_nothing", before, target.forward(other), rows,
+    unchanged("other_segment_changes_nothing", before, target.forward(target.exact(other)), rows,
               f"segment {seg}'s tokens changed; a row of another segment")
 
 

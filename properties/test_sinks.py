@@ -185,6 +185,7 @@ def test_sink_rows_sum_to_one_minus_p_sink(target: Target, case: Case, params: d
     # a normalising kernel's row sum errs by its weights' roundings, one that writes exp(s - lse) by
     # its lse's error: the lse budget covers both (specs.error_budget, weight row sums)
     allowed = error_budget.lse_allowed_rows(case.problem, dtype=target.budget_dtype, rule=rule_of(target))[0]
+    allowed = allowed + error_budget.weight_sum_rounding(case.problem, dtype=target.budget_dtype)  # fp8: P, output
     err = np.abs(weights.sum(axis=-1) - (1.0 - ref.sink_weight))  # (B, H, Lq)
     where, amount = worst(np.where(rows, err - allowed, -np.inf), rows)
     require(verdict("sink_rows_sum_to_one_minus_p_sink", amount <= 0, where, amount,

@@ -39,6 +39,8 @@ def test_rows_sum_to_one(target: Target, case: Case, params: dict):
     sums = plain_output(case, target).sum(axis=-1, dtype=np.float64)[rows]
     atol = error_budget.allowed_error(np.ones(int(rows.sum())), sums, target.budget_dtype, reduction_length(case),
                                       magnitude=1.0, score_size=score_size(case), rule=rule_of(target))
+    # fp8: P rounded before P V and the output rounding move each weight on their own (0 otherwise)
+    atol += float(np.max(error_budget.weight_sum_rounding(case.problem, dtype=target.budget_dtype)[rows], initial=0.0))
     require(invariants.rows_sum_to_one(weights, case.visible(), atol))
 
 

@@ -19,7 +19,8 @@ from attnspec.reports.bench_sections import decode_data, dtypes_data, masked_dat
 from attnspec.reports.tables import FIT_T_MIN
 from attnspec.reports.verdicts import STATUS_TEXT, deviations_data, failures_data, text, tri, verdict_data  # noqa: F401 - sections
 
-DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
+DTYPE_SHORT = {"float8_e5m2": "e5m2", "float8_e4m3fn": "e4m3", "bfloat16": "bf16", "float16": "f16", "float32": "f32",
+               "float64": "f64"}
 STATUS_MARK = {"passed": "✓", "failed": "✗", "skipped": "–", "error": "!", "crashed": "‼", "timed_out": "…",
                "recorded": "○", "deviation": "≠"}
 

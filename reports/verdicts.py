@@ -14,7 +14,8 @@ import pandas as pd
 from attnspec.reports.inputs import NOT_ATTEMPTED
 from attnspec.reports.tables import PROBLEM_STATUSES
 
-DTYPE_SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+DTYPE_SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "e4m3",
+               "float8_e5m2": "e5m2"}
 STATUS_TEXT = {"passed": "passed", "failed": "failed", "skipped": "skipped", "error": "error",
                "crashed": "crashed", "timed_out": "timed out", "recorded": "recorded (nothing declared)",
                "deviation": "declared deviation"}

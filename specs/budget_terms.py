@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.specs.problem import Problem, alibi_bias, visible
-from attnspec.specs.reference import expand_kv, run_forward, sum_groups, sum_to
+from attnspec.specs.reference import dequantized, expand_kv, run_forward, sum_groups, sum_to
 
 _CHUNK = 1 << 16  # elements of the (rows, Lk, Ev) temporary: 512 KB, in cache (4x faster than 16 MB chunks)
 
@@ -35,8 +35,9 @@ def _f64(x) -> np.ndarray:
 def score_terms(p: Problem, raw=None, tanh_share: float = 0.0) -> np.ndarray:
     """T (..., Lq, Lk): the score's size on visible pairs, 0 elsewhere (``raw``: the reference's
     scale q k^T, if at hand; ``tanh_share``: the tanh's own error, in units of sigma)."""
-    q = np.abs(_f64(p.query))  # (..., Hq, Lq, E)
-    k = expand_kv(np.abs(_f64(p.key)), p.group)  # (..., Hq, Lk, E)
+    dq, dk, _ = dequantized(p)  # fp8 inputs times their descales
+    q = np.abs(dq)  # (..., Hq, Lq, E)
+    k = expand_kv(np.abs(dk), p.group)  # (..., Hq, Lk, E)
     vis = visible(p)  # (..., Lq, Lk)
     terms = np.broadcast_to((q @ np.swapaxes(k, -1, -2)) * p.scale, vis.shape)  # (..., Lq, Lk) R
     if p.softcap is not None:
@@ -45,7 +46,7 @@ def score_terms(p: Problem, raw=None, tanh_share: float = 0.0) -> np.ndarray:
         # products (cancellation) keeps all its error through tanh, whose slope is 1 there (jax-naive,
         # float64, cap 4, R ~ 2000: a weight off by 8e-14 relative was failed against cap's floor)
         if raw is None:
-            raw = (_f64(p.query) @ np.swapaxes(expand_kv(_f64(p.key), p.group), -1, -2)) * p.scale
+            raw = (dq @ np.swapaxes(expand_kv(dk, p.group), -1, -2)) * p.scale
         t = np.tanh(np.broadcast_to(raw, vis.shape) / p.softcap)  # (..., Lq, Lk)
         terms = terms * (1.0 - t * t) + (1.0 + tanh_share) * p.softcap * np.abs(t)
     if p.bias is not None:
@@ -119,6 +120,34 @@ def forward_terms(p: Problem, f=None, tau: float = 0.0, lse_share: float = 0.0,
         spread = buf[..., :min(rows, p.Lq - r), :, :]  # (..., R, Lk, Ev)
         np.abs(np.subtract(v[..., None, :, :], y[..., r:r + rows, None, :], out=spread), out=spread)
         out[..., r:r + rows, :] += (wt[..., r:r + rows, None, :] @ spread)[..., 0, :]  # (..., R, Ev)
+    return out
+
+
+def _underflow(p: Problem, f, b) -> np.ndarray:
+    """(..., Lq, Lk) min(w_j, u_p tau_p / l): what rounding P = exp(s - max) below p_dtype's normal range
+    loses at most, in weight units (l = exp(lse - max), the row sum P is divided by; 0 on hidden pairs)."""
+    top = _top(p, f)  # (..., Lq, 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        row_sum = np.exp(np.where(np.isfinite(f.lse), f.lse, 0.0)[..., None] - np.where(np.isfinite(top), top, 0.0))
+    return np.minimum(f.weights, b.p_roundoff * b.p_normal_min / np.maximum(row_sum, 1.0))  # (..., Lq, Lk)
+
+
+def rounding_terms(p: Problem, f, b) -> np.ndarray:
+    """(..., Lq, Ev) an fp8 kernel's own roundings (`specs.error_budget`, FP8), absolute: P rounded to
+    p_dtype, u_p (w |V|) + sum_j min(w_j, u_p tau_p / l) |v_j|, and the output to its dtype, u_out (|y| + tau_out)."""
+    av = np.abs(f.v)  # (..., Hq, Lk, Ev) expanded to query heads
+    out = b.out_roundoff * (np.abs(f.output) + b.out_normal_min)  # (..., Lq, Ev)
+    if b.p_roundoff:
+        out = out + (b.p_roundoff * f.weights + _underflow(p, f, b)) @ av  # (..., Lq, Ev)
+    return out
+
+
+def row_sum_rounding(p: Problem, f, b) -> np.ndarray:
+    """(..., Lq) how far those roundings move a row's weights' sum (V = identity: each weight an output)."""
+    w = f.weights  # (..., Lq, Lk)
+    out = b.out_roundoff * (w.sum(axis=-1) + f.visible.sum(axis=-1) * b.out_normal_min)  # (..., Lq)
+    if b.p_roundoff:
+        out = out + b.p_roundoff * w.sum(axis=-1) + _underflow(p, f, b).sum(axis=-1)
     return out
 
 

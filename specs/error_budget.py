@@ -74,6 +74,18 @@ term (the plain computation rounds dS and scales after: it errs 4e-7); the term 
     float32   2^-24 = 6.0e-8     2^-24 = 6.0e-8      2       2           2^-126
     float64   2^-53 = 1.1e-16    2^-53 = 1.1e-16     2       2           2^-1022
 
+FP8 inputs (`specs.fp8`; the "dtype" is then the kernel's computation, e.g.
+``float8_e4m3fn(p=float8_e4m3fn,out=bfloat16)``): the inputs are exact and everything runs in
+float32, so sigma and the terms are float32's, and the two roundings the kernel adds are counted
+on their own, once each (their own worst case, so no floor_ulps on them): P = exp(s - max)
+rounded to p_dtype before P V errs by u_p (P + tau_p) - relative above the format's normal range,
+at most P itself or u_p tau_p (half the subnormal spacing) below it - so the output row by
+u_p (w |V|) + sum_j min(w_j, u_p tau_p / l) |v_j| with l = exp(lse - max) the row sum P is
+counted against (a tiled or split kernel whose running maximum is smaller rounds larger P:
+never more than this); the output rounded to its dtype by u_out (|y| + tau_out)
+(`budget_terms.rounding_terms`).  The plain computation does exactly these roundings
+(`specs.plain.Fp8Plain`), so the factor * e_r term follows them row by row.
+
 u: half the spacing of the format's numbers at 1.  u_acc: every 16-bit kernel worth testing
 accumulates reductions in float32 (and keeps the lse in float32).  Measured on every correct
 kernel here, in every dtype (tests/budget_study.py, tests/test_budget_margins.py): no row
@@ -92,9 +104,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnspec.specs import budget_terms as terms
+from attnspec.specs import fp8
 from attnspec.specs.invariants import Verdict, worst_offender
 from attnspec.specs.plain import Plain as _Plain  # noqa: F401
-from attnspec.specs.plain import _problem, dtype_name, plain_backward, plain_forward, plain_lse, round_bfloat16, round_to  # noqa: F401 - public names
+from attnspec.specs.plain import (  # noqa: F401 - public names
+    _problem,
+    arithmetic,
+    dtype_name,
+    plain_backward,
+    plain_forward,
+    plain_lse,
+    round_bfloat16,
+    round_to,
+)
 from attnspec.specs.problem import Problem
 from attnspec.specs.reference import run_backward, run_forward
 
@@ -115,6 +137,12 @@ class Budget:
     # below tau may come back as 0 - an error below tau, nothing a defect of any size hides in.
     # float16's subnormals are kept: its kernels compute in float32 and round.
     flushes_subnormals: bool = True
+    # fp8 inputs (specs.fp8): the roundings of P before P V (0: none) and of the output, each with its
+    # format's smallest normal number, counted once each beside the float32 terms
+    p_roundoff: float = 0.0
+    p_normal_min: float = 0.0
+    out_roundoff: float = 0.0
+    out_normal_min: float = 0.0
 
     def sigma(self, n: int) -> float:
         """u + sqrt(n) u_acc: one rounding plus an n-term reduction's, relative."""
@@ -149,8 +177,28 @@ BUDGETS = {
 DEFAULT_REDUCTION = 4096
 
 
+def _format(dtype: str) -> tuple:
+    """(u, tau) of a format a computation rounds to."""
+    if dtype in fp8.FP8_FORMATS:
+        f = fp8.FP8_FORMATS[dtype]
+        return f.unit_roundoff, f.normal_min
+    return BUDGETS[dtype].unit_roundoff, BUDGETS[dtype].normal_min
+
+
+def fp8_budget(name: str) -> Budget:
+    """The budget of an fp8 kernel's computation (`specs.fp8.computation`): float32's, plus its P and
+    output roundings."""
+    c = fp8.computation(name)
+    f32 = BUDGETS["float32"]
+    u_p, tau_p = _format(c.p_dtype) if c.p_dtype else (0.0, 0.0)
+    u_out, tau_out = _format(c.out)
+    return Budget(c.name, f32.unit_roundoff, f32.accumulate_roundoff, f32.factor, f32.floor_ulps, f32.normal_min,
+                  "float32", p_roundoff=u_p, p_normal_min=tau_p, out_roundoff=u_out, out_normal_min=tau_out)
+
+
 def _budget(dtype) -> Budget:
-    return BUDGETS[dtype_name(dtype)]
+    name = dtype_name(dtype)
+    return fp8_budget(name) if fp8.is_fp8(name) else BUDGETS[name]
 
 
 def check_rule(rule: str) -> str:
@@ -199,9 +247,11 @@ def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
     """(allowed (..., Lq), reference output (..., Lq, Ev), plain output (..., Lq, Ev))."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     f = run_forward(p)
-    plain = run_forward(p, _Plain(dtype)).output  # (..., Lq, Ev)
+    plain = run_forward(p, arithmetic(dtype)).output  # (..., Lq, Ev)
     b, n = _budget(dtype), _reduction(p)
     phi = terms.forward_terms(p, f, b.weight_tau(n), b.accumulate_roundoff / b.sigma(n), _tanh_share(dtype, p))
+    if b.p_roundoff or b.out_roundoff:  # an fp8 kernel's own roundings, once each (in units of the floor)
+        phi = phi + terms.rounding_terms(p, f, b) / (b.floor_ulps * b.sigma(n))  # (..., Lq, Ev)
     return _rows(f.output, plain, phi, dtype, n, rule=rule), f.output, plain
 
 
@@ -215,7 +265,7 @@ def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, 
     """(allowed (..., Lq), reference lse, plain lse); rows with no visible key: lse -inf, allowed 0."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     f = run_forward(p)
-    plain = run_forward(p, _Plain(dtype)).lse  # (..., Lq)
+    plain = run_forward(p, arithmetic(dtype)).lse  # (..., Lq)
     seen = np.isfinite(f.lse)
     phi, size = terms.lse_terms(p, f, _tanh_share(dtype, p))  # (..., Lq) twice
     ref0, plain0 = np.where(seen, f.lse, 0.0), np.where(seen, plain, 0.0)
@@ -231,13 +281,26 @@ def row_sum_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
     exp(s - lse) by its log-sum-exp's error - the lse budget covers both."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     f = run_forward(p)
-    sums = run_forward(p, _Plain(dtype)).weights.sum(axis=-1, dtype=np.float64)  # (..., Lq)
+    sums = run_forward(p, arithmetic(dtype)).weights.sum(axis=-1, dtype=np.float64)  # (..., Lq)
     seen = f.visible.any(axis=-1)  # (..., Lq)
     phi, size = terms.lse_terms(p, f, _tanh_share(dtype, p))
-    u = _budget(dtype).unit_roundoff
+    b = _budget(dtype)
+    if b.p_roundoff or b.out_roundoff:  # an fp8 kernel's weights (V = identity: its output) rounded twice
+        phi = phi + terms.row_sum_rounding(p, f, b) / (b.floor_ulps * b.sigma(_reduction(p)))  # (..., Lq)
+    u = b.unit_roundoff
     allowed = _rows(seen.astype(float), np.where(seen, sums, 0.0), phi, dtype, _reduction(p), u * size, per_row=False,
                     rule=rule)
     return allowed, sums
+
+
+def weight_sum_rounding(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", **fields):
+    """(..., Lq) what an fp8 kernel's own roundings (P before P V, the output) move a row's weights' sum
+    by, beside the log-sum-exp's budget (V = identity: each weight an output); 0 for other dtypes."""
+    p = _problem(q, k, v, mask, is_causal, scale, fields)
+    b = _budget(dtype)
+    if not (b.p_roundoff or b.out_roundoff):
+        return np.zeros(p.batch_shape + (p.Lq,))
+    return terms.row_sum_rounding(p, run_forward(p), b)
 
 
 def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", *,
@@ -245,6 +308,8 @@ def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=N
     """[(allowed, reference, plain)] for dq, dk, dv (and dbias with a bias); allowed is per row,
     shaped like the gradient without its last axis."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
+    if fp8.is_fp8(dtype_name(dtype)):
+        raise ValueError(f"dtype {dtype}: fp8 inputs are forward-only here (FA3, FA4, PyTorch's quantised SDPA)")
     f = run_forward(p)
     refs = run_backward(p, grad_out)
     plains = run_backward(p, grad_out, _Plain(dtype))

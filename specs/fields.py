@@ -34,6 +34,7 @@ class Dims(NamedTuple):
     Lq: int
     Lk: int
     query_shape: tuple
+    kv_heads: int = 1   # Hkv: key's head axis (-3), 1 without one
 
     @property
     def lead(self) -> tuple:
@@ -180,6 +181,27 @@ def _sinks(value, d: Dims):
     return sinks
 
 
+def _descale(name: str):
+    """A descale (issue 31, fp8 inputs): x = x_fp8 * descale, one positive float per (batch, KV head)
+    broadcastable to (lead..., Hkv) - FA3/FA4 and PyTorch's (B, Hkv); a scalar is one per tensor."""
+    def check(value, d: Dims):
+        if not d.batch_shape:
+            raise ValueError(f"{name} needs inputs with a head axis, shaped (..., H, L, E); got query {d.query_shape}")
+        dtype = _dtype_name(value)
+        if not (dtype.startswith("float") or dtype == "bfloat16"):
+            raise ValueError(f"{name} must be a float array (x = x_fp8 * {name}); got dtype {dtype}")
+        shape = tuple(getattr(value, "shape", np.shape(value)))
+        target = d.lead + (d.kv_heads,)
+        if not _broadcasts(shape, target):
+            raise ValueError(f"{name} of shape {shape} does not broadcast to (batch..., Hkv) = {target} "
+                             "(one per batch element and KV head; query heads share their KV head's)")
+        x = np.asarray(value, dtype=np.float64)
+        if not (np.isfinite(x) & (x > 0)).all():
+            raise ValueError(f"{name} must be finite and > 0; got {x.ravel()[:8].tolist()}")
+        return value
+    return check
+
+
 def _slopes(value, d: Dims):
     slopes = np.asarray(value, dtype=np.float64)
     if slopes.ndim != 1 or slopes.shape[0] != d.Hq:
@@ -276,6 +298,12 @@ FIELDS = (
     # draws it for the backends that declare it.
     Field("sinks", "sinks", None, "wide", "attention sinks (a per-head logit in the denominator)", _sinks,
           drawn=False),
+    # issue 31: fp8 inputs come with descales, x = x_fp8 * descale per (batch, KV head) (FA3/FA4's
+    # q_descale, k_descale, v_descale; FlashInfer's k_scale, v_scale).  Cast "wide": float32 as FA3 takes
+    # them.  Not drawn by the default draws: the fp8 draw (properties/draws.py) gives every fp8 case its
+    # descales; a float problem may carry them too (the reference dequantises either way).
+    *(Field(f"{x}_descale", "descale", None, "wide", "descale factors (x = x_fp8 * descale, per KV head)",
+            _descale(f"{x}_descale"), drawn=False) for x in "qkv"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 NAMES = tuple(BY_NAME)
@@ -288,9 +316,9 @@ PAIRS = (("q_segment_ids", "kv_segment_ids"),)
 FEATURES = tuple(dict.fromkeys(f.feature for f in FIELDS)) + ("lse",)
 FEATURE_TEXT = {**{f.feature: f.text for f in reversed(FIELDS)}, "lse": "returning the log-sum-exp"}
 FIELDS_OF = {feature: tuple(f.name for f in FIELDS if f.feature == feature) for feature in FEATURES}
-# What an adapter implementing the whole definition declares - but per-sequence positions (issue 30)
-# and attention sinks (issue 31), which each adapter declares on its own once it implements them
-SERVING_FEATURES = frozenset({"seq_positions", "sinks"})
+# What an adapter implementing the whole definition declares - but per-sequence positions (issue 30),
+# attention sinks and fp8 descales (issue 31), which each adapter declares on its own once it implements them
+SERVING_FEATURES = frozenset({"seq_positions", "sinks", "descale"})
 EVERY_FEATURE = frozenset(FEATURES) - SERVING_FEATURES
 
 

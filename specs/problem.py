@@ -35,9 +35,12 @@ import numpy as np
 
 from attnspec.specs import fields as F
 from attnspec.specs.fields import CAUSAL_ALIGNMENTS, FEATURE_TEXT, FEATURES  # noqa: F401 - public names
+from attnspec.specs.fp8 import FP8_DTYPE_NAMES
 from attnspec.specs.masks import alibi_bias, alibi_slopes, causal_mask, window_mask  # noqa: F401 - public names
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+# every dtype a backend may declare: the float formats and the fp8 ones (specs.fp8; forward-only)
+DTYPE_NAMES = FLOAT_DTYPE_NAMES + FP8_DTYPE_NAMES
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ def validate(query, key, value, mask=None, is_causal=False, scale=None, **fields
     values = {**F.OFF, **fields}
     gqa = F.BY_NAME["enable_gqa"].check(values["enable_gqa"], None)
     batch_shape, group = _heads(qs, ks, vs, gqa)
-    dims = F.Dims(tuple(batch_shape), Lq, Lk, qs)
+    dims = F.Dims(tuple(batch_shape), Lq, Lk, qs, ks[-3] if len(ks) >= 3 else 1)
     mask = _mask(mask, dims.scores)
     if not isinstance(is_causal, (bool, np.bool_)):
         raise ValueError(f"is_causal must be a bool; got {is_causal!r}")

@@ -10,6 +10,9 @@ Forward, one pipeline for every field of `specs.problem` (seed 004's steps, grow
     with sinks s_h (query head h): A = exp(s_j) / (sum_visible exp(s_j') + exp(s_h)), lse includes
     exp(s_h); the sink is a virtual key of value 0 that no scale, cap, bias or mask reaches
 
+Quantised inputs (fp8, issue 31) carry descales: every step above runs on the dequantised values
+q * q_descale, k * k_descale, v * v_descale (`dequantized`; one descale per batch element and KV head).
+
 Backward (seed 003's chain, plus the fields):
 
     dV = A^T dY;  dA = dY V^T;  dS = A * (dA - rowsum(dA * A));  dBias = dS (summed to bias's shape)
@@ -69,6 +72,19 @@ class Exact:
     def sum(self, x, axis, keepdims=False) -> np.ndarray:
         return self.r(self.a(x).sum(axis=axis, keepdims=keepdims))
 
+    def probabilities(self, e, total) -> np.ndarray:
+        """The weights P V takes: exp(s - max) / row sum, rounded (an fp8 kernel rounds exp(s - max)
+        itself before the product: `specs.plain.Fp8Plain`)."""
+        return self.r(e / total)
+
+    def output(self, x) -> np.ndarray:
+        """The output P V as returned (an fp8 kernel rounds it to its output dtype)."""
+        return self.r(x)
+
+    def inputs(self, p) -> tuple:
+        """(q, k, v) as the arithmetic reads them: dequantised (an fp8 kernel first casts them to fp8)."""
+        return dequantized(p)
+
 
 EXACT = Exact()
 
@@ -114,6 +130,24 @@ class _Steps:
     sink_weight: np.ndarray | None = None  # (..., Lq) the sink's weight; None without sinks
 
 
+def _descaled(x: np.ndarray, descale, group: int) -> np.ndarray:
+    """x (..., H, L, D) times its descale (..., Hkv) broadcast over L and D (over each group of query
+    heads when x has Hq = group * Hkv heads); x itself without one."""
+    if descale is None:
+        return x
+    d = np.asarray(descale, dtype=np.float64)
+    if d.ndim and group > 1:
+        d = np.broadcast_to(d, d.shape[:-1] + (x.shape[-3] // group,))  # (..., Hkv)
+        d = np.repeat(d, group, axis=-1)  # (..., Hq): query head h shares KV head h // group's
+    return x * d[..., None, None]  # (..., H, L, D): exact (fp8 x float32 fits in float64)
+
+
+def dequantized(p: Problem) -> tuple:
+    """(q, k, v) float64 as the definition reads them: the inputs times their descales (fp8)."""
+    return (_descaled(_f64(p.query), p.q_descale, p.group), _descaled(_f64(p.key), p.k_descale, 1),
+            _descaled(_f64(p.value), p.v_descale, 1))
+
+
 def sink_logits(p: Problem, shape: tuple, A=EXACT):
     """(..., Lq, 1) the sink s_h of each row's query head, broadcast to the scores' rows; None without."""
     if p.sinks is None:
@@ -124,8 +158,10 @@ def sink_logits(p: Problem, shape: tuple, A=EXACT):
 
 def scores_of(p: Problem, A=EXACT, q=None, k=None) -> tuple:
     """(raw, final) scores (..., Lq, Lk): scale q k^T, then softcap, bias and ALiBi."""
-    q = A.r(_f64(p.query)) if q is None else q
-    k = expand_kv(A.r(_f64(p.key)), p.group) if k is None else k
+    if q is None or k is None:
+        dq, dk, _ = A.inputs(p)
+        q = A.r(dq) if q is None else q
+        k = expand_kv(A.r(dk), p.group) if k is None else k
     raw = A.r(A.a(A.matmul(q, np.swapaxes(k, -1, -2))) * A.acc(p.scale))  # (..., Lq, Lk)
     s = raw
     if p.softcap is not None:
@@ -156,7 +192,7 @@ def sink_softmax(s: np.ndarray, vis: np.ndarray, A=EXACT, sink=None):
     shift = np.where(empty, 0.0, row_max)  # (..., Lq, 1)
     e = A.a(A.r(np.exp(masked - shift)))  # (..., Lq, Lk[+1]) exp(-inf) = 0 exactly
     total = A.a(A.sum(e, axis=-1, keepdims=True))  # (..., Lq, 1) >= 1 on non-empty rows
-    weights = A.r(e / np.where(empty, 1.0, total))  # (..., Lq, Lk[+1])
+    weights = A.probabilities(e, np.where(empty, 1.0, total))  # (..., Lq, Lk[+1])
     with np.errstate(divide="ignore"):
         lse = np.where(empty, -np.inf, A.a(A.r(shift + A.a(A.r(np.log(np.where(empty, 1.0, total)))))))[..., 0]
     if sink is None:
@@ -166,19 +202,23 @@ def sink_softmax(s: np.ndarray, vis: np.ndarray, A=EXACT, sink=None):
 
 def run_forward(p: Problem, A=EXACT) -> _Steps:
     """The forward pipeline on a validated problem in arithmetic A."""
-    q = A.r(_f64(p.query))  # (..., Hq, Lq, E)
-    k = expand_kv(A.r(_f64(p.key)), p.group)  # (..., Hq, Lk, E)
-    v = expand_kv(A.r(_f64(p.value)), p.group)  # (..., Hq, Lk, Ev)
+    dq, dk, dv = A.inputs(p)  # the inputs times their descales (fp8), else the inputs
+    q = A.r(dq)  # (..., Hq, Lq, E)
+    k = expand_kv(A.r(dk), p.group)  # (..., Hq, Lk, E)
+    v = expand_kv(A.r(dv), p.group)  # (..., Hq, Lk, Ev)
     raw, s = scores_of(p, A, q, k)  # (..., Lq, Lk) twice
     vis = visible(p)  # (..., Lq, Lk)
     s = np.broadcast_to(s, vis.shape)
     w, lse, ws = sink_softmax(s, vis, A, sink_logits(p, vis.shape, A))  # (..., Lq, Lk), (..., Lq), (..., Lq)
-    out = A.r(A.matmul(w, v))  # (..., Lq, Ev): the sink's value is 0
+    out = A.output(A.matmul(w, v))  # (..., Lq, Ev): the sink's value is 0
     return _Steps(q, k, v, np.broadcast_to(raw, vis.shape), s, vis, w, out, lse, ws)
 
 
 def run_backward(p: Problem, grad_out, A=EXACT) -> tuple:
     """(dq, dk, dv) - and dbias when the problem has a bias - each shaped like its input."""
+    if "descale" in p.features:
+        raise ValueError("descales: the backward of quantised inputs is not defined here (FA3, FA4 and PyTorch's "
+                         "quantised SDPA are forward-only); drop q_descale, k_descale and v_descale")
     f = run_forward(p, A)
     dy = A.r(_f64(grad_out))  # (..., Lq, Ev)
     w = A.a(f.weights)  # (..., Lq, Lk)

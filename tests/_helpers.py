@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 # significand bits (with the implicit one): bfloat16 (8) is narrower than float16 (11)
-SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53, "float8_e4m3fn": 4, "float8_e5m2": 3}
 
 
 def qkv(seed=0, *, batch=(1, 2), Lq=4, Lk=6, E=8, Ev=None, sigma=1.0):
@@ -27,7 +27,10 @@ def qkv(seed=0, *, batch=(1, 2), Lq=4, Lk=6, E=8, Ev=None, sigma=1.0):
 def judged_dtype(backend, dtype: str) -> str:
     """The dtype whose error budget applies to `backend`'s results in `dtype`: its declared
     effective precision (e.g. jax-dpa's float32 softmax, openvino-sdpa's bfloat16) where that is
-    narrower than `dtype`, else `dtype` itself."""
+    narrower than `dtype`, else `dtype` itself; fp8 inputs: the declared computation (Target's)."""
+    from attnspec.specs.fp8 import is_fp8
+    if is_fp8(dtype):
+        return target_of(backend, dtype, equal_dims=False).budget_dtype
     eff = backend.semantics.effective_precision
     return eff if eff and SIGNIFICAND_BITS[eff] < SIGNIFICAND_BITS[dtype] else dtype
 

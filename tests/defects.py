@@ -23,9 +23,10 @@ from dataclasses import replace
 from attnspec.backends.torch_backends import TorchMath
 
 DEFECTS = ("temperature", "gain", "tail", "rescale")
-DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64")  # declared when none is named
+FP8 = ("float8_e4m3fn", "float8_e5m2")  # named only: torch-math's fp8 path (float32 inside, bfloat16 out)
 BLOCK = 16  # keys per block of the block-structured defects
-_NAME = re.compile(r"^(%s)_([0-9eE+-]+)(?:_(%s))?$" % ("|".join(DEFECTS), "|".join(DTYPES)))
+_NAME = re.compile(r"^(%s)_([0-9eE+-]+)(?:_(%s))?$" % ("|".join(DEFECTS), "|".join(DTYPES + FP8)))
 
 
 class Defect(TorchMath):
@@ -36,14 +37,20 @@ class Defect(TorchMath):
             raise ValueError(f"kind must be one of {', '.join(DEFECTS)}; got {kind!r}")
         if not (isinstance(d, (int, float)) and 0 <= d < 1):
             raise ValueError(f"d must be a number in [0, 1); got {d!r}")
-        unknown = sorted(set(dtypes) - set(DTYPES))
+        unknown = sorted(set(dtypes) - set(DTYPES + FP8))
         if unknown or not dtypes:
-            raise ValueError(f"dtypes must be a non-empty subset of {DTYPES}; got {dtypes!r}")
+            raise ValueError(f"dtypes must be a non-empty subset of {DTYPES + FP8}; got {dtypes!r}")
         self.kind, self.d = kind, float(d)
         self.name = f"defect-{kind}-{self.d:g}" + (f"-{dtypes[0]}" if len(dtypes) == 1 else "")
         self.capabilities = replace(TorchMath.capabilities, dtypes=tuple(dtypes))
 
     def _attention(self, q, k, v, call):
+        if call.dtype in FP8:  # torch-math's fp8 path with the defect inside: dequantised, float32, bfloat16 out
+            qd, kd, vd = self._dequantised(q, k, v, call)
+            res = self._attention(qd, kd, vd, replace(call, dtype="float32", q_descale=None, k_descale=None,
+                                                      v_descale=None))
+            bf16 = self.torch.bfloat16
+            return (res[0].to(bf16), res[1]) if call.return_lse else res.to(bf16)
         if self.kind == "temperature":
             scale = q.shape[-1] ** -0.5 if call.scale is None else call.scale
             return super()._attention(q, k, v, replace(call, scale=scale * (1.0 + self.d)))

@@ -130,7 +130,7 @@ def test_cli_json_with_plugins_and_entry_points(capsys, installed_plugin):
     assert plain["available"] and not plain["gradients"] and plain["fully_masked"] is None
     assert rows["fake-class"]["fully_masked"] == "zeros"
     assert not rows["fake-broken"]["available"] and "failed to load" in rows["fake-broken"]["reason"]
-    assert rows["numpy-tiled"]["dtypes"] == ["float16", "float32", "float64"]
+    assert rows["numpy-tiled"]["dtypes"] == ["float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"]
     assert list(rows).count("numpy-naive") == 1
 
 

@@ -22,7 +22,9 @@ import pytest
 from attnspec.backends.base import Unsupported  # noqa: E402
 from attnspec.backends.registry import resolve  # noqa: E402
 from attnspec.specs import error_budget  # noqa: E402
+from attnspec.specs.fp8 import is_fp8  # noqa: E402
 from attnspec.specs.problem import FEATURE_TEXT, FEATURES, alibi_slopes, validate, visible  # noqa: E402
+from tests._helpers import judged_dtype  # noqa: E402
 from tests.plugins.cases import available  # noqa: E402
 
 CPU_BUILTINS = ("numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "torch-sdpa-cpu-math",
@@ -30,7 +32,7 @@ CPU_BUILTINS = ("numpy-naive", "numpy-tiled", "torch-math", "torch-sdpa-cpu", "t
 COMPILES_SLOWLY = {"torch-flex-compiled"}  # ~20 s per configuration: the combined problem in float32 only
 _BACKENDS = {name: resolve(name) for name in CPU_BUILTINS}
 B, HQ, HKV, LQ, LK, E = 2, 4, 2, 5, 7, 8  # one shape for every problem: JAX compiles per shape
-_WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+_WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64, "float8_e4m3fn": 8, "float8_e5m2": 8}
 
 
 def _fields(feature: str, rng, alignment: str = "top_left") -> dict:
@@ -60,6 +62,8 @@ def _fields(feature: str, rng, alignment: str = "top_left") -> dict:
         return {"alibi_slopes": alibi_slopes(HQ), "is_causal": True, "causal_alignment": alignment}
     if feature == "sinks":  # near the scores, one far above them, one head without (-inf)
         return {"sinks": np.array([0.5, -1.0, 4.0, -np.inf])}
+    if feature == "descale":  # one per batch element (broadcast over its KV heads), float32 values
+        return {f"{x}_descale": rng.uniform(0.25, 2.0, (B, 1)).astype(np.float32).astype(np.float64) for x in "qkv"}
     if feature == "lse":
         mask = rng.random((LQ, LK)) > 0.3  # (Lq, Lk)
         mask[:, 0] = True
@@ -80,13 +84,16 @@ def _problem(features, seed: int = 0, dtype: str = "float64") -> dict:
     rows = visible(validate(q, k, v, **fields)).any(axis=-1)  # (B, Hq, Lq) rows that see a key
     grad_out[~rows] = 0  # what an empty row outputs is a declared choice, not judged here
     arrays = {n: error_budget.round_to(x, dtype) for n, x in dict(q=q, k=k, v=v, grad_out=grad_out).items()}
-    if "bias" in fields:
-        fields["bias"] = error_budget.round_to(fields["bias"], dtype)
+    if "bias" in fields:  # fp8 kernels take a bias in float32 (Backend._call_of)
+        fields["bias"] = error_budget.round_to(fields["bias"], "float32" if is_fp8(dtype) else dtype)
     return {**arrays, "fields": fields, "rows": rows}
 
 
 def _judged(backend, dtype: str) -> str:
-    """The budget that applies: the declared effective precision when it is narrower."""
+    """The budget that applies: the declared effective precision when it is narrower (fp8: the declared
+    computation's)."""
+    if is_fp8(dtype):
+        return judged_dtype(backend, dtype)
     eff = backend.semantics.effective_precision
     return eff if eff and _WIDTH[eff] < _WIDTH[dtype] else dtype
 
@@ -105,7 +112,7 @@ def _check(backend, p, dtype: str, lse: bool, grads: bool) -> None:
     if lse:
         verdict = error_budget.check_lse(got_lse, q, k, v, dtype=judged, **f)
         assert verdict, f"{name} {dtype} {sorted(f)}: {verdict.message}"
-    if grads:
+    if grads and not is_fp8(dtype) and "q_descale" not in f:  # fp8 inputs and descales are forward-only
         got = backend.backward(q, k, v, p["grad_out"], dtype=dtype, **f)
         assert len(got) == (4 if "bias" in f and backend.capabilities.bias_gradient else 3), f"{name}: {len(got)} grads"
         for verdict in error_budget.check_backward(got, q, k, v, p["grad_out"], dtype=judged, **f):

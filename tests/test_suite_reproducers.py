@@ -52,6 +52,7 @@ PLANTED = {
     "conventions": ("tests.broken.variant_bugs:EmptyLsePlusInfDeclaredMinusInf", "broken-empty-lse-plus-inf", "float16"),
     "merge": ("tests.broken.convention_bugs:MergeAverages", "broken-merge-averages", "float64"),
     "knobs": ("tests.broken.convention_bugs:KnobDropsTail", "broken-knob-drops-tail", "float32"),
+    "fp8": ("tests.broken.fp8_bugs:DescalesDropped", "broken-fp8-dropped", "float8_e4m3fn"),
 }
 
 

@@ -28,7 +28,7 @@ from attnspec.backends.registry import resolve  # noqa: E402
 from attnspec.specs import error_budget, reference  # noqa: E402
 from tests import teeth_conventions as conventions  # noqa: E402
 from tests import teeth_report as teeth  # noqa: E402
-from tests.broken import BROKEN, CORRECT, FAMILIES  # noqa: E402
+from tests.broken import BROKEN, CORRECT, FAMILIES, FP8_FAMILIES  # noqa: E402
 from tests.broken import witnesses as W  # noqa: E402
 from tests.teeth_conventions import CONVENTION_OPS  # noqa: E402
 
@@ -36,16 +36,41 @@ from tests.teeth_conventions import CONVENTION_OPS  # noqa: E402
 def _in_dtype(p: dict, dtype: str) -> dict:
     """The witness with its float inputs rounded to dtype's values (held in float64): the kernel's
     cast then loses nothing, and reference and kernel see the very same numbers."""
-    def r(x):
-        return x if x is None else np.asarray(error_budget.round_to(x, dtype), dtype=np.float64)
-    fields = {n: (r(x) if n == "bias" else x) for n, x in p.get("fields", {}).items()}
+    def r(x, to=dtype):
+        return x if x is None else np.asarray(error_budget.round_to(x, to), dtype=np.float64)
+    from attnspec.specs.fp8 import is_fp8
+    wide = "float32" if is_fp8(dtype) else dtype  # fp8 kernels take a bias in float32 (Backend._call_of)
+    fields = {n: (r(x, wide) if n == "bias" else x) for n, x in p.get("fields", {}).items()}
     return {**p, "q": r(p["q"]), "k": r(p["k"]), "v": r(p["v"]), "grad_out": r(p.get("grad_out")),
             "fields": fields, "dtype": dtype}
 
 
+def _budget_dtype(backend, dtype: str) -> str:
+    """What judges the backend's results at dtype: fp8 inputs, its declared computation (Target's)."""
+    from attnspec.properties.target import Session, Target
+    return Target(Session(backend, backend.name), dtype).budget_dtype
+
+
+def _p_rounding(backend, dtype: str) -> list:
+    """properties/test_fp8.py's probe: P rounded before P V as the backend declares (a Verdict)."""
+    from attnspec.properties.target import Session, Target
+    from attnspec.properties.test_fp8 import p_probe, p_rounding_of
+    from attnspec.specs.invariants import Verdict
+    t = Target(Session(backend, backend.name), dtype)
+    case = p_probe(t)
+    observed, far = p_rounding_of(t, backend.forward(case.q, case.k, case.v, dtype=dtype, **case.call_kwargs), case)
+    declared = backend.semantics.p_dtype(dtype)
+    return [Verdict("p_rounding", observed == declared, None, far[declared] if declared in far else float("nan"),
+                    f"P rounded as {observed}, declared {declared} (distances {far})")]
+
+
 def _verdicts(backend, p, dtype: str) -> list:
     """Error-budget verdicts (specs.error_budget) of one backend on one witness problem in one dtype."""
+    if p["op"] == "p_rounding":
+        backend.check_supported(dtype, "forward")
+        return _p_rounding(backend, dtype)
     p = _in_dtype(p, dtype)
+    budget = _budget_dtype(backend, dtype)
     q, k, v, mask, causal, scale, fields = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "fields"))
     if p["op"] in CONVENTION_OPS:
         return conventions.verdicts(backend, p, dtype)
@@ -61,9 +86,9 @@ def _verdicts(backend, p, dtype: str) -> list:
             if backend.semantics.lse_with_sinks is False:  # declared: the LSE over the real keys
                 fields = {n: x for n, x in fields.items() if n != "sinks"}
                 empty = reference.forward(q, k, v, mask, causal, scale, **fields).empty_rows
-            return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, rows=~empty, **fields),
+            return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, budget, rows=~empty, **fields),
                     conventions.empty_lse_verdict(backend, lse, empty)]
-        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
+        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, budget, **fields)]
     grads = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
     return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields)
 
@@ -106,14 +131,17 @@ def test_catalogue_is_big_enough():
 
 
 def test_every_family_is_proven_in_every_dtype():
-    """Each bug family has members declaring float16, bfloat16, float32 and float64 between them."""
-    from attnspec.specs.problem import FLOAT_DTYPE_NAMES
-    assert teeth.DTYPES == FLOAT_DTYPE_NAMES
+    """Each bug family has members declaring float16, bfloat16, float32 and float64 between them (the fp8
+    family: float8_e4m3fn and float8_e5m2)."""
+    from attnspec.specs.fp8 import FP8_DTYPE_NAMES
+    from attnspec.specs.problem import DTYPE_NAMES, FLOAT_DTYPE_NAMES
+    assert teeth.DTYPES == DTYPE_NAMES
     assert {e.family for e in BROKEN} == set(FAMILIES)
     for family in FAMILIES:
         covered = {d for e in BROKEN if e.family == family for d in teeth.dtypes(e)}
-        assert covered == set(FLOAT_DTYPE_NAMES), f"family {family!r} is proven in {sorted(covered)} only"
-    missing = [d for d in FLOAT_DTYPE_NAMES if not any(d in teeth.dtypes(e) for e in CORRECT)]
+        want = FP8_DTYPE_NAMES if family in FP8_FAMILIES else FLOAT_DTYPE_NAMES
+        assert covered == set(want), f"family {family!r} is proven in {sorted(covered)} only"
+    missing = [d for d in DTYPE_NAMES if not any(d in teeth.dtypes(e) for e in CORRECT)]
     assert not missing, f"no correct implementation runs in {missing}: false alarms there would go unseen"
 
 

@@ -14,6 +14,8 @@ GPU_BACKENDS=${GPU_BACKENDS:-"torch-sdpa-cuda-flash torch-sdpa-cuda-efficient to
 # the serving kernels (backends/serving_cuda.py): packed and paged calls only, so the suites and not the padded
 # benchmarks; flash_attn and flashinfer are skipped with their reason where they are not installed
 SERVING_BACKENDS=${SERVING_BACKENDS:-"torch-varlen-cuda flash-attn-varlen-cuda flash-attn-kvcache-cuda flashinfer-prefill-cuda flashinfer-decode-cuda"}
+# fp8 inputs with descales (backends/fp8_cuda.py; issue 31): PyTorch's quantised SDPA (FA3), FA3's own when installed
+FP8_BACKENDS=${FP8_BACKENDS:-"torch-sdpa-fp8-cuda flash-attn3-fp8-cuda"}
 start=$SECONDS
 say() { echo "[gpu-check $((SECONDS - start)) s] $*"; }
 
@@ -22,7 +24,7 @@ say "environment and install" | tee "$OUT/env.txt"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, jax; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn',
 torch.backends.cudnn.version(), torch.cuda.get_device_name(0)); print('jax', jax.__version__, jax.devices())"
-  for m in flash_attn flashinfer; do python3 -c "import $m; print('$m', $m.__version__)" 2>&1 | tail -1; done
+  for m in flash_attn flashinfer flash_attn_interface; do python3 -c "import $m; print('$m', $m.__version__)" 2>&1 | tail -1; done
   if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps .whl/*.whl; fi
   python3 -m pip install -q --no-deps --no-build-isolation -e .
   if ! git rev-parse HEAD >/dev/null 2>&1; then  # the copy may come without .git: asv needs a commit
@@ -35,8 +37,8 @@ say "probe"
 timeout 60 python3 tools/gpu_probe.py > "$OUT/probe.json" 2> "$OUT/probe.err"
 
 backend_args=""
-for b in $GPU_BACKENDS $SERVING_BACKENDS; do backend_args="$backend_args --backend $b"; done
-say "suites: $GPU_BACKENDS $SERVING_BACKENDS"
+for b in $GPU_BACKENDS $SERVING_BACKENDS $FP8_BACKENDS; do backend_args="$backend_args --backend $b"; done
+say "suites: $GPU_BACKENDS $SERVING_BACKENDS $FP8_BACKENDS"
 # --suite-timeout bounds each backend's suite; the outer timeout only stops a hang of the run itself
 timeout "${SUITES_LIMIT:-280}" attnspec run --no-bench $backend_args --jobs 8 \
   --suite-timeout "${SUITE_TIMEOUT:-260}" --out "$OUT/suites" > "$OUT/suites.log" 2>&1

@@ -65,9 +65,12 @@ SERVING = ("packed_", "paged_", "page_placement", "per_sequence")
 SINKS = ("sink",)
 # issue 31: properties/test_conventions.py (semantics questions), test_merge.py, test_knobs.py
 CONVENTIONS = ("lse_base", "empty_lse", "merge_", "knob_", "deterministic", "batch_invariant")
+# issue 31: properties/test_fp8.py (the descales, P's rounding), and every family's agreement at fp8 targets
+FP8 = ("descale", "p_rounding") + REF
 
 FAMILIES = ("scale", "softmax", "masking", "alignment", "online kernel", "gradients", "grouped heads", "bias",
-            "lse", "window", "sequences", "softcap", "alibi", "serving", "sinks", "conventions")
+            "lse", "window", "sequences", "softcap", "alibi", "serving", "sinks", "conventions", "fp8")
+FP8_FAMILIES = ("fp8",)  # proven in the fp8 dtypes (FP8_DTYPE_NAMES), the others in the float ones
 
 
 BROKEN = (
@@ -180,6 +183,14 @@ BROKEN = (
           "deterministic backward declared, atomics' order, flash-attention#2244", "conventions"),
     Entry("convention_bugs:RowDependsOnBatch", ("batch_invariant",), w.batch_rows,
           "batch invariance declared, split-KV by batch size", "conventions"),
+    # issue 31: fp8 inputs with descales (tests/broken/fp8_bugs.py)
+    Entry("fp8_bugs:DescalesDropped", FP8, w.fp8_descales, "descales dropped, vllm-project/vllm#51363", "fp8"),
+    Entry("fp8_bugs:KDescaleTwice", FP8, w.fp8_descales, "k_descale applied twice", "fp8"),
+    Entry("fp8_bugs:DescalePerTensor", FP8, w.fp8_descales, "one descale where per-head ones are declared", "fp8"),
+    Entry("fp8_bugs:DescaleWrongHead", FP8, w.fp8_descales, "a KV head reads its neighbour's descale", "fp8"),
+    Entry("fp8_bugs:DescaleFirstBatch", FP8, w.fp8_descales,
+          "the first batch element's descales for all, sgl-project/sglang#37785", "fp8"),
+    Entry("fp8_bugs:PNotRounded", ("p_rounding",), w.fp8_p_rounding, "P kept in float32, e4m3 declared (FA3)", "fp8"),
 )
 
 CORRECT = (
@@ -200,4 +211,6 @@ CORRECT = (
     Entry("correct:LseBase2Declared", origin="log2 LSE, declared base 2 (FlashInfer, issue 31)"),
     Entry("correct:EmptyLsePlusInf", origin="+inf empty-row LSE declared (FA2), its merge takes +inf (issue 31)"),
     Entry("correct:KnobBlockSize", origin="block-size knob, every tail kept; deterministic, batch invariant (issue 31)"),
+    Entry("fp8_bugs:Fp8Kernel", origin="FA3's fp8 forward: descales folded, P rounded to e4m3 per block (issue 31)"),
+    Entry("fp8_bugs:Fp8Dequantised", origin="fp8 dequantised to float32 first, P not rounded, declared (issue 31)"),
 )

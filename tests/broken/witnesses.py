@@ -303,6 +303,24 @@ def batch_rows(seed=0):
     return _problem(*_heads(2, 2, 4, 9, B=3, seed=seed), op="batch")
 
 
+def fp8_descales(seed=0):
+    """fp8 inputs (rounded to the format by the teeth test), 4 query heads on 2 KV heads, a batch of 2, 9
+    keys (three blocks of 4): every (batch, KV head) its own descales, none a power of two of another's -
+    a descale dropped, doubled, read per tensor, from the neighbouring head or the first batch element
+    each shows."""
+    q, k, v = _heads(4, 2, 5, 9, B=2, seed=seed)
+    q, k = q * 8, k * 8  # on the k/8 grid: fp8 rounds them, the descales bring the scores back
+    qd = np.array([[0.11, 0.23], [0.17, 0.05]], dtype=np.float32).astype(np.float64)  # (B, Hkv)
+    kd = np.array([[0.07, 0.19], [0.13, 0.29]], dtype=np.float32).astype(np.float64)
+    vd = np.array([[1.3, 0.7], [0.45, 2.1]], dtype=np.float32).astype(np.float64)
+    return _problem(q, k, v, enable_gqa=True, q_descale=qd, k_descale=kd, v_descale=vd)
+
+
+def fp8_p_rounding(seed=0):
+    """op "p_rounding": properties/test_fp8.py's probe of what P is rounded to before P V, judged as declared."""
+    return {"op": "p_rounding", "dtype": "float8_e4m3fn", "fields": {}}
+
+
 CONVENTIONS = (empty_row_lse, merge_states, knob_tail, repeated_backward, batch_rows)
 
 
@@ -310,4 +328,5 @@ ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scal
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
        window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
-       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse) + CONVENTIONS
+       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse,
+       fp8_descales) + CONVENTIONS

@@ -1,0 +1,124 @@
+"""FP8 in the backends (issue 31): what they declare, what they decline, the emulated paths, the plain functions."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from attnspec.backends import registry
+from attnspec.backends.base import Capabilities, Unsupported
+from attnspec.backends.declarations import Semantics
+from attnspec.backends.numpy_fp8 import round_p
+from attnspec.specs import error_budget, fp8
+
+E4M3 = "float8_e4m3fn"
+
+
+def _problem(B=2, Hq=4, Hkv=2, Lq=5, Lk=9, E=8, seed=0):
+    rng = np.random.default_rng(seed)
+    q, k, v = (fp8.round_fp8(rng.standard_normal(s) * 100, E4M3)
+               for s in ((B, Hq, Lq, E), (B, Hkv, Lk, E), (B, Hkv, Lk, E)))
+    descales = dict(q_descale=np.array([[0.01, 0.02], [0.015, 0.03]]), k_descale=np.array([[0.02, 0.01], [0.01, 0.03]]),
+                    v_descale=np.array([[0.5, 2.0], [1.0, 0.25]]))
+    return q, k, v, descales
+
+
+def test_numpy_tileds_own_p_rounding_agrees_with_the_spec():
+    """Two implementations, one answer: backends/numpy_fp8's magic-number rounding and specs.fp8's."""
+    rng = np.random.default_rng(1)
+    p = (rng.random(100_000) * 2.0 ** rng.integers(-24, 1, 100_000)).astype(np.float32)
+    for name in fp8.FP8_DTYPE_NAMES:
+        np.testing.assert_array_equal(round_p(p, name).astype(np.float64), fp8.round_fp8(p.astype(np.float64), name))
+
+
+@pytest.mark.parametrize("name", ["numpy-tiled", "torch-math"])
+@pytest.mark.parametrize("dtype", fp8.FP8_DTYPE_NAMES)
+def test_the_emulated_fp8_paths_meet_their_declared_budget(name, dtype):
+    from attnspec.properties.target import Session, Target
+    backend = registry.resolve(name)
+    if not backend.availability()[0]:
+        pytest.skip(backend.availability()[1])
+    q, k, v, d = _problem()
+    q, k, v = (fp8.round_fp8(x, dtype) for x in (q, k, v))
+    out = backend.forward(q, k, v, dtype=dtype, enable_gqa=True, is_causal=True, **d)
+    budget = Target(Session(backend, name), dtype).budget_dtype
+    assert budget.startswith(dtype + "(")
+    assert error_budget.check_forward(out, q, k, v, is_causal=True, dtype=budget, enable_gqa=True, **d)
+    wrong = backend.forward(q, k, v, dtype=dtype, enable_gqa=True, is_causal=True,
+                            **{**d, "k_descale": d["k_descale"][:, ::-1].copy()})  # the heads' descales swapped
+    assert not error_budget.check_forward(wrong, q, k, v, is_causal=True, dtype=budget, enable_gqa=True, **d)
+
+
+def test_fp8_is_forward_only_and_per_tensor_backends_decline_per_head_descales():
+    backend = registry.resolve("numpy-tiled")
+    q, k, v, d = _problem()
+    with pytest.raises(Unsupported, match="forward_backward"):
+        backend.backward(q, k, v, np.ones(q.shape), dtype=E4M3, enable_gqa=True, **d)
+
+    class PerTensor(type(backend)):
+        capabilities = Capabilities(dtypes=(E4M3,), features=frozenset({"gqa", "descale"}),
+                                    descale_granularity="tensor")
+    with pytest.raises(Unsupported, match="one descale per tensor"):
+        PerTensor().forward(q, k, v, dtype=E4M3, enable_gqa=True, **d)
+    one = {n: np.array(0.02) for n in d}  # the same descales as one per tensor: taken
+    assert np.isfinite(PerTensor().forward(q, k, v, dtype=E4M3, enable_gqa=True, **one)).all()
+
+
+def test_bad_fp8_declarations_are_named():
+    with pytest.raises(ValueError, match="descale_granularity"):
+        Capabilities(descale_granularity="row")
+    with pytest.raises(ValueError, match="fp8_query"):
+        Capabilities(fp8_query="float8_e5m2")
+    with pytest.raises(ValueError, match="p_dtypes"):
+        Semantics(p_dtypes=(("float16", E4M3),))
+    assert Semantics(p_dtypes=((E4M3, "bfloat16"),)).p_dtype(E4M3) == "bfloat16"
+    assert Semantics().p_dtype(E4M3) is None
+
+
+def test_plain_functions_get_ml_dtypes_arrays_and_their_own_descale_names():
+    pytest.importorskip("ml_dtypes")
+    from tests.plugins import fp8_functions as F
+    q, k, v, d = _problem()
+    quantised = registry.resolve("tests.plugins.fp8_functions:sdpa_quantized")
+    out = quantised.forward(q, k, v, dtype=E4M3, enable_gqa=True, **d)
+    from attnspec.properties.target import Session, Target
+    budget = Target(Session(quantised, "q"), E4M3).budget_dtype
+    assert budget == "float8_e4m3fn(p=float8_e4m3fn,out=bfloat16)"
+    assert error_budget.check_forward(out, q, k, v, dtype=budget, enable_gqa=True, **d)
+    kv = registry.resolve("tests.plugins.fp8_functions:sdpa_fp8_kv")  # FlashInfer's k_scale / v_scale, bfloat16 q
+    assert kv.capabilities.fp8_query == "bfloat16" and "descale" in kv.capabilities.features
+    one = dict(k_descale=np.array(0.02), v_descale=np.array(0.5))
+    out = kv.forward(q * 0.01, k, v, dtype=E4M3, enable_gqa=True, **one)  # q * 0.01: exact in bfloat16
+    budget = Target(Session(kv, "kv"), E4M3).budget_dtype
+    assert error_budget.check_forward(out, q * 0.01, k, v, dtype=budget, enable_gqa=True, **one)
+    with pytest.raises(Unsupported, match="takes no q_descale"):
+        kv.forward(q, k, v, dtype=E4M3, enable_gqa=True, q_descale=np.array(0.5), **one)
+    assert F.sdpa_quantized.__attnspec__.fp8["p_dtypes"]
+
+
+def test_a_numpy_function_without_ml_dtypes_declines_fp8(monkeypatch):
+    pytest.importorskip("ml_dtypes")  # the twin itself imports it; then it goes missing for the call
+    backend = registry.resolve("tests.plugins.fp8_functions:sdpa_quantized")
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now raises ImportError
+    q, k, v, d = _problem()
+    with pytest.raises(Unsupported, match="need ml_dtypes"):
+        backend.forward(q, k, v, dtype=E4M3, enable_gqa=True, **d)
+
+
+def test_the_cuda_fp8_backends_are_skipped_with_their_reason_here():
+    for name in ("torch-sdpa-fp8-cuda", "flash-attn3-fp8-cuda"):
+        backend = registry.resolve(name)
+        ok, why = backend.availability()
+        if ok:
+            pytest.skip("a GPU is here: tools/gpu_check.sh runs them")
+        assert why and ("CUDA" in why or "not installed" in why), why
+        assert backend.semantics.p_dtype(E4M3) == E4M3 and backend.output_dtype(E4M3) == "bfloat16"
+
+
+def test_packed_and_paged_calls_decline_fp8_with_the_reason():
+    from attnspec.backends.serving import forward_packed
+    q, k, v, d = _problem(Hq=2)
+    with pytest.raises(Unsupported, match="fp8 inputs in packed calls are not judged yet"):
+        forward_packed(registry.resolve("numpy-tiled"), q, k, v, E4M3, positions="per_sequence",
+                       q_lengths=np.array([5, 3]), kv_lengths=np.array([9, 4]), **d)
