@@ -127,7 +127,8 @@ class TorchMath(TorchBackend):
     name = "torch-math"
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True,
                                 features=_EVERY_FEATURE | {"seq_positions", "sinks"}, layouts=LAYOUTS,
-                                bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND"))
+                                bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND",
+                                                             "paged-stacked-NHD", "paged-stacked-HND"))
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros", deviations=(
         # torch 2.13 CPU, found by the suite: q = torch.ones(3, 31, 7, dtype=torch.bfloat16); q[:, 16] = nan;
         # torch.bmm(q, torch.ones(3, 7, 7, dtype=torch.bfloat16))[:, 15] is NaN (float16/float32, or a
