@@ -440,7 +440,7 @@ class Backend:
                 "effective_precision": s.effective_precision, "notes": list(s.notes),
                 "lse_base": s.lse_base, "empty_lse": s.empty_lse, "deterministic": s.deterministic,
                 "batch_invariant": s.batch_invariant, "knobs": {n: list(d) for n, d in self.knobs.items()},
-                "knob_exact": s.knob_exact, "merge": self.offers_merge(),
+                "knob_exact": s.knob_exact, "merge": self.offers_merge(), "rejects_bad_indices": s.rejects_bad_indices,
                 "deviations": [{"property": d.property, "dtypes": list(d.dtypes), "why": d.why} for d in s.deviations]}
 
     def __repr__(self) -> str:

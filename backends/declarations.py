@@ -212,6 +212,11 @@ class Semantics:
     deterministic: bool | None = None
     batch_invariant: bool | None = None
     knob_exact: bool = False
+    # issue 30: what the native packed and paged hooks do with index arguments that point outside their
+    # tensors (properties/test_bad_indices.py hands them such, bypassing the harness's validation): True
+    # = every one refused (raises), judged; False = declared unchecked (the caller validates, as
+    # flash-attention's kernels expect), recorded; None = not declared, recorded
+    rejects_bad_indices: bool | None = None
 
     def __post_init__(self):
         for name, known in (("lse_base", LSE_BASES), ("empty_lse", EMPTY_LSES)):

@@ -158,6 +158,8 @@ BROKEN = (
           "a mixed batch run by the decode kernel its first sequence chose", "serving"),
     Entry("serving_bugs:StackedVPageStride", SERVING, w.paged_leftpad,
           "a stacked K/V cache's V half read at a separate V cache's page stride", "serving"),
+    Entry("serving_bugs:ClampsBadIndices", ("bad_index",), w.bad_indices,
+          "declares bad index arguments refused, clamps them (issue 30 item 5)", "serving"),
     # issue 31: attention sinks (tests/broken/sink_bugs.py)
     Entry("sink_bugs:SinkIgnored", SINKS, w.sinks, "sinks accepted and dropped, vllm-project/vllm#52148", "sinks"),
     Entry("sink_bugs:SinkPerSplit", SINKS, w.sinks, "the sink counted in every split, ROCm/rocm-libraries#12227",

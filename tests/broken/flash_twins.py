@@ -73,7 +73,10 @@ def _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip=""):
         return k_cache[b, start:end], v_cache[b, start:end]
     P = k_cache.shape[1]
     j = np.arange(start, end)
-    pages = block_table[b, j // P] if slip != "page_order" else np.sort(block_table[b])[j // P]
+    if slip == "clamp_indices":  # "safe" indexing: a column past the table, a page id outside the pool clamped
+        pages = np.clip(block_table[b, np.minimum(j // P, block_table.shape[1] - 1)], 0, k_cache.shape[0] - 1)
+    else:
+        pages = block_table[b, j // P] if slip != "page_order" else np.sort(block_table[b])[j // P]
     return k_cache[pages, j % P], v_cache[pages, j % P]
 
 

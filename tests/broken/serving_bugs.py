@@ -156,6 +156,21 @@ class StackedHalvesSwapped(NumpyTiled):
         return super().native_paged(q, k_cache, v_cache, args, call)
 
 
+class ClampsBadIndices(_Twin):
+    """Declares that it refuses bad index arguments (Semantics.rejects_bad_indices) yet clamps them: a
+    block table column past its end, a page id outside the pool - out-of-bounds input read silently as
+    some page's keys.  Right on every valid call; the bad-index questions judge the declaration."""
+
+    name = "broken-clamps-bad-indices"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "clamp_indices"
+    dtypes = ("float64",)
+
+    def __init__(self):
+        super().__init__()
+        self.semantics = replace(self.semantics, rejects_bad_indices=True)
+
+
 class AppendToNextSequence(_Twin):
     """Writes sequence b's new keys through the next sequence's block table (the wrong batch entry of the
     cache updated, Dao-AILab/flash-attention#772).  Like AppendOneLate, run by
