@@ -96,6 +96,7 @@ class Declaration:
     bias_gradient: bool = False  # torch/jax: the backward gives dBias too (autograd through the bias)
     lse_with_sinks: bool | None = None  # a returned LSE counts the sinks (FA4) or not (gpt-oss's Triton)
     limits: dict = field(default_factory=dict)  # the other declared shape limits: Capabilities' fields
+    rejects_bad_indices: bool | None = None  # a varlen/kvcache function refuses bad index arguments
 
 
 def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_rows=None,
@@ -103,7 +104,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
             masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
             framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=(),
             bias_gradient=False, head_dims=(), max_head_dim=0, head_dim_power_of_two=False, length_multiple=1,
-            max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None):
+            max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None, rejects_bad_indices=None):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -128,6 +129,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     variables the function depends on (``TRITON_INTERPRET``): reproducers record and restore them.
     bias_gradient: a torch/jax function's autograd gives the bias gradient too (checked then).
     lse_with_sinks: whether a returned LSE counts the sinks (FA4: True; gpt-oss's Triton kernel: False).
+    rejects_bad_indices: a function with flash-attention's varlen/kvcache signature raises on index
+    arguments outside its tensors (True: judged by properties/test_bad_indices.py).
     With sinks a NumPy function's backward returns (dq, dk, dv, dsink).
 
     The shapes its kernel takes (the suite draws only those, and counts what a limit leaves out of a
@@ -200,7 +203,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
                        None if features is None else tuple(features), tuple(notes), head_dim_multiple,
                        tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()),
                        framework, device, layout, lse_layout, lse_padding, tuple(env), bool(bias_gradient),
-                       None if lse_with_sinks is None else bool(lse_with_sinks), limits)
+                       None if lse_with_sinks is None else bool(lse_with_sinks), limits,
+                       None if rejects_bad_indices is None else bool(rejects_bad_indices))
 
     def attach(f):
         f.__attnspec__ = decl
@@ -246,7 +250,7 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
     sem = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                     effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
                     output_dtypes=decl.output_dtypes, deviations=decl.deviations, notes=decl.notes + (note,),
-                    lse_with_sinks=decl.lse_with_sinks)
+                    lse_with_sinks=decl.lse_with_sinks, rejects_bad_indices=decl.rejects_bad_indices)
     return caps, sem
 
 

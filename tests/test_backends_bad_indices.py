@@ -168,3 +168,19 @@ def test_the_questions_record_undeclared_answers_and_judge_declared_ones(tmp_pat
     for kind in PACKED:
         assert rows[("broken-clamps-bad-indices", f"bad_index_{kind}", "float64")] == "skipped"  # no packed call
     assert not any(s == "error" for s in rows.values())
+
+
+def test_a_plain_function_declares_it():
+    """declare(rejects_bad_indices=True) on a kvcache function: held to each bad paged input - here the
+    twin's NumPy indexing raises past the pool and the table, and wraps -1 silently (a finding)."""
+    from attnspec.backends.plain import declare, function_backend
+    from tests.broken import flash_twins
+
+    def kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None, causal=False):
+        return flash_twins.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                                   block_table=block_table, softmax_scale=softmax_scale, causal=causal)
+    backend = function_backend(declare(kvcache, rejects_bad_indices=True), "kvcache")
+    assert backend.describe()["rejects_bad_indices"] is True
+    verdicts = {v.name: bool(v) for v in bad_index_verdicts(backend, "float64")}
+    assert verdicts == {"bad_index_page_id_past_pool": True, "bad_index_page_id_negative": False,
+                        "bad_index_table_too_short": True}
