@@ -457,7 +457,7 @@ class Backend:
                 "effective_precision": s.effective_precision, "notes": list(s.notes),
                 "lse_base": s.lse_base, "empty_lse": s.empty_lse, "deterministic": s.deterministic,
                 "batch_invariant": s.batch_invariant, "knobs": {n: list(d) for n, d in self.knobs.items()},
-                "knob_exact": s.knob_exact, "merge": self.offers_merge(),
+                "knob_exact": s.knob_exact, "merge": self.offers_merge(), "rejects_bad_indices": s.rejects_bad_indices,
                 "descale_granularity": c.descale_granularity, "fp8_query": c.fp8_query,
                 "p_dtypes": [list(x) for x in s.p_dtypes],
                 "deviations": [{"property": d.property, "dtypes": list(d.dtypes), "why": d.why} for d in s.deviations]}

@@ -230,6 +230,11 @@ class Semantics:
     deterministic: bool | None = None
     batch_invariant: bool | None = None
     knob_exact: bool = False
+    # issue 30: what the native packed and paged hooks do with index arguments that point outside their
+    # tensors (properties/test_bad_indices.py hands them such, bypassing the harness's validation): True
+    # = every one refused (raises), judged; False = declared unchecked (the caller validates, as
+    # flash-attention's kernels expect), recorded; None = not declared, recorded
+    rejects_bad_indices: bool | None = None
     # fp8 inputs (issue 31): what P = exp(s - max) is rounded to before P V, as (input dtype, P dtype) pairs -
     # "float8_e4m3fn" (FA3, FA4, PyTorch's quantised SDPA: the second GEMM takes fp8), a 16-bit dtype
     # (FlashInfer's fp8 KV cache), "float32" (not rounded); an fp8 input without a pair: not declared, the

@@ -8,7 +8,10 @@ in flash-attention's layouts - NumPy arrays, or torch tensors on the declared de
 - ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``:
   the ``packed`` format - q ``(total_q, Hq, E)``, k/v ``(total_k, Hkv, E)``, ``cu_seqlens_*`` int32;
 - ``flash_attn_with_kvcache(q, k_cache, v_cache, ..., cache_seqlens, cache_leftpad, block_table, ...)``:
-  the ``paged-NHD`` format - q ``(B, Lq, Hq, E)``, caches ``(num_pages, page_size, Hkv, E)``.
+  the ``paged-NHD`` format - q ``(B, Lq, Hq, E)``, caches ``(num_pages, page_size, Hkv, E)``;
+  with FlashInfer's one K/V tensor instead, ``fn(q, paged_kv_cache, ..., cache_seqlens, block_table,
+  ...)``: the ``paged-stacked-NHD`` format - ``paged_kv_cache (num_pages, 2, page_size, Hkv, E)``,
+  index 0 of axis 1 the keys, 1 the values (so Ev == E).
 
 Keywords passed when the problem uses them and the signature has them: ``softmax_scale``,
 ``causal``, ``window_size=(left, right)`` (-1 unbounded), ``softcap``, ``alibi_slopes`` (Hq,),
@@ -30,6 +33,7 @@ from attnspec.backends.torch_backends import TorchBackend
 
 VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 KVCACHE = ("k_cache", "v_cache", "cache_seqlens")
+STACKED = ("paged_kv_cache", "cache_seqlens")  # the kvcache form over FlashInfer's one K/V tensor
 # parameter -> the feature it takes (beyond what the format itself carries)
 _OPTIONAL = {"window_size": "window", "softcap": "softcap", "alibi_slopes": "alibi", "return_softmax_lse": "lse"}
 
@@ -46,7 +50,7 @@ def flash_form(fn) -> str:
     names = _names(fn)
     if set(VARLEN) <= names:
         return "varlen"
-    if set(KVCACHE) <= names:
+    if set(KVCACHE) <= names or set(STACKED) <= names:
         return "kvcache"
     return ""
 
@@ -65,9 +69,11 @@ class FlashFunctionBackend(Backend):
         features = {"gqa", "seq_lengths", "seq_positions"} | {f for p, f in _OPTIONAL.items() if p in self.params}
         if decl.features is not None:
             features = set(decl.features)
-        fmt = ("packed",) if self.form == "varlen" else ("paged-NHD",) + (("append",) if {"k", "v"} <= self.params else ())
+        self.stacked = "paged_kv_cache" in self.params  # one (num_pages, 2, P, Hkv, E) tensor: Ev == E
+        paged = "paged-stacked-NHD" if self.stacked else "paged-NHD"
+        fmt = ("packed",) if self.form == "varlen" else (paged,) + (("append",) if {"k", "v"} <= self.params else ())
         self.capabilities = replace(caps, features=frozenset(features), formats=fmt, masks=False,
-                                    mask_with_causal=True)
+                                    mask_with_causal=True, equal_head_dims=caps.equal_head_dims or self.stacked)
         self.semantics = replace(sem, causal_alignment="bottom_right")  # per sequence, flash-attention's
 
     def native_dtype(self, y):
@@ -141,7 +147,10 @@ class FlashFunctionBackend(Backend):
                 raise Unsupported(f"{self.name} has no parameter cache_leftpad")
             kw["cache_leftpad"] = args.cache_leftpad
         kw.update(self._new_keys)
-        y = self.fn(self._swap(q, 1, 2), k_cache, v_cache, **kw)  # q (B, Lq, Hq, E)
+        if self.stacked:  # k_cache is the one tensor (serving.py), v_cache None
+            y = self.fn(self._swap(q, 1, 2), paged_kv_cache=k_cache, **kw)  # q (B, Lq, Hq, E)
+        else:
+            y = self.fn(self._swap(q, 1, 2), k_cache, v_cache, **kw)
         if call.return_lse:
             return self._swap(y[0], 1, 2), y[1]  # (B, Hq, Lq, Ev), (B, Hq, Lq)
         return self._swap(y, 1, 2)  # (B, Lq, Hq, Ev) -> (B, Hq, Lq, Ev)

@@ -19,7 +19,8 @@ from attnspec.specs.masks import sequence_offsets
 _NUMPY_DTYPES = ("float16", "float32", "float64")
 _FP8 = tuple(numpy_fp8.P_FORMATS)  # forward-only: FA3's fp8 arithmetic, emulated (numpy-tiled)
 _ALL_FEATURES = EVERY_FEATURE | {"seq_positions", "sinks"}  # the whole definition, per-sequence positions and sinks too
-_FORMATS = ("padded", "packed", "paged-NHD", "paged-HND", "append")  # specs.formats.FORMATS: backends/numpy_formats.py
+_FORMATS = ("padded", "packed", "paged-NHD", "paged-HND", "paged-stacked-NHD", "paged-stacked-HND",
+            "append")  # specs.formats.FORMATS: backends/numpy_formats.py
 _ROW_BLOCK = 128  # rows per index-masking step: bounds the bool temporary to 128*Lk
 
 

@@ -4,13 +4,19 @@ numpy-naive takes them by its own gather: the sequences (or pages) copied into a
 per-sequence lengths and positions, then its padded kernel.  numpy-tiled takes them natively: a
 packed call runs its online softmax on each sequence's own slice of the token axis, and a paged
 call's key blocks are the pages themselves, read through the block table (only the pages holding a
-sequence's keys; slots before its cache_leftpad zeroed before use, past cache_seqlens never cut).
+sequence's keys; slots before its cache_leftpad zeroed before use, past cache_seqlens never cut) -
+in a stacked layout each page's K and V halves read from the one tensor (``kv[page, 0]``,
+``kv[page, 1]``: NumPy views, the numbers a separate cache would hold, in the same order).
+Neither checks its index arguments (the harness validates them): what they do with bad ones is
+what properties/test_bad_indices.py records.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
+
+from attnspec.specs.formats import gather_paged, kv_halves, split_layout
 
 
 def _per(x, B: int):
@@ -82,7 +88,6 @@ def gathered_packed_backward(self, q, k, v, grad_out, args, call):
 
 def gathered_paged(self, q, k_cache, v_cache, args, call):
     """numpy-naive: the pages gathered into contiguous keys, then its padded kernel."""
-    from attnspec.specs.formats import gather_paged
     lens = np.asarray(args.cache_seqlens, np.int64)
     k, v = gather_paged(k_cache, v_cache, args.block_table, lens, args.layout, Lk=int(lens.max(initial=0)))
     return self.native_attention(q, k, v, replace(call, positions="per_sequence", kv_lengths=lens,
@@ -104,16 +109,20 @@ def tiled_packed(self, q, k, v, args, call):
     return _packed_out(outs, lses, q.shape[0], q, call)
 
 
-def _page(cache, page: int, n: int, layout: str) -> np.ndarray:
-    """The first n slots of one page as (1, Hkv, n, D)."""
-    x = cache[page, :n] if layout == "NHD" else np.swapaxes(cache[page, :, :n], 0, 1)  # (n, Hkv, D)
+def _page(cache, page: int, n: int, layout: str, half: int) -> np.ndarray:
+    """The first n slots of one page as (1, Hkv, n, D): of K (half 0) or V (half 1) in a stacked layout."""
+    stacked, base = split_layout(layout)
+    x = cache[page, half] if stacked else cache[page]  # (P, Hkv, D) NHD or (Hkv, P, D) HND
+    x = x[:n] if base == "NHD" else np.swapaxes(x[:, :n], 0, 1)  # (n, Hkv, D)
     return np.swapaxes(x, 0, 1)[None]
 
 
 def tiled_paged(self, q, k_cache, v_cache, args, call):
     """numpy-tiled: its key blocks are the pages, read through the block table sequence by sequence."""
     B, P = q.shape[0], args.page_size
-    Hkv = k_cache.shape[2 if args.layout == "NHD" else 1]
+    stacked, base = split_layout(args.layout)
+    v_cache = k_cache if stacked else v_cache  # the one tensor: _page reads its V half
+    Hkv = k_cache.shape[(2 if base == "NHD" else 1) + stacked]
     lens = np.asarray(args.cache_seqlens, np.int64)
     pads = np.zeros(B, np.int64) if args.cache_leftpad is None else np.asarray(args.cache_leftpad, np.int64)
     table = np.asarray(args.block_table, np.int64)
@@ -127,7 +136,7 @@ def tiled_paged(self, q, k_cache, v_cache, args, call):
             j0, j1 = c * P, min((c + 1) * P, int(lens[b]))
             if j1 <= pads[b]:
                 continue  # a page of left padding only: never read
-            kb, vb = (_page(x, int(table[b, c]), j1 - j0, args.layout) for x in (k_cache, v_cache))
+            kb, vb = (_page(x, int(table[b, c]), j1 - j0, args.layout, half) for half, x in enumerate((k_cache, v_cache)))
             if j0 < pads[b]:  # the page's slots before the sequence's start: zeroed, never used
                 before = (np.arange(j0, j1) < pads[b])[:, None]
                 kb, vb = (np.where(before, x.dtype.type(0), x) for x in (kb, vb))
@@ -147,10 +156,12 @@ def appended_paged(self, q, k_cache, v_cache, k_new, v_new, args, call):
     """Both numpy backends: the new keys written through the block table in place, then the paged call."""
     P, lens = args.page_size, np.asarray(args.cache_seqlens, np.int64)
     table = np.asarray(args.block_table, np.int64)
+    kc, vc = kv_halves(k_cache, v_cache, args.layout)  # a stacked tensor's halves: views, written through
+    nhd = split_layout(args.layout)[1] == "NHD"
     for b in range(table.shape[0]):
         for t in range(k_new.shape[1]):
             page, slot = table[b, (lens[b] + t) // P], (lens[b] + t) % P
-            cut = (page, slot) if args.layout == "NHD" else (page, slice(None), slot)
-            k_cache[cut], v_cache[cut] = k_new[b, t], v_new[b, t]  # (Hkv, D)
+            cut = (page, slot) if nhd else (page, slice(None), slot)
+            kc[cut], vc[cut] = k_new[b, t], v_new[b, t]  # (Hkv, D)
     grown = replace(args, cache_seqlens=(lens + k_new.shape[1]).astype(np.int32))
     return self.native_paged(q, k_cache, v_cache, grown, call)

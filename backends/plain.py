@@ -100,6 +100,7 @@ class Declaration:
     bias_gradient: bool = False  # torch/jax: the backward gives dBias too (autograd through the bias)
     lse_with_sinks: bool | None = None  # a returned LSE counts the sinks (FA4) or not (gpt-oss's Triton)
     limits: dict = field(default_factory=dict)  # the other declared shape limits: Capabilities' fields
+    rejects_bad_indices: bool | None = None  # a varlen/kvcache function refuses bad index arguments
     fp8: dict = field(default_factory=dict)  # p_dtypes, descale_granularity, fp8_query (Semantics, Capabilities)
 
 
@@ -108,8 +109,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
             masks=True, causal=True, features=None, notes=(), head_dim_multiple=1, deviations=None,
             framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=(),
             bias_gradient=False, head_dims=(), max_head_dim=0, head_dim_power_of_two=False, length_multiple=1,
-            max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None, p_dtypes=None,
-            descale_granularity="head", fp8_query=None):
+            max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None, rejects_bad_indices=None,
+            p_dtypes=None, descale_granularity="head", fp8_query=None):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -134,6 +135,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     variables the function depends on (``TRITON_INTERPRET``): reproducers record and restore them.
     bias_gradient: a torch/jax function's autograd gives the bias gradient too (checked then).
     lse_with_sinks: whether a returned LSE counts the sinks (FA4: True; gpt-oss's Triton kernel: False).
+    rejects_bad_indices: a function with flash-attention's varlen/kvcache signature raises on index
+    arguments outside its tensors (True: judged by properties/test_bad_indices.py).
     With sinks a NumPy function's backward returns (dq, dk, dv, dsink).
 
     fp8 inputs (dtypes float8_e4m3fn, float8_e5m2; forward-only): a NumPy function gets ml_dtypes arrays,
@@ -215,6 +218,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
                        tuple(Deviation(prop, why) for prop, why in (deviations or {}).items()),
                        framework, device, layout, lse_layout, lse_padding, tuple(env), bool(bias_gradient),
                        None if lse_with_sinks is None else bool(lse_with_sinks), limits,
+                       None if rejects_bad_indices is None else bool(rejects_bad_indices),
                        dict(p_dtypes=tuple(sorted((p_dtypes or {}).items())), descale_granularity=descale_granularity,
                             fp8_query=fp8_query))
 
@@ -264,7 +268,8 @@ def declared(fn, decl: Declaration, gradients: bool, note: str) -> tuple:
     sem = Semantics(fully_masked=decl.fully_masked, causal_alignment=decl.causal_alignment,
                     effective_precision=decl.effective_precision, padded_rows=decl.padded_rows,
                     output_dtypes=decl.output_dtypes, deviations=decl.deviations, notes=decl.notes + (note,),
-                    lse_with_sinks=decl.lse_with_sinks, p_dtypes=decl.fp8.get("p_dtypes", ()))
+                    lse_with_sinks=decl.lse_with_sinks, rejects_bad_indices=decl.rejects_bad_indices,
+                    p_dtypes=decl.fp8.get("p_dtypes", ()))
     return caps, sem
 
 

@@ -1,14 +1,17 @@
 """Serving-era call formats at the backend contract: a padded problem lowered, called, raised back.
 
 A backend declares the formats it takes in ``Capabilities.formats`` (`specs.formats.FORMATS`:
-"padded" by default, "packed", "paged-NHD", "paged-HND") and implements the hook of each:
+"padded" by default, "packed", "paged-NHD", "paged-HND", "paged-stacked-NHD", "paged-stacked-HND",
+"append") and implements the hook of each:
 
 - ``native_packed(q, k, v, args, call)``: q ``(total_q, Hq, E)``, k/v ``(total_k, Hkv, E)`` native;
   ``args`` a `PackedArgs` (cu_seqlens_q/k int32 native, max_seqlen_q/k ints, seqused_k or None);
   returns ``(total_q, Hq, Ev)``, or ``(out, lse (Hq, total_q))`` when ``call.return_lse``.
 - ``native_paged(q, k_cache, v_cache, args, call)``: q ``(B, Hq, Lq, E)`` native, the caches in
   ``args.layout``; ``args`` a `PagedArgs` (block_table, cache_seqlens, cache_leftpad or None);
-  returns ``(B, Hq, Lq, Ev)``, or ``(out, lse (B, Hq, Lq))``.
+  returns ``(B, Hq, Lq, Ev)``, or ``(out, lse (B, Hq, Lq))``.  A stacked layout's one tensor
+  (FlashInfer's ``paged_kv_cache``, ``(num_pages, 2, P, Hkv, E)`` or ``(num_pages, 2, Hkv, P, E)``)
+  comes as ``k_cache``, ``v_cache`` None.
 
 The ``call`` holds every other field; the sequences' extents travel in the format's own arguments
 (its q_lengths - packed only -, kv_lengths and kv_starts are None, positions per sequence).  The
@@ -43,7 +46,7 @@ class PagedArgs:
     block_table: object    # (B, max_pages) int32, native
     cache_seqlens: object  # (B,) int32, native
     cache_leftpad: object = None  # (B,) int32, native, or None
-    layout: str = "NHD"
+    layout: str = "NHD"  # specs.formats.PAGED_LAYOUTS: NHD, HND, stacked-NHD, stacked-HND
     page_size: int = 1
 
 
@@ -61,6 +64,8 @@ def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields):
     if is_fp8(dtype):  # left open: the lowerings carry no descales, and numpy-tiled's pages no fp8 arithmetic
         raise Unsupported(f"{backend.name}: fp8 inputs in {fmt} calls are not judged yet (padded calls are)")
     why = Fm.unpackable(p)
+    if not why and fmt.startswith("paged-stacked") and p.E != p.Ev:
+        why = f"one stacked tensor holds K and V, so it needs Ev == E (got E={p.E}, Ev={p.Ev})"
     if why:
         raise Unsupported(f"{backend.name} takes {fmt} calls only, and this problem has no {fmt} form: {why}")
     call = backend._call_of(p, dtype, return_lse, scale)
@@ -114,10 +119,11 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
     B = p.batch_shape[0]
     qn, kc, vc = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache, pg.v_cache)
-    before = [np.array(backend.from_native(c)) for c in (kc, vc)] if read_only else None  # copies, as given
+    caches = [(n, c) for n, c in (("k_cache", kc), ("v_cache", vc)) if c is not None]  # a stacked one: k_cache
+    before = [np.array(backend.from_native(c)) for _, c in caches] if read_only else None  # copies, as given
     y = backend._call("paged forward", backend.native_paged, qn, kc, vc, args, call)
     out, lse = _with_lse(backend, y, return_lse, "paged forward")
-    for name, c, was in zip(("k_cache", "v_cache"), (kc, vc), before or (), strict=False):
+    for (name, c), was in zip(caches, before or (), strict=False):
         if not np.array_equal(np.asarray(backend.from_native(c)), was, equal_nan=True):
             raise BackendFailure(backend.name, f"paged forward wrote into {name}: a call without new keys must "
                                  "leave the cache as it was (its pages may be shared by other sequences)")
@@ -142,8 +148,8 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
                  fill=np.nan, **fields):
     """An append then attention (``native_paged_append``): the problem's last ``n_new`` keys of each
     sequence (its kv_lengths) are the new ones, the cache holds those before them and `fill` where they go.
-    Returns (output (B, Hq, Lq, Ev), (k_cache, v_cache) after the call as NumPy, (k_cache, v_cache) as
-    the reference update leaves them (`specs.formats.appended`))."""
+    Returns (output (B, Hq, Lq, Ev), (K cache, V cache) after the call as NumPy, (K cache, V cache) as
+    the reference update leaves them (`specs.formats.appended`)) - a stacked layout's halves."""
     if "append" not in backend.capabilities.formats:
         raise Unsupported(f"{backend.name} takes no append (declares {', '.join(backend.capabilities.formats)})")
     p, call = _prepared(backend, f"paged-{layout}", q, k, v, dtype, False, fields)
@@ -152,26 +158,31 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     starts = np.zeros(B, np.int64) if pg.cache_leftpad is None else np.asarray(pg.cache_leftpad, np.int64)
     if n_new < 0 or (ends - starts < n_new).any():
         raise ValueError(f"n_new must be in [0, the shortest sequence's keys {int((ends - starts).min())}]; got {n_new}")
-    kc, vc = pg.k_cache.copy(), pg.v_cache.copy()
-    k_new = np.zeros((B, n_new, kc.shape[2 if layout == "NHD" else 1], p.E))  # (B, n, Hkv, E)
+    given = [None if c is None else c.copy() for c in (pg.k_cache, pg.v_cache)]  # the caches as handed over
+    kc, vc = Fm.kv_halves(*given, layout)  # a stacked tensor's halves: views, written through
+    nhd = Fm.split_layout(layout)[1] == "NHD"
+    k_new = np.zeros((B, n_new, kc.shape[2 if nhd else 1], p.E))  # (B, n, Hkv, E)
     v_new = np.zeros((B, n_new, k_new.shape[2], p.Ev))  # (B, n, Hkv, Ev)
     for b in range(B):
         for t, j in enumerate(range(ends[b] - n_new, ends[b])):
             page, slot = pg.block_table[b, j // P], j % P
-            cut = (page, slot) if layout == "NHD" else (page, slice(None), slot)
+            cut = (page, slot) if nhd else (page, slice(None), slot)
             k_new[b, t], v_new[b, t] = kc[cut], vc[cut]
             kc[cut], vc[cut] = fill, fill  # before the append: past cache_seqlens, not written yet
     before = ends - n_new
     args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, before), _ints(backend, pg.cache_leftpad),
                      layout, page_size)
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
-    qn, kcn, vcn, kn, vn = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), kc, vc,
+    qn, kcn, vcn, kn, vn = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), *given,
                                             k_new, v_new)
     y = backend._call("paged append", backend.native_paged_append, qn, kcn, vcn, kn, vn, args, call)
     out = backend._check("paged append output", y, p.batch_shape + (p.Lq, p.Ev), backend.output_dtype(dtype))
-    stored = [np.asarray(backend.from_native(x), dtype=np.float64) for x in (kcn, vcn)]
-    rounded = [np.asarray(backend.from_native(x), dtype=np.float64) for x in backend._natives(dtype, kc, vc, k_new, v_new)]
-    return out, tuple(stored), Fm.appended(*rounded[:2], pg.block_table, before, *rounded[2:], layout)
+
+    def numpy(xs):
+        return [None if x is None else np.asarray(backend.from_native(x), dtype=np.float64) for x in xs]
+    rounded = numpy(backend._natives(dtype, *given, k_new, v_new))
+    want = Fm.appended(*rounded[:2], pg.block_table, before, *rounded[2:], layout)
+    return out, Fm.kv_halves(*numpy((kcn, vcn)), layout), Fm.kv_halves(*want, layout)
 
 
 def _scatter_keys(x, cu_k, starts, ends, Lk: int) -> np.ndarray:
@@ -229,7 +240,7 @@ def prepare_format(backend, fmt: str, q, k, v, dtype="float32", *, page_size=16,
         call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
         natives, hook = backend._natives(dtype, pk.q, pk.k, pk.v), backend.native_packed
     else:
-        layout = fmt.split("-", 1)[1]
+        layout = fmt.split("-", 1)[1]  # NHD, HND, stacked-NHD, stacked-HND
         pg = Fm.to_paged(p, page_size, layout, fill=0.0, rng=rng)
         args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, pg.cache_seqlens),
                          _ints(backend, pg.cache_leftpad), layout, page_size)

@@ -128,7 +128,8 @@ class TorchMath(TorchBackend):
     name = "torch-math"
     capabilities = Capabilities(dtypes=_ALL + _FP8, device="cpu", gradients=True,
                                 features=_EVERY_FEATURE | {"seq_positions", "sinks", "descale"}, layouts=LAYOUTS,
-                                bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND"))
+                                bias_gradient=True, formats=("padded", "packed", "paged-NHD", "paged-HND",
+                                                             "paged-stacked-NHD", "paged-stacked-HND"))
     # fp8 inputs: dequantised to float32 (x.float() * descale), the math in float32, P not rounded, the
     # output in bfloat16 - PyTorch's quantised SDPA's output dtype
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",

@@ -75,9 +75,12 @@ def gathered_packed_backward(self, q, k, v, grad_out, args, call):
 
 def gathered_paged(self, q, k_cache, v_cache, args, call):
     """q (B, Hq, Lq, E), caches (pages, P, Hkv, D) NHD or (pages, Hkv, P, D) HND -> (B, Hq, Lq, Ev)
-    [, lse]: key j of sequence b read from page block_table[b, j // P], slot j % P."""
+    [, lse]: key j of sequence b read from page block_table[b, j // P], slot j % P.  A stacked layout's
+    one tensor (pages, 2, ...) is read through its K and V halves (torch views)."""
     torch = self.torch
-    kc, vc = (x if args.layout == "NHD" else x.transpose(1, 2) for x in (k_cache, v_cache))  # (pages, P, Hkv, D)
+    if args.layout.startswith("stacked-"):
+        k_cache, v_cache = k_cache[:, 0], k_cache[:, 1]  # (pages, P, Hkv, E) or (pages, Hkv, P, E) each
+    kc, vc = (x if args.layout.endswith("NHD") else x.transpose(1, 2) for x in (k_cache, v_cache))  # (pages, P, Hkv, D)
     P = kc.shape[1]
     lens = args.cache_seqlens.to(torch.int64)  # (B,)
     table = args.block_table.to(torch.int64)  # (B, max_pages)

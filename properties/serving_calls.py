@@ -38,8 +38,13 @@ def skip_without(target: Target, fmt: str) -> None:
         pytest.skip(f"{target.name} takes no {fmt} call (declares {', '.join(target.caps.formats)})")
 
 
-def paged_layouts(target: Target) -> tuple:
-    return tuple(f.split("-", 1)[1] for f in target.caps.formats if f.startswith("paged-"))
+def paged_layouts(target: Target, case: Case | None = None) -> tuple:
+    """The paged layouts the backend declares (NHD, HND, stacked-NHD, stacked-HND); with a case, those
+    that can hold it (a stacked tensor holds K and V in one: Ev == E only)."""
+    layouts = tuple(f.split("-", 1)[1] for f in target.caps.formats if f.startswith("paged-"))
+    if case is not None and case.k.shape[-1] != case.v.shape[-1]:
+        layouts = tuple(x for x in layouts if not x.startswith("stacked-"))
+    return layouts
 
 
 def per_sequence(draw, case: Case, target: Target) -> dict:

@@ -3,7 +3,8 @@
 Run only on backends that declare per-sequence positions and a ``paged-*`` format.  A drawn
 problem's keys and values are written to a paged cache (`specs.formats.to_paged`): pages at random
 places in a pool 2-3x the need, page sizes 1, 2, 3, 5, 16, 64, 128, 256, NaN in unused pages, each last page's
-tail, the left padding (``cache_leftpad``) and pages that spare table columns point to.  Every query
+tail, the left padding (``cache_leftpad``) and pages that spare table columns point to; in each layout the
+backend declares (NHD, HND, and stacked: FlashInfer's one K/V tensor, drawn where Ev == E).  Every query
 row is real (a decode or chunked-prefill batch: flash_attn_with_kvcache has no query lengths).
 Bugs this catches: output depending on page placement (pytorch/pytorch#182593), a block table not
 used (tanishqkumar/ssd#23), ``cache_leftpad`` accepted and never used (Dao-AILab/flash-attention#1788),
@@ -24,18 +25,21 @@ if TYPE_CHECKING:
     from attnspec.properties.target import Target
 
 
-def _layout(target: Target, params: dict) -> str:
-    layouts = S.paged_layouts(target)
-    if not layouts:
+def _layout(target: Target, params: dict, case: Case) -> str:
+    """The drawn layout where it can hold the case (a stacked one needs Ev == E), else the first that can
+    (none: the drawn one, and the call declines)."""
+    declared = S.paged_layouts(target)
+    if not declared:
         import pytest
         pytest.skip(f"{target.name} takes no paged call (declares {', '.join(target.caps.formats)})")
-    return params["layout"] if params["layout"] in layouts else layouts[0]
+    fit = S.paged_layouts(target, case) or declared
+    return params["layout"] if params["layout"] in fit else fit[0]
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_paged_matches_reference(target: Target, case: Case, params: dict):
     """A paged call equals the reference on the contiguous problem (positions per sequence, left padding)."""
-    layout = _layout(target, params)
+    layout = _layout(target, params, case)
     case = S.problem_of(case, params, queries=False)
     with S.as_called(case):
         agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"]))
@@ -44,7 +48,7 @@ def test_paged_matches_reference(target: Target, case: Case, params: dict):
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_page_placement_bitwise(target: Target, case: Case, params: dict):
     """Two random placements of the same pages (same page size) give the same output, bit for bit."""
-    layout = _layout(target, params)
+    layout = _layout(target, params, case)
     case = S.problem_of(case, params, queries=False)
     a = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"])  # (B, H, Lq, Ev)
     b = S.paged(target, case, params["page_size"], layout, params["seed"] + 1)  # another pool size too, mostly
@@ -56,7 +60,7 @@ def test_page_placement_bitwise(target: Target, case: Case, params: dict):
 def test_paged_shared_prefix(target: Target, case: Case, params: dict):
     """Sequences with a common prompt prefix whose pages their block tables share (prefix caching), read
     only: the reference's output, and bit for bit the output of the same keys in pages of their own."""
-    layout = _layout(target, params)
+    layout = _layout(target, params, case)
     case, n = S.shared_prefix(S.problem_of(case, params, queries=False), params["page_size"])
     shared = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"])  # (B, H, Lq, Ev)
     with S.as_called(case):
@@ -68,15 +72,27 @@ def test_paged_shared_prefix(target: Target, case: Case, params: dict):
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_paged_layouts_agree(target: Target, case: Case, params: dict):
-    """NHD and HND caches of the same pages give the same output, bit for bit."""
+    """NHD, HND and stacked (one K/V tensor) caches of the same pages give the same output, bit for bit:
+    the first layout the backend declares against another, drawn (two calls an example, whatever the
+    number of layouts: each pair is met over the examples, and bitwise equality is transitive).
+
+    Bitwise, not within the budget: the layouts hold the same numbers at other strides, and a kernel
+    reads the same keys and values of the same pages in the same order whichever it is handed - a
+    difference is a wrong read (K and V halves swapped, a half at the wrong page stride, HND's axes
+    crossed), not rounding."""
     layouts = S.paged_layouts(target)
     if len(layouts) < 2:
         import pytest
         pytest.skip(f"{target.name} takes one paged layout ({', '.join(layouts) or 'none'})")
+    pair = (layouts[0], layouts[1 + params["seed"] % (len(layouts) - 1)])
+    E, Ev = case.k.shape[-1], case.v.shape[-1]
+    if Ev != E and any(x.startswith("stacked-") for x in pair):  # one stacked tensor holds Ev == E only:
+        v = np.concatenate([case.v] * -(-E // Ev), axis=-1)[..., :E]  # the drawn values, E of them
+        case = case.replace(v=v)
     case = S.problem_of(case, params, queries=False)
-    outs = [S.paged(target, case, params["page_size"], layout, params["seed"]) for layout in layouts]
-    for layout, out in zip(layouts[1:], outs[1:], strict=True):
-        unchanged("paged_layouts_agree", outs[0], out, case.judged_rows(), f"{layouts[0]} against {layout}")
+    first, other = (S.paged(target, case, params["page_size"], layout, params["seed"]) for layout in pair)
+    with S.as_called(case):
+        unchanged("paged_layouts_agree", first, other, case.judged_rows(), f"{pair[0]} against {pair[1]}")
 
 
 def _full_cache(target: Target) -> list:
@@ -92,7 +108,7 @@ def _full_cache(target: Target) -> list:
 def test_paged_edges(target: Target, case: Case, params: dict):
     """Edge problems in a paged cache of 4-key pages, no spare table column: empty sequences, one key,
     63/64/65 keys (64: a cache exactly full, its table too), more queries than keys."""
-    layout = _layout(target, {"layout": "NHD"})
+    layout = _layout(target, {"layout": "NHD"}, case)
     with S.as_called(case):
         out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))
     if target.backend.semantics.fully_masked == "zeros":
@@ -112,7 +128,7 @@ def test_append_writes_its_slots_only(target: Target, case: Case, params: dict):
     from hypothesis import assume
 
     _appending(target)
-    layout = _layout(target, params)
+    layout = _layout(target, params, case)
     case = S.problem_of(case, params, queries=False)
     ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
     room = int((ends - case.fields.get("kv_starts", 0)).min())
@@ -136,7 +152,7 @@ def test_chunks_concatenate_to_prefill(target: Target, case: Case, params: dict)
     past, not only within its chunk (kekzl/imp#117)."""
     from hypothesis import assume
 
-    layout = _layout(target, params)
+    layout = _layout(target, params, case)
     S.bottom_right(target, "a chunk's queries are not placed after the cache")
     case = S.problem_of(case, params, queries=False).replace(causal_alignment="bottom_right")  # the cache's
     Lq = case.dims["Lq"]
@@ -163,7 +179,7 @@ def test_paged_decode_steps_match_prefill(target: Target, case: Case, params: di
     cache one key shorter (up to the last DECODE_STEPS rows)."""
     from hypothesis import assume
 
-    layout = _layout(target, params)
+    layout = _layout(target, params, case)
     S.bottom_right(target, "a decode step's query is not placed after the cache")
     case = S.problem_of(case, params, queries=False).replace(causal_alignment="bottom_right")
     Lq = case.dims["Lq"]
@@ -186,7 +202,7 @@ def test_paged_left_padding_equals_unpadded(target: Target, case: Case, params: 
     padding is never read and moves no position (the diagonal, ALiBi's distances)."""
     from hypothesis import assume
 
-    layout = _layout(target, params)
+    layout = _layout(target, params, case)
     case = S.problem_of(case, params, queries=False)
     ends, starts = S.ends_and_starts(case)
     if not starts.any():  # no padding drawn: a key of padding for every sequence that has two

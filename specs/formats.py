@@ -8,6 +8,9 @@
 - ``paged`` (``flash_attn_with_kvcache(block_table=)``, FlashInfer's paged wrappers, vLLM): key j of
   sequence b lives at ``cache[block_table[b, j // P], j % P]`` (NHD: ``(num_pages, P, Hkv, E)``;
   HND: ``(num_pages, Hkv, P, E)``); keys ``[cache_leftpad[b], cache_seqlens[b])`` are the sequence's.
+  The stacked layouts hold K and V in one tensor, FlashInfer's ``paged_kv_cache``: ``(num_pages, 2, P,
+  Hkv, E)`` (stacked-NHD) or ``(num_pages, 2, Hkv, P, E)`` (stacked-HND), index 0 of axis 1 the keys,
+  1 the values; it travels as ``k_cache`` with ``v_cache`` None, and needs Ev == E.
 
 Lowering fills everything a kernel must not read (tokens past ``cu_seqlens[-1]``, past
 ``seqused_k``, unused pages, each last page's tail, the left padding, unused table columns: valid
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PAGED_LAYOUTS = ("NHD", "HND")
+PAGED_LAYOUTS = ("NHD", "HND", "stacked-NHD", "stacked-HND")
 # "append": a paged call that first writes new keys into the cache in place (in its paged layouts)
 FORMATS = ("padded", "packed") + tuple(f"paged-{layout}" for layout in PAGED_LAYOUTS) + ("append",)
 
@@ -39,8 +42,8 @@ class Packed:
 
 @dataclass(frozen=True)
 class Paged:
-    k_cache: np.ndarray       # (num_pages, P, Hkv, E) NHD or (num_pages, Hkv, P, E) HND
-    v_cache: np.ndarray       # (num_pages, P, Hkv, Ev) or (num_pages, Hkv, P, Ev)
+    k_cache: np.ndarray       # (num_pages, P, Hkv, E) NHD, (num_pages, Hkv, P, E) HND; stacked: (num_pages, 2, ...)
+    v_cache: np.ndarray | None  # (num_pages, P, Hkv, Ev) or (num_pages, Hkv, P, Ev); None when stacked
     block_table: np.ndarray   # (B, max_pages) int32
     cache_seqlens: np.ndarray  # (B,) int32: one past each sequence's last key
     cache_leftpad: np.ndarray | None = None  # (B,) int32: each sequence's first key
@@ -48,7 +51,21 @@ class Paged:
 
     @property
     def page_size(self) -> int:
-        return int(self.k_cache.shape[1 if self.layout == "NHD" else 2])
+        k, _ = kv_halves(self.k_cache, self.v_cache, self.layout)
+        return int(k.shape[1 if split_layout(self.layout)[1] == "NHD" else 2])
+
+
+def split_layout(layout: str) -> tuple:
+    """(stacked, "NHD" or "HND") of a paged layout; ValueError naming `layout` for another."""
+    if layout not in PAGED_LAYOUTS:
+        raise ValueError(f"layout must be one of {PAGED_LAYOUTS}; got {layout!r}")
+    return layout.startswith("stacked-"), layout.removeprefix("stacked-")
+
+
+def kv_halves(k_cache, v_cache, layout: str) -> tuple:
+    """(K cache, V cache) in the layout's NHD or HND form: a stacked tensor's two halves as views (writes
+    go through; NumPy or torch alike), separate caches as they are."""
+    return (k_cache[:, 0], k_cache[:, 1]) if split_layout(layout)[0] else (k_cache, v_cache)
 
 
 def _ints(name: str, x, ndim: int) -> np.ndarray:
@@ -103,13 +120,20 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 def validate_paged(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad=None, layout="NHD") -> int:
     """The number of sequences B; ValueError naming the argument for a paged cache that is not one."""
-    if layout not in PAGED_LAYOUTS:
-        raise ValueError(f"layout must be one of {PAGED_LAYOUTS}; got {layout!r}")
-    what = "(num_pages, page_size, Hkv, E)" if layout == "NHD" else "(num_pages, Hkv, page_size, E)"
-    ks, vs = _rank("k_cache", k_cache, 4, what), _rank("v_cache", v_cache, 4, what)
+    stacked, base = split_layout(layout)
+    what = "(num_pages, page_size, Hkv, E)" if base == "NHD" else "(num_pages, Hkv, page_size, E)"
+    if stacked:
+        if v_cache is not None:
+            raise ValueError(f"v_cache must be None in layout {layout}: K and V are the halves of k_cache")
+        ks = _rank("k_cache", k_cache, 5, what.replace("pages, ", "pages, 2, ", 1))
+        if ks[1] != 2:
+            raise ValueError(f"k_cache's axis 1 must be 2 (0: K, 1: V) in layout {layout}; got shape {ks}")
+        ks = vs = ks[:1] + ks[2:]
+    else:
+        ks, vs = _rank("k_cache", k_cache, 4, what), _rank("v_cache", v_cache, 4, what)
     if ks[:3] != vs[:3]:
         raise ValueError(f"k_cache {ks} and v_cache {vs} must share (num_pages, page_size, Hkv)")
-    pages, P = ks[0], ks[1 if layout == "NHD" else 2]
+    pages, P = ks[0], ks[1 if base == "NHD" else 2]
     table = _ints("block_table", block_table, 2)
     lens = _ints("cache_seqlens", cache_seqlens, 1)
     B = table.shape[0]
@@ -222,8 +246,9 @@ def to_paged(p, page_size: int, layout: str = "NHD", *, pool: float = 2.5, spare
         raise ValueError(f"this problem has no paged form: {why}")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be a positive int; got {page_size!r}")
-    if layout not in PAGED_LAYOUTS:
-        raise ValueError(f"layout must be one of {PAGED_LAYOUTS}; got {layout!r}")
+    stacked, base = split_layout(layout)
+    if stacked and p.E != p.Ev:
+        raise ValueError(f"layout {layout} holds K and V in one tensor: it needs Ev == E; got E={p.E}, Ev={p.Ev}")
     gen = np.random.default_rng(rng)
     B = p.batch_shape[0]
     _, ks, ke = extents(p)
@@ -252,15 +277,18 @@ def to_paged(p, page_size: int, layout: str = "NHD", *, pool: float = 2.5, spare
         for j in range(ks[b], ke[b]):  # the left padding [0, kv_start) stays `fill`: never read
             kc[table[b, j // page_size], j % page_size] = k[b, :, j]
             vc[table[b, j // page_size], j % page_size] = v[b, :, j]
-    if layout == "HND":
+    if base == "HND":
         kc, vc = np.swapaxes(kc, 1, 2).copy(), np.swapaxes(vc, 1, 2).copy()  # (num_pages, Hkv, P, D)
+    if stacked:
+        kc, vc = np.stack([kc, vc], axis=1), None  # (num_pages, 2, P, Hkv, E) or (num_pages, 2, Hkv, P, E)
     return Paged(kc, vc, table, ke.astype(np.int32), None if p.kv_starts is None else ks.astype(np.int32), layout)
 
 
 def gather_paged(k_cache, v_cache, block_table, cache_seqlens, layout: str = "NHD", Lk: int | None = None) -> tuple:
     """The contiguous (B, Hkv, Lk, D) keys and values of a paged cache; slots past cache_seqlens zeros."""
     validate_paged(k_cache, v_cache, block_table, cache_seqlens, None, layout)
-    kc, vc = (np.asarray(x) if layout == "NHD" else np.swapaxes(np.asarray(x), 1, 2) for x in (k_cache, v_cache))
+    nhd = split_layout(layout)[1] == "NHD"
+    kc, vc = (np.asarray(x) if nhd else np.swapaxes(np.asarray(x), 1, 2) for x in kv_halves(k_cache, v_cache, layout))
     P, lens, table = kc.shape[1], np.asarray(cache_seqlens, dtype=np.int64), np.asarray(block_table, dtype=np.int64)
     Lk = int(lens.max(initial=0)) if Lk is None else Lk
     j = np.arange(Lk)  # (Lk,)
@@ -276,19 +304,22 @@ def gather_paged(k_cache, v_cache, block_table, cache_seqlens, layout: str = "NH
 def appended(k_cache, v_cache, block_table, cache_seqlens, k_new, v_new, layout: str = "NHD") -> tuple:
     """The reference update of an append (flash_attn_with_kvcache(k=, v=), FlashInfer's append_paged_kv_cache):
     copies of the caches with new key t of sequence b, k_new[b, t] ((B, n, Hkv, E)), at slot
-    cache_seqlens[b] + t through the block table; every other slot as it was, bit for bit."""
+    cache_seqlens[b] + t through the block table; every other slot as it was, bit for bit.  A stacked
+    layout's one tensor comes back as (kv_cache, None)."""
     lens = np.asarray(cache_seqlens, dtype=np.int64)
     n = np.shape(k_new)[1]
     validate_paged(k_cache, v_cache, block_table, lens + n, None, layout)  # the grown cache must fit its table
-    kc, vc = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
-    P = kc.shape[1 if layout == "NHD" else 2]
+    out = [None if x is None else np.array(x, copy=True) for x in (k_cache, v_cache)]
+    kc, vc = kv_halves(*out, layout)  # views into the copies
+    nhd = split_layout(layout)[1] == "NHD"
+    P = kc.shape[1 if nhd else 2]
     table = np.asarray(block_table, dtype=np.int64)
     for b in range(table.shape[0]):
         for t in range(n):
             j = lens[b] + t
             page, slot = table[b, j // P], j % P
-            if layout == "NHD":
+            if nhd:
                 kc[page, slot], vc[page, slot] = k_new[b, t], v_new[b, t]  # (Hkv, D)
             else:
                 kc[page, :, slot], vc[page, :, slot] = k_new[b, t], v_new[b, t]
-    return kc, vc
+    return tuple(out)

@@ -1,5 +1,5 @@
 """The proof of teeth's witnesses for the conventions of issue 31 (tests/broken/witnesses.py's ops
-"merge", "knobs", "repeat_backward", "batch", and the empty-row LSE): verdicts of one backend on one
+"merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index"): verdicts of one backend on one
 witness in one dtype, as tests/test_teeth.py's `_verdicts` returns them.  A backend that does not
 offer what a witness asks (no merge, no such knob, no gradients, no declaration to hold it to) declines
 it with Unsupported.
@@ -13,7 +13,23 @@ from attnspec.specs import error_budget, reference
 from attnspec.specs.invariants import Verdict
 from attnspec.specs.merge_budget import merge_allowed
 
-CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch")
+CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "bad_index")
+
+
+def bad_index_verdicts(backend, dtype: str) -> list:
+    """Each bad input of the formats it takes refused, where rejects_bad_indices is declared."""
+    from attnspec.backends.bad_indices import BAD_INPUTS, probe
+    if not backend.semantics.rejects_bad_indices:
+        raise Unsupported(f"{backend.name} declares no refusal of bad index arguments")
+    out = []
+    for kind in BAD_INPUTS:
+        try:
+            observed, detail = probe(backend, kind, dtype)
+        except Unsupported:
+            continue  # not a format it takes
+        out.append(Verdict(f"bad_index_{kind}", observed.startswith("refused"), None, float("nan"),
+                           f"{kind}: {observed} ({detail}) where rejects_bad_indices is declared"))
+    return out
 
 
 def _bitwise(a, b) -> bool:
@@ -33,6 +49,8 @@ def empty_lse_verdict(backend, lse, empty) -> Verdict:
 def verdicts(backend, p: dict, dtype: str) -> list:
     q, k, v, mask, causal, scale, fields = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "fields"))
     kw = dict(mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
+    if p["op"] == "bad_index":
+        return bad_index_verdicts(backend, dtype)
     if p["op"] == "merge":
         (o_a, l_a), (o_b, l_b) = p["states"]
         o_a, o_b = (np.asarray(error_budget.round_to(o, dtype), dtype=np.float64) for o in (o_a, o_b))

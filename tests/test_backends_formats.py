@@ -15,11 +15,12 @@ from attnspec.specs.masks import alibi_slopes
 
 VARLEN = "tests.broken.flash_twins:flash_attn_varlen_func"
 KVCACHE = "tests.broken.flash_twins:flash_attn_with_kvcache"
+STACKED = "tests.broken.flash_twins:flash_attn_with_paged_kv_cache"  # FlashInfer's one K/V tensor
 
 
-def _problem(**extra):
+def _problem(Ev=6, **extra):
     rng = np.random.default_rng(30)
-    q, k, v = rng.standard_normal((3, 4, 5, 8)), rng.standard_normal((3, 2, 9, 8)), rng.standard_normal((3, 2, 9, 6))
+    q, k, v = rng.standard_normal((3, 4, 5, 8)), rng.standard_normal((3, 2, 9, 8)), rng.standard_normal((3, 2, 9, Ev))
     fields = dict(enable_gqa=True, positions="per_sequence", q_lengths=np.array([5, 1, 2]),
                   kv_lengths=np.array([9, 3, 7]), kv_starts=np.array([0, 1, 4]), is_causal=True,
                   causal_alignment="bottom_right", alibi_slopes=alibi_slopes(4), window=(3, None), softcap=2.0)
@@ -61,6 +62,19 @@ def _formats_agree(backend, dtype):
             out = serving.forward_paged(backend, q, k, v, dtype, page_size=page_size, layout=layout, rng=page_size,
                                         **fields)
             _close(out, q, k, v, fields, dtype)
+    q, k, v, fields = _problem(Ev=8)  # one stacked tensor holds K and V: Ev == E
+    q, k, v = (error_budget.round_to(x, dtype) for x in (q, k, v))
+    for base in ("NHD", "HND"):
+        sep, st = (serving.forward_paged(backend, q, k, v, dtype, page_size=3, layout=layout, rng=3, read_only=True,
+                                         **fields) for layout in (base, f"stacked-{base}"))
+        np.testing.assert_array_equal(st, sep)  # the same numbers read in the same order: bit for bit
+        _close(st, q, k, v, fields, dtype)
+
+
+def test_a_stacked_layout_declines_unequal_head_dims():
+    q, k, v, fields = _problem()
+    with pytest.raises(Unsupported, match="one stacked tensor holds K and V, so it needs Ev == E"):
+        serving.forward_paged(NumpyTiled(), q, k, v, layout="stacked-HND", **fields)
 
 
 def test_packed_lse_comes_back_per_sequence():
@@ -102,24 +116,27 @@ def test_flash_attention_signatures_are_recognised():
     assert flash_form(flash_twins.flash_attn_varlen_func) == "varlen"
     assert flash_form(flash_twins.flash_attn_with_kvcache) == "kvcache"
     assert flash_form(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: None) == ""
-    varlen, kvcache = resolve(VARLEN), resolve(KVCACHE)
+    assert flash_form(flash_twins.flash_attn_with_paged_kv_cache) == "kvcache"
+    varlen, kvcache, stacked = resolve(VARLEN), resolve(KVCACHE), resolve(STACKED)
     assert varlen.capabilities.formats == ("packed",) and kvcache.capabilities.formats == ("paged-NHD", "append")
-    for b in (varlen, kvcache):
+    assert stacked.capabilities.formats == ("paged-stacked-NHD", "append") and stacked.capabilities.equal_head_dims
+    for b in (varlen, kvcache, stacked):
         assert {"seq_positions", "window", "softcap", "alibi", "lse", "gqa"} <= b.capabilities.features
         assert b.causal_alignments() == ("bottom_right",) and not b.capabilities.masks
         assert b.describe()["formats"] == list(b.capabilities.formats)
 
 
-@pytest.mark.parametrize("spec", [VARLEN, KVCACHE])
+@pytest.mark.parametrize("spec", [VARLEN, KVCACHE, STACKED])
 def test_the_flash_twins_are_called_in_their_format(spec):
-    q, k, v, fields = _problem(q_lengths=None if spec == KVCACHE else np.array([5, 1, 2]))
+    q, k, v, fields = _problem(Ev=8 if spec == STACKED else 6, q_lengths=None if spec != VARLEN else np.array([5, 1, 2]))
     backend = resolve(spec)
     out, lse = backend.forward(q, k, v, return_lse=True, **fields)  # a padded call goes through the format
     _close(out, q, k, v, fields)
     if spec == VARLEN:
         _close(serving.forward_packed(backend, q, k, v, tail=3, unused=2, rng=4, **fields), q, k, v, fields)
     else:
-        _close(serving.forward_paged(backend, q, k, v, page_size=2, rng=5, **fields), q, k, v, fields)
+        layout = backend.capabilities.formats[0].split("-", 1)[1]  # NHD, or stacked-NHD
+        _close(serving.forward_paged(backend, q, k, v, page_size=2, layout=layout, rng=5, **fields), q, k, v, fields)
 
 
 def test_the_flash_twins_decline_what_flash_attention_cannot_say():
@@ -132,10 +149,12 @@ def test_the_flash_twins_decline_what_flash_attention_cannot_say():
 
 
 def test_an_append_writes_the_reference_update_and_attends_over_the_grown_cache():
-    q, k, v, fields = _problem(q_lengths=None, window=None)
-    for spec in ("numpy-naive", "numpy-tiled", KVCACHE):
-        out, stored, want = serving.append_paged(resolve(spec), q, k, v, 2, page_size=3, rng=7, **fields)
-        for got, ref in zip(stored, want, strict=True):
+    q, k, v, fields = _problem(Ev=8, q_lengths=None, window=None)
+    for spec, layout in (("numpy-naive", "NHD"), ("numpy-tiled", "HND"), ("numpy-tiled", "stacked-HND"),
+                         ("numpy-naive", "stacked-NHD"), (KVCACHE, "NHD"), (STACKED, "stacked-NHD")):
+        out, stored, want = serving.append_paged(resolve(spec), q, k, v, 2, page_size=3, layout=layout, rng=7,
+                                                 **fields)
+        for got, ref in zip(stored, want, strict=True):  # the K and V halves of a stacked tensor
             np.testing.assert_array_equal(got, ref)  # NaN where nothing was written: NaN still
         _close(out, q, k, v, fields)
 
@@ -155,21 +174,25 @@ def test_packed_gradients_match_the_reference_and_vanish_on_tokens_no_sequence_o
     assert stray == 1.0
 
 
-def test_the_append_and_packed_gradient_properties_reject_their_planted_bugs(tmp_path):
+def test_the_append_layout_and_packed_gradient_properties_reject_their_planted_bugs(tmp_path):
     from attnspec.properties.runner import run_suite
     planted = {"broken-append-one-late": "tests.broken.serving_bugs:AppendOneLate",
+               "broken-stacked-halves-swapped": "tests.broken.serving_bugs:StackedHalvesSwapped",
                "broken-append-to-next-sequence": "tests.broken.serving_bugs:AppendToNextSequence",
                "broken-packed-gradient-past-cu-seqlens": "tests.broken.serving_bugs:PackedGradientPastCuSeqlens",
                "broken-packed-backward-nan-one-key": "tests.broken.serving_bugs:PackedBackwardNaNOneKey",
                "broken-writes-rows-past-cu-seqlens": "tests.broken.serving_bugs:WritesRowsPastCuSeqlens"}
     result = run_suite([*planted.values(), KVCACHE, "numpy-naive"], json_path=str(tmp_path / "out.json"),
-                       extra_args=["-k", "append_writes_its_slots_only or packed_gradient or rows_past",
+                       extra_args=["-k", "append_writes_its_slots_only or packed_gradient or rows_past or "
+                                         "paged_layouts_agree",
                                    "--attnspec-no-shrink"],
                        profile="dev", cwd=str(tmp_path),
                        pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])], timeout=300)
     rows = {(r["backend"], r["property"], r["dtype"]): r["status"] for r in result.conformance}
     assert rows[("broken-append-one-late", "append_writes_its_slots_only", "float64")] == "failed", result.output[-3000:]
     assert rows[("broken-append-to-next-sequence", "append_writes_its_slots_only", "float64")] == "failed"
+    # every example compares the stacked layouts too (Ev made E where it was drawn otherwise)
+    assert rows[("broken-stacked-halves-swapped", "paged_layouts_agree", "float64")] == "failed"
     assert rows[("broken-packed-gradient-past-cu-seqlens", "packed_gradients_match_reference", "float64")] == "failed"
     # by construction (the edge grid's one-key sequences), whatever the draws
     assert rows[("broken-packed-backward-nan-one-key", "packed_gradient_edges", "float32")] == "failed"

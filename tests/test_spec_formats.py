@@ -9,9 +9,9 @@ from attnspec.specs import reference
 from attnspec.specs.problem import validate
 
 
-def _problem(**kw):
+def _problem(Ev=6, **kw):
     rng = np.random.default_rng(5)
-    q, k, v = rng.standard_normal((3, 4, 5, 8)), rng.standard_normal((3, 2, 9, 8)), rng.standard_normal((3, 2, 9, 6))
+    q, k, v = rng.standard_normal((3, 4, 5, 8)), rng.standard_normal((3, 2, 9, 8)), rng.standard_normal((3, 2, 9, Ev))
     base = dict(enable_gqa=True, positions="per_sequence", q_lengths=np.array([5, 0, 2]),
                 kv_lengths=np.array([9, 3, 7]), kv_starts=np.array([0, 1, 4]))
     return validate(q, k, v, **{**base, **kw})
@@ -58,7 +58,7 @@ def test_lse_from_packed():
 @pytest.mark.parametrize("layout", Fm.PAGED_LAYOUTS)
 @pytest.mark.parametrize("page_size", [1, 2, 3, 5, 16])
 def test_paged_gathers_back_to_the_contiguous_keys(layout, page_size):
-    p = _problem()
+    p = _problem(Ev=8 if layout.startswith("stacked-") else 6)  # one stacked tensor: Ev == E
     pg = Fm.to_paged(p, page_size, layout, rng=page_size)
     assert pg.page_size == page_size and pg.block_table.dtype == np.int32
     assert Fm.validate_paged(pg.k_cache, pg.v_cache, pg.block_table, pg.cache_seqlens, pg.cache_leftpad, layout) == 3
@@ -75,6 +75,32 @@ def test_paged_gathers_back_to_the_contiguous_keys(layout, page_size):
         np.testing.assert_array_equal(v[b, :, s:e], p.value[b, :, s:e])
         assert np.isnan(k[b, :, :s]).all()  # the left padding is never written
     assert (k[1, :, 3:] == 0).all()
+
+
+@pytest.mark.parametrize("base", ["NHD", "HND"])
+def test_a_stacked_cache_holds_the_separate_caches_numbers(base):
+    """stacked-NHD / stacked-HND: index 0 of axis 1 the keys, 1 the values, exactly the separate caches of
+    the same placement; an append's reference update writes the same slots."""
+    p = _problem(Ev=8)
+    sep, st = Fm.to_paged(p, 3, base, rng=2), Fm.to_paged(p, 3, f"stacked-{base}", rng=2)
+    assert st.v_cache is None and st.k_cache.shape == (sep.k_cache.shape[0], 2) + sep.k_cache.shape[1:]
+    assert st.page_size == sep.page_size == 3
+    np.testing.assert_array_equal(st.k_cache[:, 0], sep.k_cache)  # NaN where NaN
+    np.testing.assert_array_equal(st.k_cache[:, 1], sep.v_cache)
+    assert not np.array_equal(st.k_cache[:, 0], st.k_cache[:, 1], equal_nan=True)
+    new = np.ones((3, 1, 2, 8))  # (B, n, Hkv, E)
+    lens = sep.cache_seqlens - 1
+    kv, none = Fm.appended(st.k_cache, None, st.block_table, lens, new, 2 * new, f"stacked-{base}")
+    k, v = Fm.appended(sep.k_cache, sep.v_cache, sep.block_table, lens, new, 2 * new, base)
+    assert none is None
+    np.testing.assert_array_equal(kv[:, 0], k)
+    np.testing.assert_array_equal(kv[:, 1], v)
+
+
+def test_a_stacked_layout_needs_equal_head_dims():
+    with pytest.raises(ValueError, match="layout stacked-NHD holds K and V in one tensor: it needs Ev == E; got E=8, "
+                                         "Ev=6"):
+        Fm.to_paged(_problem(), 4, "stacked-NHD")
 
 
 def test_a_problem_without_a_packed_form_says_why():
@@ -121,10 +147,25 @@ def _paged_args():
     (dict(cache_leftpad=np.array([4, 0], np.int32)), "cache_leftpad must be"),
     (dict(v_cache=np.zeros((4, 3, 1, 3))), "must share"),
     (dict(layout="BHSD"), "layout must be one of"),
+    # stacked: one (num_pages, 2, P, Hkv, E) tensor as k_cache, no v_cache
+    (dict(layout="stacked-NHD"), "v_cache must be None in layout stacked-NHD"),
+    (dict(layout="stacked-NHD", v_cache=None), r"k_cache must be shaped \(num_pages, 2, page_size, Hkv, E\)"),
+    (dict(layout="stacked-HND", v_cache=None, k_cache=np.zeros((4, 3, 1, 2, 3))),
+     r"k_cache's axis 1 must be 2 \(0: K, 1: V\) in layout stacked-HND; got shape \(4, 3, 1, 2, 3\)"),
+    (dict(layout="stacked-NHD", v_cache=None, k_cache=np.zeros((4, 2, 2, 1, 3)),
+          block_table=np.array([[0, 1], [2, 4]], np.int32)), r"page id outside the pool \[0, 4\): \[4\]"),
 ])
 def test_bad_paged_input_names_the_argument(change, message):
     with pytest.raises(ValueError, match=message):
         Fm.validate_paged(**{**_paged_args(), **change})
+
+
+def test_a_stacked_cache_validates():
+    args = {**_paged_args(), "k_cache": np.zeros((4, 2, 1, 2, 3)), "v_cache": None, "layout": "stacked-HND"}
+    assert Fm.validate_paged(**args) == 2  # (num_pages, 2, Hkv, P, E): pages of 2
+    args["cache_seqlens"] = np.array([5, 4], np.int32)
+    with pytest.raises(ValueError, match="block_table of 2 pages of 2 is too short"):
+        Fm.validate_paged(**args)
 
 
 def test_an_unread_table_column_may_hold_anything():

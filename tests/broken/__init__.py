@@ -159,6 +159,10 @@ BROKEN = (
           "a chunk attends only within itself, kekzl/imp#117", "serving"),
     Entry("serving_bugs:DecodeDispatchByFirst", SERVING, w.mixed_batch,
           "a mixed batch run by the decode kernel its first sequence chose", "serving"),
+    Entry("serving_bugs:StackedVPageStride", SERVING, w.paged_leftpad,
+          "a stacked K/V cache's V half read at a separate V cache's page stride", "serving"),
+    Entry("serving_bugs:ClampsBadIndices", ("bad_index",), w.bad_indices,
+          "declares bad index arguments refused, clamps them (issue 30 item 5)", "serving"),
     # issue 31: attention sinks (tests/broken/sink_bugs.py)
     Entry("sink_bugs:SinkIgnored", SINKS, w.sinks, "sinks accepted and dropped, vllm-project/vllm#52148", "sinks"),
     Entry("sink_bugs:SinkPerSplit", SINKS, w.sinks, "the sink counted in every split, ROCm/rocm-libraries#12227",
@@ -205,6 +209,8 @@ CORRECT = (
     Entry("correct:DsScaleRounded", origin="dS * scale rounded to the dtype before dQ and dK (issue 29)"),
     Entry("flash_twins:flash_attn_varlen_func", origin="flash-attention's varlen signature and layout (issue 30)"),
     Entry("flash_twins:flash_attn_with_kvcache", origin="flash-attention's kvcache signature, paged (issue 30)"),
+    Entry("flash_twins:flash_attn_with_paged_kv_cache",
+          origin="the kvcache signature over FlashInfer's stacked paged_kv_cache (issue 30)"),
     Entry("sink_bugs:SinkKernel", origin="split-KV, the sink folded once after the merge (FlashInfer; issue 31)"),
     Entry("sink_bugs:SinkInitMax", origin="the running max initialised with the sink, LSE without it, declared "
                                          "(gpt-oss's Triton kernel; issue 31)"),

@@ -73,7 +73,10 @@ def _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip=""):
         return k_cache[b, start:end], v_cache[b, start:end]
     P = k_cache.shape[1]
     j = np.arange(start, end)
-    pages = block_table[b, j // P] if slip != "page_order" else np.sort(block_table[b])[j // P]
+    if slip == "clamp_indices":  # "safe" indexing: a column past the table, a page id outside the pool clamped
+        pages = np.clip(block_table[b, np.minimum(j // P, block_table.shape[1] - 1)], 0, k_cache.shape[0] - 1)
+    else:
+        pages = block_table[b, j // P] if slip != "page_order" else np.sort(block_table[b])[j // P]
     return k_cache[pages, j % P], v_cache[pages, j % P]
 
 
@@ -122,6 +125,25 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
     return (out, lse) if return_softmax_lse else out
 
 
+def stacked_halves(paged_kv_cache, slip=""):
+    """The K and V caches (num_pages, P, Hkv, D) of FlashInfer's one tensor (num_pages, 2, P, Hkv, D):
+    views, so an append writes through.  slip "v_page_stride": V of page p addressed at a separate V
+    cache's page stride - half-page p + 1 of the tensor instead of 2p + 1 (right for page 0 only)."""
+    if slip == "v_page_stride":
+        halves = paged_kv_cache.reshape((2 * paged_kv_cache.shape[0],) + paged_kv_cache.shape[2:])  # K0, V0, K1, ...
+        return paged_kv_cache[:, 0], halves[1:paged_kv_cache.shape[0] + 1]
+    return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
+
+
+def kvcache_stacked(q, paged_kv_cache, cache_seqlens=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False,
+                    slip="", k=None, v=None):
+    """`kvcache` over one stacked K/V tensor (num_pages, 2, P, Hkv, E): index 0 the keys, 1 the values."""
+    k_cache, v_cache = stacked_halves(paged_kv_cache, slip)
+    return kvcache(q, k_cache, v_cache, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                   softcap, alibi_slopes, return_softmax_lse, slip, k=k, v=v)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            return_softmax_lse=False):
@@ -136,3 +158,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     """The correct twin of flash-attention's flash_attn_with_kvcache: k, v appended in place at cache_seqlens."""
     return kvcache(q, k_cache, v_cache, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal, window_size,
                    softcap, alibi_slopes, return_softmax_lse, k=k, v=v)
+
+
+def flash_attn_with_paged_kv_cache(q, paged_kv_cache, k=None, v=None, cache_seqlens=None, cache_leftpad=None,
+                                   block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                   softcap=0.0, alibi_slopes=None, return_softmax_lse=False):
+    """flash_attn_with_kvcache's correct twin over FlashInfer's one K/V tensor (``paged_kv_cache``)."""
+    return kvcache_stacked(q, paged_kv_cache, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, return_softmax_lse, k=k, v=v)

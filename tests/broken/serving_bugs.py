@@ -9,7 +9,7 @@ import functools
 from dataclasses import replace
 
 from attnspec.backends.flash_functions import FlashFunctionBackend
-from attnspec.backends.numpy_backends import NumpyNaive
+from attnspec.backends.numpy_backends import NumpyNaive, NumpyTiled
 
 from . import flash_twins
 from ._kernels import NumpyBackend, store, widened
@@ -129,6 +129,46 @@ class ChunkWithinItself(_Twin):
     form_fn = staticmethod(flash_twins.kvcache)
     slip = "chunk_within_itself"
     dtypes = ("float32",)
+
+
+class StackedVPageStride(_Twin):
+    """Over FlashInfer's one K/V tensor (num_pages, 2, P, Hkv, E), addresses page p's values at a separate V
+    cache's page stride - half-page p + 1 instead of 2p + 1 - as a kernel ported from k_cache/v_cache
+    pointers that kept V's old stride would: right for page 0 only."""
+
+    name = "broken-stacked-v-page-stride"
+    form_fn = staticmethod(flash_twins.kvcache_stacked)
+    slip = "v_page_stride"
+    dtypes = ("float32",)
+
+
+class StackedHalvesSwapped(NumpyTiled):
+    """Reads a stacked K/V tensor's halves the other way round (index 0 as V, 1 as K); its NHD, HND and
+    padded calls are right, so only the layouts' agreement (or a stacked call against the reference) sees
+    it.  Run by tests/test_backends_formats.py: Backend.forward never makes its paged calls (no witness)."""
+
+    name = "broken-stacked-halves-swapped"
+    capabilities = replace(NumpyTiled.capabilities, dtypes=("float64",))
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        if args.layout.startswith("stacked-"):
+            k_cache = k_cache[:, ::-1]  # (num_pages, 2, ...): the values where the keys belong
+        return super().native_paged(q, k_cache, v_cache, args, call)
+
+
+class ClampsBadIndices(_Twin):
+    """Declares that it refuses bad index arguments (Semantics.rejects_bad_indices) yet clamps them: a
+    block table column past its end, a page id outside the pool - out-of-bounds input read silently as
+    some page's keys.  Right on every valid call; the bad-index questions judge the declaration."""
+
+    name = "broken-clamps-bad-indices"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "clamp_indices"
+    dtypes = ("float64",)
+
+    def __init__(self):
+        super().__init__()
+        self.semantics = replace(self.semantics, rejects_bad_indices=True)
 
 
 class AppendToNextSequence(_Twin):

@@ -321,7 +321,14 @@ def fp8_p_rounding(seed=0):
     return {"op": "p_rounding", "dtype": "float8_e4m3fn", "fields": {}}
 
 
-CONVENTIONS = (empty_row_lse, merge_states, knob_tail, repeated_backward, batch_rows)
+def bad_indices(seed=0):
+    """op "bad_index": each bad index argument of its formats handed to the backend's own hook
+    (attnspec.backends.bad_indices builds the calls; this problem only carries the op): every one refused
+    where rejects_bad_indices is declared."""
+    return _problem(*_heads(2, 2, 3, 4, seed=seed), op="bad_index")
+
+
+CONVENTIONS = (empty_row_lse, merge_states, knob_tail, repeated_backward, batch_rows, bad_indices)
 
 
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
