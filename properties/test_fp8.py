@@ -148,7 +148,7 @@ def p_probe(target: Target) -> Case:
     k[0, 0, 1:, 0] = -1.0  # key 0 scores 0, the others -x
     v = np.ones((1, 1, Lk, E))
     v[0, 0, 0, :] = -1.0
-    ones = np.ones((1, 1))
+    ones = np.ones((1, 1)) if target.caps.descale_granularity == "head" else np.array(1.0)  # (B, Hkv) or per tensor
     fields = dict(q_descale=ones, k_descale=ones, v_descale=ones)
     if not is_fp8(target.query_dtype):  # a 16-bit query beside fp8 K/V comes without a descale
         del fields["q_descale"]
