@@ -33,15 +33,14 @@ def empty_lse_verdict(backend, lse, empty) -> Verdict:
 def verdicts(backend, p: dict, dtype: str) -> list:
     q, k, v, mask, causal, scale, fields = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "fields"))
     kw = dict(mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
-    if p["op"] == "merge":
-        (o_a, l_a), (o_b, l_b) = p["states"]
-        o_a, o_b = (np.asarray(error_budget.round_to(o, dtype), dtype=np.float64) for o in (o_a, o_b))
+    if p["op"] == "merge":  # two states or more: a list merge's witness is declined by a pair-only merge
+        parts = [(np.asarray(error_budget.round_to(o, dtype), dtype=np.float64), lse) for o, lse in p["states"]]
         plus = backend.semantics.empty_lse == "+inf"  # the states in its declared convention
-        given = [np.where(x == -np.inf, np.inf, x) if plus else x for x in (l_a, l_b)]
-        o, lse = backend.merge(o_a, given[0], o_b, given[1], dtype)
+        given = [(o, np.where(lse == -np.inf, np.inf, lse) if plus else lse) for o, lse in parts]
+        o, lse = backend.merge(given, dtype, as_list=len(parts) != 2)
         lse = np.where(lse == (np.inf if plus else -np.inf), -np.inf, lse)
-        want_o, want_lse = reference.merge([(o_a, l_a), (o_b, l_b)])
-        o_tol, l_tol = merge_allowed([(o_a, l_a), (o_b, l_b)], dtype)
+        want_o, want_lse = reference.merge(parts)
+        o_tol, l_tol = merge_allowed(parts, dtype)
         empty = np.isneginf(want_lse)
         with np.errstate(invalid="ignore"):
             ok_o = bool(np.all(np.where(empty[..., None], o == 0, np.abs(o - want_o) <= o_tol)))

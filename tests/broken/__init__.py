@@ -174,6 +174,10 @@ BROKEN = (
           "conventions"),
     Entry("convention_bugs:MergeAverages", ("merge_",), w.merge_states, "merge ignores the LSE gap (averages)",
           "conventions"),
+    Entry("convention_bugs:MergeStatesDropsLast", ("merge_states",), w.merge_list,
+          "a list merge over num_splits - 1 splits (FA3's flash_attn_combine)", "conventions"),
+    Entry("convention_bugs:MergeStatesShiftByFirst", ("merge_states",), w.merge_list,
+          "a list merge shifting by the first split's LSE, not the largest", "conventions"),
     Entry("convention_bugs:KnobDropsTail", ("knob_",), w.knob_tail, "a block size that drops the last partial block",
           "conventions"),
     Entry("convention_bugs:BackwardRandomOrder", ("deterministic",), w.repeated_backward,
@@ -199,5 +203,7 @@ CORRECT = (
                                          "(gpt-oss's Triton kernel; issue 31)"),
     Entry("correct:LseBase2Declared", origin="log2 LSE, declared base 2 (FlashInfer, issue 31)"),
     Entry("correct:EmptyLsePlusInf", origin="+inf empty-row LSE declared (FA2), its merge takes +inf (issue 31)"),
+    Entry("correct:MergeStatesOnline", origin="a list merge done online over the splits (issue 31: "
+                                             "FA3's flash_attn_combine)"),
     Entry("correct:KnobBlockSize", origin="block-size knob, every tail kept; deterministic, batch invariant (issue 31)"),
 )

@@ -286,6 +286,20 @@ def merge_states(seed=0):
     return kw
 
 
+def merge_list(seed=0):
+    """op "merge" of four states (a list merge: FA3's flash_attn_combine) of (B, H, Lq, Ev) = (1, 2, 4, 8): row 0
+    alike, row 1 the last state 1e4 above the others (dropping it, or shifting by the first, shows), row 2 the
+    first state empty, row 3 every state empty (exactly (0, -inf))."""
+    rng = np.random.default_rng(seed)
+    outs = np.round(rng.standard_normal((4, 1, 2, 4, 8)) * 8) / 8  # each (B, H, Lq, Ev)
+    lses = np.array([[[[0.5, 1.0, -np.inf, -np.inf]] * 2], [[[0.25, -1.0, 1.5, -np.inf]] * 2],
+                     [[[-0.5, 2.0, 0.75, -np.inf]] * 2], [[[1.0, 1e4, 0.0, -np.inf]] * 2]])  # (4, B, H, Lq)
+    outs[0, ..., 2:, :], outs[1:, ..., 3, :] = 0.0, 0.0  # empty states hold zeros
+    kw = _problem(*_heads(2, 2, 4, 6, seed=seed), op="merge")
+    kw["states"] = tuple(zip(outs, lses, strict=True))
+    return kw
+
+
 def knob_tail(seed=0):
     """op "knobs": Lk = 7 at block_size 4 (a partial last block), against the reference."""
     kw = _problem(*_heads(2, 2, 3, 7, seed=seed), op="knobs")
@@ -303,7 +317,7 @@ def batch_rows(seed=0):
     return _problem(*_heads(2, 2, 4, 9, B=3, seed=seed), op="batch")
 
 
-CONVENTIONS = (empty_row_lse, merge_states, knob_tail, repeated_backward, batch_rows)
+CONVENTIONS = (empty_row_lse, merge_states, merge_list, knob_tail, repeated_backward, batch_rows)
 
 
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
