@@ -459,13 +459,21 @@ class Backend:
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
                 "layouts": list(c.layouts), "formats": list(c.formats),
-                "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
-                "padded_rows": s.padded_rows, "output_dtypes": [list(x) for x in s.output_dtypes],
-                "effective_precision": s.effective_precision, "notes": list(s.notes),
-                "lse_base": s.lse_base, "empty_lse": s.empty_lse, "deterministic": s.deterministic,
-                "batch_invariant": s.batch_invariant, "knobs": {n: list(d) for n, d in self.knobs.items()},
-                "knob_exact": s.knob_exact, "merge": self.merge_offered(),
+                "output_dtypes": [list(x) for x in s.output_dtypes], "notes": list(s.notes),
+                **{k: v for k, v in self.conventions().items() if k != "backend"},
                 "deviations": [{"property": d.property, "dtypes": list(d.dtypes), "why": d.why} for d in s.deviations]}
+
+    def conventions(self) -> dict:
+        """The declarations where the spec leaves a choice or kernels differ (issue 31), as plain values,
+        without loading the framework: what the suite records beside its rows and the report's conventions
+        table sets beside what the suite observed (None: not declared)."""
+        s = self.semantics
+        return {"backend": self.name, "fully_masked": s.fully_masked, "padded_rows": s.padded_rows,
+                "causal_alignment": s.causal_alignment, "effective_precision": s.effective_precision,
+                "lse_base": s.lse_base, "empty_lse": s.empty_lse, "lse_with_sinks": s.lse_with_sinks,
+                "deterministic": s.deterministic, "batch_invariant": s.batch_invariant,
+                "knobs": {n: list(d) for n, d in self.knobs.items()}, "knob_exact": s.knob_exact,
+                "merge": self.merge_offered()}
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"

@@ -66,6 +66,7 @@ class Session:
     hang: Exception | None = None  # the property's failure in which it hung (explore.attempt raises it again)
     equal_dims: bool | None = None  # whether it declines Ev != E (asked once)
     lse_base: str | None = None  # the LSE's base observed on a probe, when none is declared (asked once)
+    declared: bool = False  # its conventions are on a test's report already (properties/plugin.py)
     calls: dict = field(default_factory=dict)  # every distinct call configuration, latest last
     _worker: _Worker | None = None
 

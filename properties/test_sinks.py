@@ -129,19 +129,41 @@ def test_sinks_closed_form(target: Target, case: Case, params: dict):
     _close("sinks_closed_form", target.forward(case), want, rows, atol, "O(sinks) vs O(none) sigma(LSE - s)")
 
 
+_WORD = {True: "included", False: "excluded", None: None}
+
+
+def _record_lse_with_sinks(target: Target, fits: dict) -> None:
+    """The semantics row `lse_with_sinks` (the report's conventions table): what the LSEs of this test's
+    problems held - "included", "excluded", "either" (a sink too small to tell), "neither" or "varies" -
+    one row for the test, updated as its problems come."""
+    found = {"included" if fits[True] else "excluded"} if fits[True] != fits[False] else \
+        {"either" if fits[True] else "neither"}
+    row = next((r for r in target.answers if r["question"] == "lse_with_sinks"), None)
+    if row is not None:  # the test's earlier problems: "varies" stood for both
+        found |= {"included", "excluded"} if row["observed"] == "varies" else {row["observed"]}
+        target.answers.remove(row)
+    told = found - {"either"}
+    observed = "neither" if "neither" in told else "varies" if len(told) > 1 else (told or {"either"}).pop()
+    declared = _WORD[target.backend.semantics.lse_with_sinks]
+    agrees = None if declared is None else observed in (declared, "either")
+    target.answers.append(dict(backend=target.name, question="lse_with_sinks", dtype=target.dtype, observed=observed,
+                               declared=declared, agrees=agrees))
+
+
 @prop(requires=("sinks", "lse"))
 def test_sinks_lse_as_declared(target: Target, case: Case, params: dict):
     """The returned LSE includes the sink where declared (FA4), excludes it where declared not (gpt-oss's
-    Triton kernel); undeclared, it must be one of the two."""
+    Triton kernel); undeclared, it must be one of the two (recorded: the semantics row lse_with_sinks)."""
     _, lse = target.forward(case, return_lse=True)  # (B, H, Lq)
     declared = target.backend.semantics.lse_with_sinks
-    options = (True, False) if declared is None else (declared,)
-    verdicts = []
-    for included in options:
+    fits = {}
+    for included in (True, False):
         judged = case if included else case.without("sinks")
         rows = judged.judged_rows()
-        verdicts.append(with_full_index(error_budget.check_lse(lse, judged.problem, dtype=target.budget_dtype,
-                                                               rows=rows, rule=rule_of(target)), rows))
+        fits[included] = with_full_index(error_budget.check_lse(lse, judged.problem, dtype=target.budget_dtype,
+                                                                rows=rows, rule=rule_of(target)), rows)
+    _record_lse_with_sinks(target, {k: bool(v) for k, v in fits.items()})
+    verdicts = [fits[included] for included in ((True, False) if declared is None else (declared,))]
     if not any(verdicts):
         v = verdicts[0]
         require(verdict("sinks_lse_as_declared", False, v.where, v.amount,
