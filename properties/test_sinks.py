@@ -5,7 +5,8 @@ softcap, bias or mask touches (gpt-oss; FA4 `learnable_sink`, FlashInfer `sinks`
 on the backend's own outputs: O(sinks) = O(none) sigma(LSE - s_h), LSE(sinks) = logaddexp(LSE, s_h).
 Bugs this catches: sinks accepted and dropped (vllm-project/vllm#52148: gpt-oss scored 0 on GSM8K),
 counted once per split (ROCm/rocm-libraries#12227), scaled or capped like a score, read by KV head,
-given a value, an LSE without the sink where it is declared with it.
+given a value, an LSE without the sink where it is declared with it; in packed and paged calls (where
+a backend declares them), sinks accepted and dropped by that path alone, or counted once per page.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties import serving_calls as S
 from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import (
@@ -223,3 +225,29 @@ def test_dsink_matches_reference(target: Target, case: Case, params: dict):
     v = sink_budget.check_dsink(dsink, case.problem, grad_out=g, dtype=target.budget_dtype, rule=rule_of(target))
     require(verdict("dsink_matches_reference", bool(v), v.where, v.amount, v.message, v.limit))
     check_gradients("dsink_matches_reference", target, case, g)
+
+
+# ---- sinks in the serving formats' calls (issue 30's packed and paged calls; backends/serving.py) ------------
+
+@prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_sinks_in_packed_calls(target: Target, case: Case, params: dict):
+    """A packed call with sinks equals the reference: the lowering hands the sinks over, the varlen path
+    applies them (vllm-project/vllm#52148: one path took sinks and dropped them)."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    with S.as_called(case):
+        agreement(target, case, S.packed(target, case, params["unused"], params["seed"]))
+
+
+@prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_sinks_in_paged_calls(target: Target, case: Case, params: dict):
+    """A paged call with sinks equals the reference, pages of 1 to 256 keys: each row's sink counted once,
+    not once per page (a kernel whose pages are its key blocks folds it after the last one)."""
+    layouts = S.paged_layouts(target)
+    if not layouts:
+        import pytest
+        pytest.skip(f"{target.name} takes no paged call (declares {', '.join(target.caps.formats)})")
+    layout = params["layout"] if params["layout"] in layouts else layouts[0]
+    case = S.problem_of(case, params, queries=False)
+    with S.as_called(case):
+        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"]))

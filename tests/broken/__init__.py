@@ -164,6 +164,10 @@ BROKEN = (
     Entry("sink_bugs:SinkCapped", SINKS, w.sinks, "the sink softcapped", "sinks"),
     Entry("sink_bugs:SinkByKvHead", SINKS, w.sinks, "the sink of the KV head's index", "sinks"),
     Entry("sink_bugs:SinkWithValue", SINKS, w.sinks, "the sink given a value (v_0)", "sinks"),
+    Entry("serving_bugs:SinksDroppedOffPadded", ("sinks_in_",), w.paged_sinks,
+          "sinks applied in the padded call, dropped by the packed and paged paths, vllm-project/vllm#52148", "sinks"),
+    Entry("serving_bugs:SinkPerPage", ("sinks_in_paged",), w.paged_sinks,
+          "the sink counted once per page (pages as split-KV splits), ROCm/rocm-libraries#12227", "sinks"),
     Entry("sink_bugs:SinkLseExcluded", SINKS, w.sinks_lse, "LSE without the sink, declared with it", "sinks"),
     # issue 31: conventions kernels differ on, declared and judged
     Entry("variant_bugs:LseBase2DeclaredE", ("lse_base",) + LSE, w.lse, "log2 LSE declared natural, flashinfer#2113",

@@ -199,6 +199,14 @@ def paged_leftpad(seed=0):
                     positions="per_sequence", kv_lengths=np.array([7, 5]), kv_starts=np.array([2, 1]))
 
 
+def paged_sinks(seed=0):
+    """Issue 31 in issue 30's paged call (op "paged": 2-key pages): caches of 7 and 5 keys (4 and 3 pages, the
+    second left-padded by 1), two queries each, sinks near the scores - a sink dropped by the paged path,
+    or counted once per page, shows."""
+    return {**_problem(*_heads(2, 2, 2, 7, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([7, 5]),
+                       kv_starts=np.array([0, 1]), sinks=np.array([0.5, 1.25])), "op": "paged"}
+
+
 def shared_prefix(seed=0):
     """Issue 30: two sequences of 20 and 18 keys whose first 16 are the same (one 16-key page their block
     tables share, forward_via_format's page size), two decode-chunk queries each."""
@@ -324,4 +332,5 @@ ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scal
        fully_masked_row, growing_max, first_block_masked, short_tail, long_masked, long_float32,
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
        window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
-       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse) + CONVENTIONS
+       first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse,
+       paged_sinks) + CONVENTIONS
