@@ -73,3 +73,19 @@ def test_declared_base_two_comes_back_natural():
     _, lse = LseBase2Declared().forward(q, k, v, dtype="bfloat16", return_lse=True)
     # computed in float32 (the kernel widens bfloat16): a few float32 roundings of an LSE near 1
     np.testing.assert_allclose(lse, reference.forward(q, k, v).lse, rtol=2.0**-20)
+
+
+def test_compiled_flex_tiles_by_its_block_size_knob():
+    """torch-flex-compiled's knob reaches its CPU kernel as the BlockMask's BLOCK_SIZE (what the CPU template
+    tiles by), a full block mask where the problem hides nothing; the default leaves flex its own (no mask)."""
+    from attnspec.backends.base import Call
+    backend = resolve("torch-flex-compiled")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    default, other = backend.knobs["block_size"]
+    for knobs, want in ((None, None), ({"block_size": default}, None), ({"block_size": other}, (other, other))):
+        _, block_mask = backend._specialised_mods(Call(knobs=knobs), (1, 2), 1, 2, 40, 70, "cpu")
+        assert (None if block_mask is None else tuple(block_mask.BLOCK_SIZE)) == want, knobs
+    _, causal = backend._specialised_mods(Call(is_causal=True, knobs={"block_size": other}), (1, 2), 1, 2, 40, 70, "cpu")
+    assert tuple(causal.BLOCK_SIZE) == (other, other)
