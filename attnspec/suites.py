@@ -38,6 +38,7 @@ class SuiteProgress:
         self.path, self._offset, self._partial = path, 0, b""
         self.tests: list = []            # collected test ids, in order (pytest runs them so in one process)
         self.finished: dict = {}         # test id -> (conformance row, semantics rows)
+        self.declarations: dict = {}     # backend -> its declared conventions (Backend.conventions)
         self.counts: dict[str, int] = {}
         self.hung = ""                   # the call that hung, once a row says one did
         self.hung_in = ""                # ... in this test
@@ -72,6 +73,9 @@ class SuiteProgress:
         if "collected" in entry:
             self.tests += [t for t in entry["collected"] if _ITEM.search(t)]
             return
+        if "declarations" in entry:
+            self.declarations.update((d["backend"], d) for d in entry["declarations"])
+            return
         row = entry.get("row")
         if not row:
             return
@@ -91,9 +95,10 @@ class SuiteProgress:
             self.show(final=False)
 
     def rows(self) -> dict:
-        """The conformance and semantics rows of the tests that finished."""
+        """The conformance and semantics rows of the tests that finished, and the declarations seen."""
         return {"conformance": [row for row, _ in self.finished.values()],
-                "semantics": [s for _, sem in self.finished.values() for s in sem]}
+                "semantics": [s for _, sem in self.finished.values() for s in sem],
+                "declarations": list(self.declarations.values())}
 
     def not_attempted(self, backend: str, why: str) -> list[dict]:
         """A failed row for each collected test that did not finish."""
@@ -253,4 +258,5 @@ def run_suites(chosen: list[tuple], limit: float, workdir: str, jobs: int, profi
         kill_all()
         raise
     pool.shutdown()
-    return {key: [row for part in parts for row in part[key]] for key in ("conformance", "semantics")}
+    return {key: [row for part in parts for row in part.get(key, ())]
+            for key in ("conformance", "semantics", "declarations")}

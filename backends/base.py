@@ -145,27 +145,51 @@ class Backend:
         float32 (float64 for float64).  Not offered by default."""
         raise Unsupported(f"{self.name} offers no merge")
 
-    def offers_merge(self) -> bool:
-        return _overrides(self, "native_merge")
+    def native_merge_states(self, o_parts, lse_parts):
+        """Any number C >= 1 of states merged at once: o_parts (C, ..., Lq, Ev), lse_parts (C, ..., Lq) ->
+        (o (..., Lq, Ev), lse (..., Lq)) (FA3's flash_attn_combine over its splits, FlashInfer's merge_states),
+        native as for `native_merge`.  Not offered by default; a backend offering it is merged two states at
+        a time through it too, unless it also implements `native_merge`."""
+        raise Unsupported(f"{self.name} offers no merge of a list of states")
 
-    def merge(self, o_a, lse_a, o_b, lse_b, dtype: str = "float64"):
-        """`native_merge` on NumPy float64 states holding dtype's values: (o as NumPy, lse float64, natural)."""
-        if not self.offers_merge():
-            raise Unsupported(f"{self.name} offers no merge")
-        shapes = {np.shape(o_a), np.shape(o_b)}
-        if len(shapes) != 1 or np.shape(lse_a) != np.shape(o_a)[:-1] or np.shape(lse_b) != np.shape(o_a)[:-1]:
-            raise ValueError(f"merge: o_a, o_b must share one shape (..., Lq, Ev) and lse_a, lse_b be (..., Lq); got "
-                             f"{np.shape(o_a)}, {np.shape(lse_a)}, {np.shape(o_b)}, {np.shape(lse_b)}")
+    def offers_merge(self, parts: int = 2) -> bool:
+        """Whether `merge` takes `parts` states: a list hook takes any number, a pair hook two."""
+        return _overrides(self, "native_merge_states") or (parts == 2 and _overrides(self, "native_merge"))
+
+    def merge_offered(self) -> str:
+        """What `describe` says of the merge: "any number" of states, "pairs", or "" (none)."""
+        return "any number" if self.offers_merge(3) else "pairs" if self.offers_merge() else ""
+
+    def merge(self, parts, dtype: str = "float64", *, as_list: bool = False):
+        """Attention states over disjoint key sets merged, like `specs.reference.merge(parts)`: parts
+        [(o_c (..., Lq, Ev), lse_c (..., Lq))], NumPy float64 holding dtype's values, LSEs natural (-inf: an
+        empty state; +inf where the backend declares empty_lse "+inf").  Two parts go to `native_merge`
+        when the backend implements it (unless as_list), else every count to `native_merge_states`.
+        Returns (o as NumPy, lse float64, natural)."""
+        parts = list(parts)
+        if not parts or any(not isinstance(p, (tuple, list)) or len(p) != 2 for p in parts):
+            raise ValueError(f"parts: a non-empty list of (output, lse) pairs; got {len(parts)} item(s)")
+        shape = np.shape(parts[0][0])
+        if len(shape) < 2 or any(np.shape(o) != shape or np.shape(lse) != shape[:-1] for o, lse in parts):
+            raise ValueError("parts: every output must share one shape (..., Lq, Ev) and every lse be (..., Lq); "
+                             f"got {[(np.shape(o), np.shape(lse)) for o, lse in parts]}")
+        if not self.offers_merge(3 if as_list else len(parts)):
+            raise Unsupported(f"{self.name} offers no merge" if not self.offers_merge() else
+                              f"{self.name} merges pairs only (asked: {len(parts)} states{' as a list' * as_list})")
         wide = "float64" if dtype == "float64" else "float32"
-        oa, ob = self._natives(dtype, o_a, o_b)
         to_base = 1 / np.log(2.0) if self.semantics.lse_base == "2" else 1.0  # a base-2 merge takes base-2 LSEs
-        la, lb = self._natives(wide, np.asarray(lse_a, dtype=np.float64) * to_base,
-                               np.asarray(lse_b, dtype=np.float64) * to_base)
-        y = self._call("merge", self.native_merge, oa, la, ob, lb)
+        lses = [np.asarray(lse, dtype=np.float64) * to_base for _, lse in parts]
+        if len(parts) == 2 and not as_list and _overrides(self, "native_merge"):
+            (oa, ob), (la, lb) = self._natives(dtype, parts[0][0], parts[1][0]), self._natives(wide, *lses)
+            y = self._call("merge", self.native_merge, oa, la, ob, lb)
+        else:  # stacked as FA3's flash_attn_combine takes them
+            (o_parts,), (lse_parts,) = (self._natives(dtype, np.stack([o for o, _ in parts])),  # (C, ..., Lq, Ev)
+                                        self._natives(wide, np.stack(lses)))  # (C, ..., Lq)
+            y = self._call("merge", self.native_merge_states, o_parts, lse_parts)
         if not isinstance(y, (tuple, list)) or len(y) != 2:
             raise BackendFailure(self.name, f"merge returned {type(y).__name__}, expected (o, lse)")
-        out = self._check("merged output", y[0], np.shape(o_a), self.output_dtype(dtype))
-        return out, self._natural(self._check("merged lse", y[1], np.shape(lse_a), None).astype(np.float64))
+        out = self._check("merged output", y[0], shape, self.output_dtype(dtype))
+        return out, self._natural(self._check("merged lse", y[1], shape[:-1], None).astype(np.float64))
 
     def sync(self, y) -> None:
         """Wait until y is computed (CUDA synchronize, JAX block_until_ready)."""
@@ -452,15 +476,23 @@ class Backend:
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
                 "layouts": list(c.layouts), "formats": list(c.formats),
-                "fully_masked": s.fully_masked, "causal_alignment": s.causal_alignment,
-                "padded_rows": s.padded_rows, "output_dtypes": [list(x) for x in s.output_dtypes],
-                "effective_precision": s.effective_precision, "notes": list(s.notes),
-                "lse_base": s.lse_base, "empty_lse": s.empty_lse, "deterministic": s.deterministic,
-                "batch_invariant": s.batch_invariant, "knobs": {n: list(d) for n, d in self.knobs.items()},
-                "knob_exact": s.knob_exact, "merge": self.offers_merge(), "rejects_bad_indices": s.rejects_bad_indices,
+                "output_dtypes": [list(x) for x in s.output_dtypes], "notes": list(s.notes),
+                **{k: v for k, v in self.conventions().items() if k != "backend"},
                 "descale_granularity": c.descale_granularity, "fp8_query": c.fp8_query,
-                "p_dtypes": [list(x) for x in s.p_dtypes],
                 "deviations": [{"property": d.property, "dtypes": list(d.dtypes), "why": d.why} for d in s.deviations]}
+
+    def conventions(self) -> dict:
+        """The declarations where the spec leaves a choice or kernels differ (issue 31), as plain values,
+        without loading the framework: what the suite records beside its rows and the report's conventions
+        table sets beside what the suite observed (None: not declared)."""
+        s = self.semantics
+        return {"backend": self.name, "fully_masked": s.fully_masked, "padded_rows": s.padded_rows,
+                "causal_alignment": s.causal_alignment, "effective_precision": s.effective_precision,
+                "lse_base": s.lse_base, "empty_lse": s.empty_lse, "lse_with_sinks": s.lse_with_sinks,
+                "deterministic": s.deterministic, "batch_invariant": s.batch_invariant,
+                "knobs": {n: list(d) for n, d in self.knobs.items()}, "knob_exact": s.knob_exact,
+                "merge": self.merge_offered(), "rejects_bad_indices": s.rejects_bad_indices,
+                "p_dtypes": dict(s.p_dtypes)}
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"

@@ -8,6 +8,14 @@ is an array - boolean or additive, broadcastable to [B, N, T_q, T_kv] - or the s
 the input precision" (declared: float64 is float32-accurate).  A mask with a causal problem is the
 causal triangle folded into the mask (by the suite); a bias is an additive mask (-inf where a
 boolean mask hides).  Gradients: ``mlx.core.vjp``.
+
+Attention sinks (issue 31): MLX 0.32's signature has ``sinks: array | None`` - measured here on 0.32.4: one
+logit per query head ``[N_q]``, in the denominator only (the reference's output within float32's rounding,
+with grouped heads, "causal" and masks), an empty row 0 when its head's sink is finite, and ``mx.vjp``
+differentiates it (dSink as `specs.reference.dsink`).  It refuses sinks whose type does not promote to
+the output's ("Type of sinks must promote to output type float16"): for 16-bit inputs the sinks are
+rounded to the input dtype here (a note, and the sinks' budget judges it); it returns no LSE, so
+``lse_with_sinks`` has nothing to declare.
 """
 from __future__ import annotations
 
@@ -23,12 +31,14 @@ class MlxFastSdpa(Backend):
 
     name = "mlx-sdpa"
     capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"), device="cpu", gradients=True,
-                                features=frozenset(("gqa", "bias")), equal_head_dims=True, mask_with_causal=False)
+                                features=frozenset(("gqa", "bias", "sinks")), equal_head_dims=True,
+                                mask_with_causal=False)
     semantics = Semantics(causal_alignment="bottom_right", effective_precision="float32", notes=(
         "mask='causal' is bottom-right (the docstring: the last query aligns with the last key)",
         "the softmax runs in float32 whatever the input (the docstring): float64 is float32-accurate",
         "a mask and 'causal' are never passed together: the suite folds the triangle into the mask",
-        "a bias is an additive mask; with a boolean mask, -inf where it hides"))
+        "a bias is an additive mask; with a boolean mask, -inf where it hides",
+        "sinks are passed in the input dtype (MLX refuses a wider type for 16-bit inputs): rounded to it"))
 
     def load(self):
         try:
@@ -63,16 +73,23 @@ class MlxFastSdpa(Backend):
             return call.bias
         return mx.where(call.mask, call.bias, mx.array(-math.inf, dtype=call.bias.dtype))
 
-    def _attention(self, q, k, v, call):
+    def _sinks(self, call, q):
+        """(N_q,) in the input dtype, or None: MLX requires the sinks' type to promote to the output's."""
+        return None if call.sinks is None else call.sinks.astype(q.dtype)
+
+    def _attention(self, q, k, v, call, sinks=None):
         scale = call.scale if call.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        return self.mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self._mask(call))
+        return self.mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self._mask(call), sinks=sinks)
 
     def native_attention(self, q, k, v, call):
-        y = self._attention(q, k, v, call)
+        y = self._attention(q, k, v, call, self._sinks(call, q))
         self.mx.eval(y)
         return y
 
     def native_attention_backward(self, q, k, v, grad_out, call):
-        _, grads = self.mx.vjp(lambda a, b, c: self._attention(a, b, c, call), [q, k, v], [grad_out])
+        """(dq, dk, dv), and dSink (N_q,) last when the call has sinks (mx.vjp differentiates them)."""
+        sinks = self._sinks(call, q)
+        primals = [q, k, v] + ([] if sinks is None else [sinks])
+        _, grads = self.mx.vjp(lambda a, b, c, *s: self._attention(a, b, c, call, *s), primals, [grad_out])
         self.mx.eval(grads)
         return tuple(grads)

@@ -210,18 +210,19 @@ class NumpyNaive(Backend):
         out = w @ (_expand(v, w.shape[-3]) if call.enable_gqa else v)  # (..., Lq, Ev)
         return (out, lse) if call.return_lse else out
 
-    def native_merge(self, o_a, lse_a, o_b, lse_b):
-        """FlashInfer's merge_state: shift both by the larger LSE; two empty states give (0, -inf)."""
-        top = np.maximum(lse_a, lse_b)  # (..., Lq)
-        shift = np.where(np.isfinite(top), top, 0)  # both empty: exp(-inf - 0) = 0, never -inf - -inf
-        wa, wb = np.exp(lse_a - shift), np.exp(lse_b - shift)  # (..., Lq)
-        total = wa + wb
+    def native_merge_states(self, o_parts, lse_parts):
+        """FA3's flash_attn_combine: shift by the largest LSE, weigh each split by exp(its LSE - the merged LSE);
+        rows where every split is empty give (0, -inf), never exp(-inf - -inf)."""
+        top = lse_parts.max(axis=0)  # (..., Lq)
+        shift = np.where(np.isfinite(top), top, 0)  # all empty: exp(-inf - 0) = 0
+        w = np.exp(lse_parts - shift)  # (C, ..., Lq)
+        total = w.sum(axis=0)  # (..., Lq)
         with np.errstate(divide="ignore"):
             lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1)), -np.inf)  # (..., Lq)
-        inv = 1 / np.where(total > 0, total, 1)  # (..., Lq)
-        wide = np.promote_types(o_a.dtype, np.float32)  # float16 states weighed in float32
-        out = o_a.astype(wide) * (wa * inv)[..., None] + o_b.astype(wide) * (wb * inv)[..., None]  # (..., Lq, Ev)
-        return out.astype(o_a.dtype), lse
+        w = w / np.where(total > 0, total, 1)  # (C, ..., Lq)
+        wide = np.promote_types(o_parts.dtype, np.float32)  # 16-bit states weighed in float32
+        out = (o_parts.astype(wide) * w[..., None].astype(wide)).sum(axis=0)  # (..., Lq, Ev)
+        return out.astype(o_parts.dtype), lse
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         sc = _scale(q, call.scale)

@@ -29,6 +29,17 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
   it: ``static_shapes = False``).  Lengths and batch sizes do change within a model (five
   seeds of the suite and its edge grid, no wrong row; a model per shape cost the suite 20 s).
   The float32 kernel is not affected: one model serves every shape, as in a deployment.
+- attention sinks (issue 31): the opset-13 op takes a sixth input, ``sink``, that the Python helper
+  ``opset13.scaled_dot_product_attention`` does not expose (it stops at ``scale``); built through
+  ``NodeFactory("opset13")`` it is one logit per query head shaped like the query's rank, (1, Hq, 1, 1),
+  of the query's element type (a rank-1 (Hq,) is refused: "sink_rank_correctness").  Measured on 2026.4
+  (this CPU's float32 kernel): the reference's output within float32's rounding, a row that sees nothing
+  0 where its head's sink is finite (a -inf sink: the op's own NaN, or the mean of V for float64).  The
+  CPU plugin carries the message "Only Constant operation on sink input is supported" (a Parameter sink
+  did compute here, but the bfloat16 kernels could not be measured on this CPU), so a call with sinks
+  compiles a model with its sinks as a Constant (the cache keys on their values: ~40 ms a new set),
+  passes the scale (1/sqrt(E) when none is given: the sink input comes after it) and a scalar-zero mask
+  placeholder, and the sinks are rounded to the query's element type.
 bfloat16 travels as uint16 bit patterns (NumPy has no bfloat16; OpenVINO's Python API takes them).
 """
 from __future__ import annotations
@@ -50,7 +61,9 @@ _NOTES = ("attention_mask is ignored when causal is set (documented): a mask or 
           "inputs are truncated to bfloat16 (float32 inputs rounded to nearest): openvino-sdpa declines float64",
           "bfloat16 kernels (default precision, or bfloat16 inputs): after a call with head size 1, later calls "
           "of the same compiled model with head size >= 16 give NaN or wrong rows (a finding)",
-          "results below float32's smallest normal come back as 0 (exp underflows early)")
+          "results below float32's smallest normal come back as 0 (exp underflows early)",
+          "sinks: the op's sixth input, a Constant on the CPU plugin: a model compiled per sinks' values, the sinks "
+          "rounded to the query's element type")
 
 
 # OpenVINO 2026.4, CPU plugin; found by the suite (reproducers in the report)
@@ -98,7 +111,7 @@ class OpenVinoSdpa(Backend):
     # bfloat16 (round toward zero; float32 inputs are rounded to nearest), an error no declaration
     # expresses (a finding).  openvino-sdpa-f32 takes float64.
     capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cpu",
-                                gradients=False, features=frozenset(("bias",)), mask_with_causal=False)
+                                gradients=False, features=frozenset(("bias", "sinks")), mask_with_causal=False)
     # effective_precision is what the plugin reports at load(): set there for this machine
     semantics = Semantics(fully_masked="nan", causal_alignment="top_left", notes=_NOTES, deviations=_DEVIATIONS)
 
@@ -146,10 +159,13 @@ class OpenVinoSdpa(Backend):
         kernel keeps no state across shapes (tests/test_backends_runtimes.py): one model serves all."""
         return self.static_shapes and "bfloat16" in (dtype, self.inference_precision)
 
-    def request(self, dtype: str, mask_kind: str | None, causal: bool, scaled: bool, shapes: tuple = ()):
-        """An infer request of the cached compiled model for this configuration (and shapes)."""
+    def request(self, dtype: str, mask_kind: str | None, causal: bool, scaled: bool, shapes: tuple = (),
+                sinks=None):
+        """An infer request of the cached compiled model for this configuration (and shapes); sinks: the
+        (1, Hq, 1, 1) Constant of the op's sixth input, in the query's element type (its values in the key)."""
         heads = (shapes[0][-1], shapes[2][-1]) if shapes and self.per_head_size(dtype) else ()  # (E, Ev)
-        key = (dtype, mask_kind, bool(causal), bool(scaled)) + heads
+        baked = () if sinks is None else (sinks.dtype.str, sinks.tobytes())
+        key = (dtype, mask_kind, bool(causal), bool(scaled)) + heads + baked
         if key not in self._compiled:
             while len(self._compiled) >= self.cache_size:
                 self._compiled.pop(next(iter(self._compiled)))  # the oldest
@@ -166,7 +182,13 @@ class OpenVinoSdpa(Backend):
                     args.append(ops.convert(ops.constant(np.float32(0)), elem))
                 params.append(ops.parameter(self.ov.PartialShape([]), elem, name="scale"))
                 args.append(params[-1])
-            sdpa = ops.scaled_dot_product_attention(*args, causal=bool(causal))
+            if sinks is None:
+                sdpa = ops.scaled_dot_product_attention(*args, causal=bool(causal))
+            else:  # the sixth input, which opset13's Python helper does not take: the op through its factory
+                from openvino.utils.node_factory import NodeFactory
+                sink = ops.constant(self.ov.Tensor(sinks, sinks.shape, elem) if dtype == "bfloat16" else sinks)
+                sdpa = NodeFactory("opset13").create("ScaledDotProductAttention", [a.output(0) for a in args]
+                                                     + [sink.output(0)], {"causal": bool(causal)})
             model = self.ov.Model([sdpa], params, "attnspec_sdpa")
             self._compiled[key] = self.core.compile_model(model, "CPU", self.config).create_infer_request()
         return self._compiled[key]
@@ -196,9 +218,14 @@ class OpenVinoSdpa(Backend):
         elif mask is not None:
             feed.append(pack.scores(mask))
             kind = "bool"
-        if call.scale is not None:
-            feed.append(self.to_native(np.asarray(call.scale, dtype=np.float64), call.dtype))  # () query's type
-        request = self.request(call.dtype, kind, causal, call.scale is not None, tuple(np.shape(x) for x in feed))
+        sinks, scale = None, call.scale
+        if call.sinks is not None:  # (1, Hq, 1, 1) after the scale: the scale is passed, its default too
+            sinks = self.to_native(np.asarray(call.sinks, np.float64).reshape(1, -1, 1, 1), call.dtype)
+            sinks = np.ascontiguousarray(np.broadcast_to(sinks, (1, pack.hq, 1, 1)))
+            scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+        if scale is not None:
+            feed.append(self.to_native(np.asarray(scale, dtype=np.float64), call.dtype))  # () query's type
+        request = self.request(call.dtype, kind, causal, scale is not None, tuple(np.shape(x) for x in feed), sinks)
         request.infer([self._tensor(x) for x in feed])
         y = request.get_output_tensor(0)
         out = y.data.view(np.uint16) if y.element_type == self.ov.Type.bf16 else y.data
@@ -211,6 +238,6 @@ class OpenVinoSdpaF32(OpenVinoSdpa):
     name = "openvino-sdpa-f32"
     precision_hint = "f32"
     capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32", "float64"), device="cpu",
-                                gradients=False, features=frozenset(("bias",)), mask_with_causal=False)
+                                gradients=False, features=frozenset(("bias", "sinks")), mask_with_causal=False)
     semantics = Semantics(fully_masked="nan", causal_alignment="top_left", effective_precision="float32",
                           notes=_NOTES, deviations=_DEVIATIONS)

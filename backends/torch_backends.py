@@ -147,15 +147,15 @@ class TorchMath(TorchBackend):
     native_paged = torch_formats.gathered_paged
     native_packed_backward = torch_formats.gathered_packed_backward  # autograd through the same gather
 
-    def native_merge(self, o_a, lse_a, o_b, lse_b):
-        """vLLM's merge_attn_states: each state weighed by exp(its LSE - the merged LSE), in float32 at least;
-        a merged LSE of -inf (both empty) weighs nothing, never exp(-inf - -inf)."""
+    def native_merge_states(self, o_parts, lse_parts):
+        """vLLM's merge_attn_states over any number of states: each weighed by exp(its LSE - the merged LSE),
+        in float32 at least; a merged LSE of -inf (all empty) weighs nothing, never exp(-inf - -inf)."""
         t = self.torch
-        lse = t.logaddexp(lse_a, lse_b)  # (..., Lq): -inf for two empty states
+        lse = t.logsumexp(lse_parts, dim=0)  # (..., Lq): -inf where every state is empty
         ref = t.where(t.isfinite(lse), lse, t.zeros_like(lse))
-        wide = t.promote_types(o_a.dtype, t.float32)
-        out = sum(o.to(wide) * t.exp(part - ref).to(wide)[..., None] for o, part in ((o_a, lse_a), (o_b, lse_b)))
-        return out.to(o_a.dtype), lse  # (..., Lq, Ev), (..., Lq)
+        wide = t.promote_types(o_parts.dtype, t.float32)
+        out = (o_parts.to(wide) * t.exp(lse_parts - ref).to(wide)[..., None]).sum(dim=0)  # (..., Lq, Ev)
+        return out.to(o_parts.dtype), lse
 
     def _unpadded(self, x, call):
         """Keys or values past kv_lengths and before kv_starts zeroed: padding is never read (0 * NaN

@@ -63,7 +63,7 @@ def pytest_cmdline_main(config):
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_gradients: the test calls Backend.backward (skipped without)")
     config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker")
-    config.stash[ROWS] = {"conformance": [], "semantics": []}
+    config.stash[ROWS] = {"conformance": [], "semantics": [], "declarations": []}
     config.stash[ROW_STREAM] = None
     config.stash[TARGETS] = {}
     config.pluginmanager.register(rows.RowRecorder(config), "attnspec-rows")
@@ -223,6 +223,9 @@ def pytest_runtest_setup(item):
     target = _target_of(item)
     if target is None:
         return
+    if not target.session.declared:  # the report's conventions table: what it declares, once per process
+        target.session.declared = True
+        item.user_properties.append((results.DECLARED_KEY, target.backend.conventions()))
     ok, why = target.backend.availability()
     if not ok:
         pytest.skip(f"{target.name} unavailable: {why}")

@@ -12,6 +12,10 @@ When the suite writes a script for a failure it runs it once without the history
 process (`needs_history`): a failure that stands alone keeps no history (most do), one that
 needs the earlier calls keeps them and says so.
 
+A failure of the knobs family names the knob setting it ran at (``KNOBS = {...}``): the script replays it,
+and ``KNOBS = {}`` runs the same check at the defaults.  The calls replayed before a failure carry
+their knob settings too.
+
 The script also carries what the run depended on: the environment variables the backend declares
 (``declare(env=...)``, or a Backend's ``env_vars``), as the run had them, and the versions of
 attnspec, NumPy and the frameworks the run had loaded.  Running it sets a declared variable the
@@ -125,6 +129,10 @@ def script(failure, headline: str, import_paths=(), npz: str | None = None, hist
         lines.append("mask = None")
     fields = {n: source.get(f"fields_{n}") or _value(x) for n, x in c.fields.items()}
     params = {n: source.get(f"params_{n}") or _value(x) for n, x in failure.params.items()}
+    if isinstance(failure.params.get("knobs"), dict):  # a knob setting is what the failure needs: in plain sight
+        lines.append(f"KNOBS = {_value(failure.params['knobs'])}  # the tuning knobs (Backend.knobs) of the failing "
+                     "call, replayed; {} runs every knob at its default")
+        params["knobs"] = "KNOBS"
     lines += [f"fields = dict({', '.join(f'{n}={x}' for n, x in fields.items())})  # the problem's optional fields",
               f"params = dict({', '.join(f'{n}={x}' for n, x in params.items())})  # what the property drew besides",
               f"problem = dict(q=q, k=k, v=v, mask=mask, is_causal={c.is_causal!r}, scale={_value(c.scale)}, "
@@ -214,7 +222,8 @@ def find_property(family: str, name: str):
 
 def _earlier_call(backend, sig) -> None:
     """One call of a recorded configuration with random values (it only brings the backend to its state)."""
-    kind, dtype, qs, ks, vs, ms, causal, scale, fields, lse, layout = sig
+    kind, dtype, qs, ks, vs, ms, causal, scale, fields, lse, layout, *rest = sig  # rest: the knobs (older: none)
+    knobs = dict(rest[0]) if rest and rest[0] else None
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal(s) for s in (qs, ks, vs))
     kw = {}
@@ -237,6 +246,8 @@ def _earlier_call(backend, sig) -> None:
         backend.backward(q, k, v, np.ones(qs[:-1] + vs[-1:]), mask, causal, scale, dtype, **kw)
     else:
         extra = {} if layout == "contiguous" else {"layout": layout}
+        if knobs:
+            extra["knobs"] = knobs
         backend.forward(q, k, v, mask, causal, scale, dtype, return_lse=lse, **extra, **kw)
 
 

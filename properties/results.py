@@ -13,6 +13,7 @@ import tempfile
 
 STATUSES = ("passed", "failed", "error", "skipped", "recorded", "deviation")
 TEST_KEY, ROW_KEY, SEMANTICS_KEY = "attnspec_test", "attnspec_conformance", "attnspec_semantics"
+DECLARED_KEY = "attnspec_declared"  # a backend's declared conventions (Backend.conventions), once per process
 LONG_HINT = "(the full traceback: --attnspec-tb=long, or -v)"
 
 
@@ -96,6 +97,11 @@ def _longrepr_text(report) -> str:
 
 def semantics_of(report) -> list:
     return _found(report, SEMANTICS_KEY) if report.when == "call" else []
+
+
+def declared_of(report) -> list:
+    """The declared conventions a test's report carries (the first test of each backend in a process)."""
+    return _found(report, DECLARED_KEY)
 
 
 def run_record(run) -> dict:

@@ -5,7 +5,8 @@ A plugin object (`RowRecorder`, registered by properties/plugin.py when a run is
 in its ``config.stash`` (properties/stash.py).  It runs where the reports arrive: in the process
 of a plain run, on pytest-xdist's controller for a spread one (the workers' reports reach it).
 The row stream (``--attnspec-rows``, JSON lines): first ``{"collected": [test ids]}``, then per
-test ``{"nodeid", "row", "semantics"}``, flushed, so `attnspec run` follows its children by it.
+test ``{"nodeid", "row", "semantics"}``, and once per backend ``{"declarations": [its conventions]}``
+(`Backend.conventions`), flushed, so `attnspec run` follows its children by it.
 """
 from __future__ import annotations
 
@@ -62,6 +63,12 @@ class RowRecorder:
         rows["semantics"].extend(semantics)
         if row is not None or semantics:
             self.stream({"nodeid": report.nodeid, "row": row, "semantics": semantics})
+        known = {d["backend"] for d in rows["declarations"]}
+        for declared in results.declared_of(report):
+            if declared["backend"] not in known:  # each test of the first one carries it: once
+                known.add(declared["backend"])
+                rows["declarations"].append(declared)
+                self.stream({"declarations": [declared]})
 
     def pytest_terminal_summary(self, terminalreporter, config):
         found = config.stash[ROWS]

@@ -67,6 +67,7 @@ class Session:
     hang: Exception | None = None  # the property's failure in which it hung (explore.attempt raises it again)
     equal_dims: bool | None = None  # whether it declines Ev != E (asked once)
     lse_base: str | None = None  # the LSE's base observed on a probe, when none is declared (asked once)
+    declared: bool = False  # its conventions are on a test's report already (properties/plugin.py)
     calls: dict = field(default_factory=dict)  # every distinct call configuration, latest last
     _worker: _Worker | None = None
 
@@ -91,8 +92,10 @@ class Session:
         return box["value"]
 
 
-def signature(kind: str, case, dtype: str, return_lse: bool = False, layout: str = "contiguous") -> tuple:
-    """A call's configuration without its values (what a stateful backend may remember), hashable."""
+def signature(kind: str, case, dtype: str, return_lse: bool = False, layout: str = "contiguous",
+              knobs: dict | None = None) -> tuple:
+    """A call's configuration without its values (what a stateful backend may remember), hashable; the
+    tuning knobs' setting last (a reproducer's replay of the calls before a failure sets them again)."""
     def describe(name, value):
         if isinstance(value, np.ndarray):
             return (name, "array", value.shape, str(value.dtype),
@@ -100,7 +103,7 @@ def signature(kind: str, case, dtype: str, return_lse: bool = False, layout: str
         return (name, "value", value)
     return (kind, dtype, case.q.shape, case.k.shape, case.v.shape, None if case.mask is None else case.mask.shape,
             case.is_causal, case.scale, tuple(describe(n, v) for n, v in sorted(case.fields.items())),
-            return_lse, layout)
+            return_lse, layout, tuple(sorted((knobs or {}).items())))
 
 
 def is_compiled(backend: Backend) -> bool:
@@ -222,8 +225,8 @@ class Target:
         self.earlier = list(self.session.calls)[-MAX_REPLAYED:]
         self.examples += 1
 
-    def _record(self, kind, case, dtype, return_lse=False, layout="contiguous") -> None:
-        sig = signature(kind, case, dtype, return_lse, layout)
+    def _record(self, kind, case, dtype, return_lse=False, layout="contiguous", knobs=None) -> None:
+        sig = signature(kind, case, dtype, return_lse, layout, knobs)
         self.session.calls.pop(sig, None)
         self.session.calls[sig] = True
 
@@ -258,7 +261,7 @@ class Target:
         """The backend's output (B, H, Lq, Ev) for the case, as float64-held NumPy; with return_lse, (out, lse)
         (natural log: a declared base converted by the backend, an undeclared one as observed)."""
         dtype = dtype or self.dtype
-        self._record("forward", case, dtype, return_lse, layout)
+        self._record("forward", case, dtype, return_lse, layout, knobs)
         extra = {} if layout == "contiguous" else {"layout": layout}
         if knobs:
             extra["knobs"] = knobs

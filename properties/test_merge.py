@@ -1,12 +1,17 @@
-"""Family: a backend's merge entry point - two attention states over disjoint keys merged through
-their LSEs (FlashInfer's merge_state, vLLM's merge_attn_states, FA3's flash_attn_combine for a list).
+"""Family: a backend's merge entry point - attention states over disjoint keys merged through their
+LSEs: two (FlashInfer's merge_state, vLLM's merge_attn_states: `Backend.native_merge`) or a list at
+once (FA3's flash_attn_combine over its splits, FlashInfer's merge_states: `Backend.native_merge_states`),
+both called as `Backend.merge(parts, dtype)`, like `specs.reference.merge(parts)`.
 
-Backends offering `Backend.native_merge` are checked against `specs.reference.merge` on drawn states:
+Backends offering a merge are checked against `specs.reference.merge` on drawn states:
 empty ones (LSE -inf; +inf where the backend declares `empty_lse = "+inf"`, FA2's, which vLLM's
 merge maps to -inf), huge gaps (1e4: one state's weight underflows), each within
 `specs.merge_budget`; the merge regrouped and permuted (commutative and associative, FlashInfer's
 recursive attention) within both groupings' budgets; two empty states exactly (0, -inf)
-(flashinfer#4051 gave NaN).
+(flashinfer#4051 gave NaN).  A list merge also on 1 to 6 states at once: permuted, regrouped
+(merge([merge(a, b), c]) and merge([a, merge(b, c)]), a list split anywhere), every state empty
+exactly (0, -inf): a combine that drops the last split, or shifts by the first split's LSE rather than
+the largest, fails here.
 """
 from __future__ import annotations
 
@@ -32,22 +37,27 @@ EMPTY = (0.0, 0.3, 1.0)  # share of empty states
 _SMALL = cases(kinds=("none",), regimes=("small",))  # the problem only sizes the states
 
 
-def _offered(target: Target) -> None:
-    import pytest
-    if not target.backend.offers_merge():
-        pytest.skip(f"{target.name} offers no merge (Backend.native_merge)")
+LIST = (1, 6)  # states a list merge is drawn with: one (the state itself) to six splits
+
+
+def _offered(target: Target, parts: int = 2) -> None:
+    if not target.backend.offers_merge(parts):
+        import pytest
+        pytest.skip(f"{target.name} offers no merge" + (" (Backend.native_merge)" if parts == 2 else
+                                                         " of a list of states (Backend.native_merge_states)"))
     if is_fp8(target.dtype):  # states are outputs: in the output's dtype, judged at the float dtypes
+        import pytest
         pytest.skip("merge states are attention outputs, not fp8 inputs: the merge is judged at the float dtypes")
 
 
-def _states(draw, case: Case, target: Target) -> dict:
-    """Three states shaped like the case's output, exact in the dtype; LSEs exact in float32."""
+def _states(draw, case: Case, target: Target, count: int = 3) -> dict:
+    """`count` states shaped like the case's output, exact in the dtype; LSEs exact in float32."""
     B, H, Lq, Ev = case.q.shape[:-1] + case.v.shape[-1:]
     seed = draw(st.integers(0, 2**16), label="states seed")
     gap, empty = draw(st.sampled_from(GAPS), label="LSE gap"), draw(st.sampled_from(EMPTY), label="empty share")
     rng = np.random.default_rng(seed)
     out = []
-    for _ in range(3):
+    for _ in range(count):
         o = np.asarray(round_to(rng.standard_normal((B, H, Lq, Ev)), target.dtype), dtype=np.float64)
         lse = rng.standard_normal((B, H, Lq)) * 3 + rng.integers(-1, 2, (B, H, Lq)) * gap  # (B, H, Lq)
         lse = np.where(rng.random((B, H, Lq)) < empty, -np.inf, np.float32(lse).astype(np.float64))
@@ -60,9 +70,20 @@ def _as_given(target: Target, lse):
     return np.where(lse == -np.inf, np.inf, lse) if target.backend.semantics.empty_lse == "+inf" else lse
 
 
-def _merge(target: Target, a, b):
-    o, lse = target.call_backend("merge", target.backend.merge, a[0], _as_given(target, a[1]), b[0],
-                                 _as_given(target, b[1]), target.dtype)
+def _list(draw, case: Case, target: Target) -> dict:
+    """1 to 6 states, a permutation of them and a place to split the list."""
+    count = draw(st.integers(*LIST), label="states")
+    found = _states(draw, case, target, count)
+    found["order"] = draw(st.permutations(range(count)), label="permutation")
+    found["cut"] = draw(st.integers(0, count), label="split the list after")
+    return found
+
+
+def _merge(target: Target, *parts, as_list: bool = False):
+    """The backend's merge of parts [(o, lse)], empty states given in its declared convention; as_list: through
+    its list hook whatever the count."""
+    o, lse = target.call_backend("merge", target.backend.merge, [(o, _as_given(target, lse)) for o, lse in parts],
+                                 target.dtype, as_list=as_list)
     empty_given = np.inf if target.backend.semantics.empty_lse == "+inf" else -np.inf
     return o, np.where(lse == empty_given, -np.inf, lse)  # (B, H, Lq, Ev), (B, H, Lq): empty as -inf
 
@@ -123,3 +144,56 @@ def test_merge_of_empty_states(target: Target, case: Case, params: dict):
     _offered(target)
     a, b, _ = params["states"]
     _judge("merge_of_empty_states", target, _merge(target, a, b), [a, b], "merge of two empty states")
+
+
+# ---- a list merge (FA3's flash_attn_combine) ---------------------------------------------------------
+
+@prop(draw=_SMALL, params=_list)
+def test_merge_states_matches_reference(target: Target, case: Case, params: dict):
+    """merge([s_1, ..., s_C]) in one call, C from 1 to 6, equals specs.reference.merge within the budget of
+    merging C states; rows where every state is empty exactly (0, -inf)."""
+    states = params["states"]
+    _offered(target, LIST[1])
+    _judge("merge_states_matches_reference", target, _merge(target, *states, as_list=True), states,
+           f"merge of {len(states)} state{'s' * (len(states) != 1)}")
+
+
+@prop(draw=_SMALL, params=_list)
+def test_merge_states_permuted_and_regrouped(target: Target, case: Case, params: dict):
+    """The list permuted, and split in two at a drawn place with each part merged first: each the reference
+    merge of all within two merges' budgets (a merge that drops a split, or weighs by position, differs)."""
+    states, cut = params["states"], params["cut"]
+    _offered(target, LIST[1])
+    shuffled = [states[i] for i in params["order"]]
+    _judge("merge_states_permuted_and_regrouped", target, _merge(target, *shuffled, as_list=True), states,
+           f"merge of the {len(states)} states in the order {list(params['order'])}")
+    head, tail = states[:cut], states[cut:]
+    grouped = [_merge(target, *part, as_list=True) for part in (head, tail) if part]
+    _judge("merge_states_permuted_and_regrouped", target, _merge(target, *grouped, as_list=True), states,
+           f"merge([merge(states[:{cut}]), merge(states[{cut}:])])", times=2)
+
+
+@prop(draw=_SMALL, params=lambda draw, case, target: _states(draw, case, target, 3))
+def test_merge_states_associative(target: Target, case: Case, params: dict):
+    """merge([merge([a, b]), c]) and merge([a, merge([b, c])]) as lists: each the reference merge of the three
+    within two merges' budgets, so the groupings agree within both."""
+    _offered(target, 3)
+    a, b, c = params["states"]
+    for what, got in (("merge([merge([a, b]), c])", lambda: _merge(target, _merge(target, a, b), c)),
+                      ("merge([a, merge([b, c])])", lambda: _merge(target, a, _merge(target, b, c)))):
+        _judge("merge_states_associative", target, got(), [a, b, c], what, times=2)
+
+
+def _all_empty(target: Target):
+    from attnspec.properties.case import Case as C
+    z = np.zeros((1, 2, 3, 4))  # (B, H, Lq, E): only the shapes matter
+    return [(C(z, z, z), {"states": [(z.copy(), np.full((1, 2, 3), -np.inf))] * count}) for count in (1, 3, 5)]
+
+
+@prop(grid=_all_empty)
+def test_merge_states_of_empty_states(target: Target, case: Case, params: dict):
+    """One, three or five empty states merge to exactly (0, -inf) (FA3's combine of splits that saw nothing)."""
+    states = params["states"]
+    _offered(target, LIST[1])
+    _judge("merge_states_of_empty_states", target, _merge(target, *states, as_list=True), states,
+           f"merge of {len(states)} empty states")

@@ -5,7 +5,8 @@ softcap, bias or mask touches (gpt-oss; FA4 `learnable_sink`, FlashInfer `sinks`
 on the backend's own outputs: O(sinks) = O(none) sigma(LSE - s_h), LSE(sinks) = logaddexp(LSE, s_h).
 Bugs this catches: sinks accepted and dropped (vllm-project/vllm#52148: gpt-oss scored 0 on GSM8K),
 counted once per split (ROCm/rocm-libraries#12227), scaled or capped like a score, read by KV head,
-given a value, an LSE without the sink where it is declared with it.
+given a value, an LSE without the sink where it is declared with it; in packed and paged calls (where
+a backend declares them), sinks accepted and dropped by that path alone, or counted once per page.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties import serving_calls as S
 from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import (
@@ -129,19 +131,41 @@ def test_sinks_closed_form(target: Target, case: Case, params: dict):
     _close("sinks_closed_form", target.forward(case), want, rows, atol, "O(sinks) vs O(none) sigma(LSE - s)")
 
 
+_WORD = {True: "included", False: "excluded", None: None}
+
+
+def _record_lse_with_sinks(target: Target, fits: dict) -> None:
+    """The semantics row `lse_with_sinks` (the report's conventions table): what the LSEs of this test's
+    problems held - "included", "excluded", "either" (a sink too small to tell), "neither" or "varies" -
+    one row for the test, updated as its problems come."""
+    found = {"included" if fits[True] else "excluded"} if fits[True] != fits[False] else \
+        {"either" if fits[True] else "neither"}
+    row = next((r for r in target.answers if r["question"] == "lse_with_sinks"), None)
+    if row is not None:  # the test's earlier problems: "varies" stood for both
+        found |= {"included", "excluded"} if row["observed"] == "varies" else {row["observed"]}
+        target.answers.remove(row)
+    told = found - {"either"}
+    observed = "neither" if "neither" in told else "varies" if len(told) > 1 else (told or {"either"}).pop()
+    declared = _WORD[target.backend.semantics.lse_with_sinks]
+    agrees = None if declared is None else observed in (declared, "either")
+    target.answers.append(dict(backend=target.name, question="lse_with_sinks", dtype=target.dtype, observed=observed,
+                               declared=declared, agrees=agrees))
+
+
 @prop(requires=("sinks", "lse"))
 def test_sinks_lse_as_declared(target: Target, case: Case, params: dict):
     """The returned LSE includes the sink where declared (FA4), excludes it where declared not (gpt-oss's
-    Triton kernel); undeclared, it must be one of the two."""
+    Triton kernel); undeclared, it must be one of the two (recorded: the semantics row lse_with_sinks)."""
     _, lse = target.forward(case, return_lse=True)  # (B, H, Lq)
     declared = target.backend.semantics.lse_with_sinks
-    options = (True, False) if declared is None else (declared,)
-    verdicts = []
-    for included in options:
+    fits = {}
+    for included in (True, False):
         judged = case if included else case.without("sinks")
         rows = judged.judged_rows()
-        verdicts.append(with_full_index(error_budget.check_lse(lse, judged.problem, dtype=target.budget_dtype,
-                                                               rows=rows, rule=rule_of(target)), rows))
+        fits[included] = with_full_index(error_budget.check_lse(lse, judged.problem, dtype=target.budget_dtype,
+                                                                rows=rows, rule=rule_of(target)), rows)
+    _record_lse_with_sinks(target, {k: bool(v) for k, v in fits.items()})
+    verdicts = [fits[included] for included in ((True, False) if declared is None else (declared,))]
     if not any(verdicts):
         v = verdicts[0]
         require(verdict("sinks_lse_as_declared", False, v.where, v.amount,
@@ -202,3 +226,29 @@ def test_dsink_matches_reference(target: Target, case: Case, params: dict):
     v = sink_budget.check_dsink(dsink, case.problem, grad_out=g, dtype=target.budget_dtype, rule=rule_of(target))
     require(verdict("dsink_matches_reference", bool(v), v.where, v.amount, v.message, v.limit))
     check_gradients("dsink_matches_reference", target, case, g)
+
+
+# ---- sinks in the serving formats' calls (issue 30's packed and paged calls; backends/serving.py) ------------
+
+@prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_sinks_in_packed_calls(target: Target, case: Case, params: dict):
+    """A packed call with sinks equals the reference: the lowering hands the sinks over, the varlen path
+    applies them (vllm-project/vllm#52148: one path took sinks and dropped them)."""
+    S.skip_without(target, "packed")
+    case = S.problem_of(case, params)
+    with S.as_called(case):
+        agreement(target, case, S.packed(target, case, params["unused"], params["seed"]))
+
+
+@prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_sinks_in_paged_calls(target: Target, case: Case, params: dict):
+    """A paged call with sinks equals the reference, pages of 1 to 256 keys: each row's sink counted once,
+    not once per page (a kernel whose pages are its key blocks folds it after the last one)."""
+    layouts = S.paged_layouts(target)
+    if not layouts:
+        import pytest
+        pytest.skip(f"{target.name} takes no paged call (declares {', '.join(target.caps.formats)})")
+    layout = params["layout"] if params["layout"] in layouts else layouts[0]
+    case = S.problem_of(case, params, queries=False)
+    with S.as_called(case):
+        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"]))

@@ -17,7 +17,7 @@ from attnspec.reports import inputs as inp
 from attnspec.reports.writer import staging, write_text
 
 CSV_FILES = ("conformance.csv", "semantics.csv", "benchmarks.csv", "scaling.csv", "worked_examples.csv",
-             "verdicts.csv")
+             "verdicts.csv", "conventions.csv")
 
 # The page, top to bottom: (anchor, title).  Section <anchor> is drawn by the template
 # reports/templates/sections/<anchor>.html.j2 from the dict `data` that reports.page.<anchor>_data
@@ -29,6 +29,7 @@ SECTIONS = (
     ("deviations", "Declared deviations"),
     ("conformance", "Conformance: backend × property × dtype"),
     ("semantics", "Semantics: what each backend does where the spec leaves a choice"),
+    ("conventions", "Declared conventions per backend: declared, observed, agrees"),
     ("performance", "Performance"),
     ("dtypes", "Performance in 16-bit dtypes"),
     ("decode", "Decode: KV-cache bandwidth and grouped KV heads"),
@@ -80,8 +81,8 @@ def build(inputs: inp.Inputs, out_dir: str, *, asv_commit: str | None = None, ti
     with staging(out_dir) as tmp:
         raw = os.path.join(tmp, inp.RAW)
         os.makedirs(os.path.join(raw, "asv"))
-        write_text(raw, inp.SUITE_FILE, json.dumps({"conformance": inputs.conformance,
-                                                    "semantics": inputs.semantics}, indent=1, default=str))
+        write_text(raw, inp.SUITE_FILE, json.dumps({"conformance": inputs.conformance, "semantics": inputs.semantics,
+                                                    "declarations": inputs.declarations}, indent=1, default=str))
         kept, skipped = [], list(inputs.skipped)
         for i, src in enumerate(inputs.asv_dirs):
             dst = os.path.join(raw, "asv", str(i))
@@ -112,12 +113,14 @@ class Frames:
     slopes: dict      # (backend, op, metric[, machine]) -> fitted exponent, for the legends
     peaks: dict       # machine -> measured float32 matmul GFLOP/s (the roofline)
     detection: object = None  # detection_power.csv rows (a DataFrame; empty when not measured)
+    conventions: object = None  # declared conventions beside the observations (conventions.csv)
 
 
 def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: str, skipped: list) -> dict:
     """The CSVs and the page; `skipped` ("path — why" of each input left out) grows by the asv
     results files that cannot be read, and the page and the summary name them all."""
     from attnspec.reports import page, tables  # pandas, matplotlib and Jinja2 only when a report is built
+    from attnspec.reports.conventions import conventions_frame
 
     conf = tables.conformance_frame(inputs.conformance)
     sem = tables.semantics_frame(inputs.semantics)
@@ -125,8 +128,9 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
     scaling = tables.scaling_frame(bench)
     worked, worked_note = tables.worked_frame()
     verdicts = tables.verdict_frame(conf, sem)
+    conventions = conventions_frame(inputs.declarations, sem, conf)
     csvs = (conf, sem, bench, scaling.drop(columns=["n"], errors="ignore"), worked[list(tables.WORKED_COLUMNS)],
-            verdicts)
+            verdicts, conventions)
     for name, df in zip(CSV_FILES, csvs, strict=True):
         df.to_csv(os.path.join(tmp, name), index=False)
 
@@ -143,7 +147,7 @@ def _write_tables_and_page(tmp: str, inputs: inp.Inputs, asv_dirs: list, title: 
             detection.to_csv(os.path.join(folder, inp.DETECTION_FILE), index=False)
     frames = Frames(conf=conf, sem=sem, bench=bench, scaling=scaling, worked=worked, worked_note=worked_note,
                     verdicts=verdicts, speed=tables.speed_summary(bench), head=head, slopes=slopes,
-                    peaks=matmul_peaks(bench), detection=detection)
+                    peaks=matmul_peaks(bench), detection=detection, conventions=conventions)
     sections = [(anchor, name, getattr(page, f"{anchor}_data")(frames)) for anchor, name in SECTIONS]
     machines = sorted(set(bench["machine"].dropna())) if not bench.empty else []
     commits = sorted({str(c)[:8] for c in bench["commit"].dropna()}) if not bench.empty else []

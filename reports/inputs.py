@@ -41,6 +41,7 @@ class ReportInputError(ValueError):
 class Inputs:
     conformance: list = field(default_factory=list)  # dicts with CONFORMANCE_COLUMNS
     semantics: list = field(default_factory=list)    # dicts with SEMANTICS_COLUMNS
+    declarations: list = field(default_factory=list)  # per backend, its declared conventions (Backend.conventions)
     asv_dirs: list = field(default_factory=list)     # asv results folders (one subfolder per machine)
     detection: list = field(default_factory=list)    # detection_power.csv rows (dicts of strings)
     skipped: list = field(default_factory=list)      # "path — why" of each input that could not be read
@@ -48,6 +49,7 @@ class Inputs:
     def add_suite(self, data: dict) -> None:
         self.conformance += data["conformance"]
         self.semantics += data["semantics"]
+        self.declarations += data.get("declarations", [])
 
 
 def _check_rows(rows, columns, path, key):
@@ -78,7 +80,16 @@ def read_suite_json(path: str) -> dict:
     if not isinstance(data, dict) or "conformance" not in data:
         raise ReportInputError(f"{path}: not a suite results file (expected an object with 'conformance' and 'semantics')")
     return {"conformance": _check_rows(data["conformance"], CONFORMANCE_COLUMNS, path, "conformance"),
-            "semantics": _check_rows(data.get("semantics", []), SEMANTICS_COLUMNS, path, "semantics")}
+            "semantics": _check_rows(data.get("semantics", []), SEMANTICS_COLUMNS, path, "semantics"),
+            "declarations": _check_declarations(data.get("declarations", []), path)}  # older results: none
+
+
+def _check_declarations(rows, path) -> list:
+    """Each backend's declared conventions, as `Backend.conventions` wrote them (objects naming a backend)."""
+    if not isinstance(rows, list) or any(not isinstance(r, dict) or not isinstance(r.get("backend"), str)
+                                         for r in rows):
+        raise ReportInputError(f"{path}: 'declarations' must be a list of objects, each naming its 'backend'")
+    return rows
 
 
 def is_asv_results_dir(path: str) -> bool:

@@ -16,6 +16,7 @@ from markupsafe import Markup
 
 from attnspec.reports import plots
 from attnspec.reports.bench_sections import decode_data, dtypes_data, masked_data, serving_data  # noqa: F401 - sections of build.SECTIONS
+from attnspec.reports.conventions import conventions_data  # noqa: F401 - a section of build.SECTIONS
 from attnspec.reports.tables import FIT_T_MIN
 from attnspec.reports.verdicts import STATUS_TEXT, deviations_data, failures_data, text, tri, verdict_data  # noqa: F401 - sections
 

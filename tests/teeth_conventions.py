@@ -1,5 +1,6 @@
 """The proof of teeth's witnesses for the conventions of issue 31 (tests/broken/witnesses.py's ops
-"merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index"): verdicts of one backend on one
+"merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index") and for its
+sinks in a paged call (op "paged": the forward through `backends.serving.forward_paged`): verdicts of one backend on one
 witness in one dtype, as tests/test_teeth.py's `_verdicts` returns them.  A backend that does not
 offer what a witness asks (no merge, no such knob, no gradients, no declaration to hold it to) declines
 it with Unsupported.
@@ -13,7 +14,8 @@ from attnspec.specs import error_budget, reference
 from attnspec.specs.invariants import Verdict
 from attnspec.specs.merge_budget import merge_allowed
 
-CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "bad_index")
+CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "paged", "bad_index")
+PAGE_SIZE = 2  # the paged witness's pages: several a sequence
 
 
 def bad_index_verdicts(backend, dtype: str) -> list:
@@ -51,21 +53,24 @@ def verdicts(backend, p: dict, dtype: str) -> list:
     kw = dict(mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
     if p["op"] == "bad_index":
         return bad_index_verdicts(backend, dtype)
-    if p["op"] == "merge":
-        (o_a, l_a), (o_b, l_b) = p["states"]
-        o_a, o_b = (np.asarray(error_budget.round_to(o, dtype), dtype=np.float64) for o in (o_a, o_b))
+    if p["op"] == "merge":  # two states or more: a list merge's witness is declined by a pair-only merge
+        parts = [(np.asarray(error_budget.round_to(o, dtype), dtype=np.float64), lse) for o, lse in p["states"]]
         plus = backend.semantics.empty_lse == "+inf"  # the states in its declared convention
-        given = [np.where(x == -np.inf, np.inf, x) if plus else x for x in (l_a, l_b)]
-        o, lse = backend.merge(o_a, given[0], o_b, given[1], dtype)
+        given = [(o, np.where(lse == -np.inf, np.inf, lse) if plus else lse) for o, lse in parts]
+        o, lse = backend.merge(given, dtype, as_list=len(parts) != 2)
         lse = np.where(lse == (np.inf if plus else -np.inf), -np.inf, lse)
-        want_o, want_lse = reference.merge([(o_a, l_a), (o_b, l_b)])
-        o_tol, l_tol = merge_allowed([(o_a, l_a), (o_b, l_b)], dtype)
+        want_o, want_lse = reference.merge(parts)
+        o_tol, l_tol = merge_allowed(parts, dtype)
         empty = np.isneginf(want_lse)
         with np.errstate(invalid="ignore"):
             ok_o = bool(np.all(np.where(empty[..., None], o == 0, np.abs(o - want_o) <= o_tol)))
             ok_l = bool(np.all(np.where(empty, lse == -np.inf, np.abs(lse - want_lse) <= l_tol)))
         return [Verdict("merge", ok_o and ok_l, None, float("nan"), f"merged {o[0, 0]} / lse {lse[0, 0]}; "
                         f"reference {want_o[0, 0]} / {want_lse[0, 0]}")]
+    if p["op"] == "paged":  # a backend without paged calls declines (Unsupported)
+        from attnspec.backends import serving
+        out = serving.forward_paged(backend, q, k, v, page_size=PAGE_SIZE, rng=0, **kw)
+        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
     if p["op"] == "knobs":
         if set(p["knobs"]) - set(backend.knobs):
             raise Unsupported(f"{backend.name} has no knob {sorted(p['knobs'])}")

@@ -17,7 +17,8 @@ from tests.plugins.cases import available
 # the properties where the zoo's findings show, in a 16-bit and a 32-bit dtype (the rest: README's
 # per-backend figures, `pytest properties --backend NAME`)
 SLICE = ("(matches_reference or masked_keys_get_zero_weight or causal_alignment or grouped_heads_match_repeated_kv "
-         "or additive_bias_matches_reference or empty_sizes or output_dtype) and (float16 or float32)")
+         "or additive_bias_matches_reference or empty_sizes or output_dtype or sinks_match_reference "
+         "or dsink_matches_reference) and (float16 or float32)")
 
 
 _ZOO = {name: registry.resolve(name) for name in registry.ZOO}  # resolving loads no library
@@ -44,6 +45,7 @@ def test_what_the_libraries_document_is_declared():
     assert mlx.semantics.causal_alignment == "bottom_right"  # "lower-right alignment"
     assert mlx.semantics.effective_precision == "float32"  # "softmax ... in float32 regardless"
     assert not mlx.capabilities.mask_with_causal  # an array mask or "causal", not both
+    assert "sinks" in mlx.capabilities.features  # 0.32's signature: sinks: array | None
     sdpa = registry.resolve("transformers-sdpa")
     assert not sdpa.capabilities.mask_with_causal  # with a mask, is_causal is ignored: the mask carries it
     assert "gqa" in sdpa.capabilities.features and "softcap" not in sdpa.capabilities.features  # sdpa refuses softcap

@@ -1,5 +1,6 @@
 """Issue 31's declarations and entry points: bad values are ValueErrors naming the argument; a declared
-base-2 LSE comes back natural; the merge entry points of numpy-naive and torch-math meet the reference."""
+base-2 LSE comes back natural; the merge entry points of numpy-naive and torch-math (a pair, a list)
+meet the reference."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,28 +26,43 @@ def test_unknown_knob_is_a_value_error_naming_it():
         resolve("numpy-naive").forward(q, q, q, knobs={"block_size": 16})
 
 
-def test_merge_shapes_are_checked_and_default_is_not_offered():
+def test_merge_parts_are_checked_and_default_is_not_offered():
     o, lse = np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3))
-    with pytest.raises(ValueError, match="merge: o_a, o_b"):
-        resolve("numpy-naive").merge(o, lse, o, lse[..., :2])
+    naive = resolve("numpy-naive")
+    with pytest.raises(ValueError, match="parts: every output must share one shape"):
+        naive.merge([(o, lse), (o, lse[..., :2])])
+    with pytest.raises(ValueError, match="parts: every output must share one shape"):
+        naive.merge([(o, lse), (o[..., :2], lse)])
+    with pytest.raises(ValueError, match="parts: a non-empty list"):
+        naive.merge([])
+    with pytest.raises(ValueError, match="parts: a non-empty list"):
+        naive.merge([o, lse])  # arrays, not (output, lse) pairs
     with pytest.raises(Unsupported, match="offers no merge"):
-        resolve("numpy-tiled").merge(o, lse, o, lse)
+        resolve("numpy-tiled").merge([(o, lse), (o, lse)])
+    from tests.broken.convention_bugs import MergeAverages  # a pair hook only: a list is declined
+    with pytest.raises(Unsupported, match="merges pairs only"):
+        MergeAverages().merge([(o, lse)] * 3)
+    with pytest.raises(ValueError, match="parts: at least one"):
+        merge_allowed([], "float32")
 
 
 @pytest.mark.parametrize("name", ["numpy-naive", "torch-math"])
-def test_builtin_merges_meet_the_reference_and_keep_empty_exact(name):
+@pytest.mark.parametrize("count", [2, 4])
+def test_builtin_merges_meet_the_reference_and_keep_empty_exact(name, count):
+    """A pair and a list of four (FA3's flash_attn_combine): a huge gap, an empty state, every state empty."""
     backend = resolve(name)
     backend.load()
     rng = np.random.default_rng(0)
-    o_a, o_b = rng.standard_normal((2, 1, 2, 3, 4))  # each (B, H, Lq, Ev)
-    lse_a = np.array([[[0.5, 1e4, -np.inf]] * 2])  # (B, H, Lq): alike, a huge gap, both empty
-    lse_b = np.array([[[0.25, 0.0, -np.inf]] * 2])
-    o_a[..., 2, :] = o_b[..., 2, :] = 0.0
-    o, lse = backend.merge(o_a, lse_a, o_b, lse_b, "float64")
-    want_o, want_lse = reference.merge([(o_a, lse_a), (o_b, lse_b)])
-    o_tol, l_tol = merge_allowed([(o_a, lse_a), (o_b, lse_b)], "float64")
-    assert np.all(np.abs(o - want_o)[..., :2, :] <= o_tol[..., :2, :])
-    assert np.all(np.abs(lse - want_lse)[..., :2] <= l_tol[..., :2])
+    outs = rng.standard_normal((count, 1, 2, 3, 4))  # each (B, H, Lq, Ev)
+    lses = rng.standard_normal((count, 1, 2, 3))  # each (B, H, Lq)
+    lses[0, ..., 1], lses[1:, ..., 1] = 1e4, -np.inf  # row 1: one state of all the mass, the others empty
+    lses[..., 2], outs[..., 2, :] = -np.inf, 0.0  # row 2: every state empty
+    parts = list(zip(outs, lses, strict=True))
+    o, lse = backend.merge(parts, "float64")
+    want_o, want_lse = reference.merge(parts)
+    o_tol, l_tol = merge_allowed(parts, "float64")
+    assert np.all(np.abs(o[..., :2, :] - want_o[..., :2, :]) <= o_tol[..., :2, :])
+    assert np.all(np.abs(lse[..., :2] - want_lse[..., :2]) <= l_tol[..., :2])
     assert np.all(o[..., 2, :] == 0) and np.all(lse[..., 2] == -np.inf)  # flashinfer#4051: not NaN
 
 
@@ -57,3 +73,19 @@ def test_declared_base_two_comes_back_natural():
     _, lse = LseBase2Declared().forward(q, k, v, dtype="bfloat16", return_lse=True)
     # computed in float32 (the kernel widens bfloat16): a few float32 roundings of an LSE near 1
     np.testing.assert_allclose(lse, reference.forward(q, k, v).lse, rtol=2.0**-20)
+
+
+def test_compiled_flex_tiles_by_its_block_size_knob():
+    """torch-flex-compiled's knob reaches its CPU kernel as the BlockMask's BLOCK_SIZE (what the CPU template
+    tiles by), a full block mask where the problem hides nothing; the default leaves flex its own (no mask)."""
+    from attnspec.backends.base import Call
+    backend = resolve("torch-flex-compiled")
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    default, other = backend.knobs["block_size"]
+    for knobs, want in ((None, None), ({"block_size": default}, None), ({"block_size": other}, (other, other))):
+        _, block_mask = backend._specialised_mods(Call(knobs=knobs), (1, 2), 1, 2, 40, 70, "cpu")
+        assert (None if block_mask is None else tuple(block_mask.BLOCK_SIZE)) == want, knobs
+    _, causal = backend._specialised_mods(Call(is_causal=True, knobs={"block_size": other}), (1, 2), 1, 2, 40, 70, "cpu")
+    assert tuple(causal.BLOCK_SIZE) == (other, other)

@@ -53,6 +53,7 @@ PLANTED = {
     "merge": ("tests.broken.convention_bugs:MergeAverages", "broken-merge-averages", "float64"),
     "knobs": ("tests.broken.convention_bugs:KnobDropsTail", "broken-knob-drops-tail", "float32"),
     "fp8": ("tests.broken.fp8_bugs:DescalesDropped", "broken-fp8-dropped", "float8_e4m3fn"),
+    "bad_indices": ("tests.broken.serving_bugs:ClampsBadIndices", "broken-clamps-bad-indices", "float64"),
 }
 
 

@@ -200,7 +200,8 @@ def _run(args, build, inputs) -> int:
                                   profile=profile)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    collected = inputs.Inputs(conformance=skipped + suite["conformance"], semantics=suite["semantics"])
+    collected = inputs.Inputs(conformance=skipped + suite["conformance"], semantics=suite["semantics"],
+                              declarations=suite.get("declarations", []))
     measured = os.path.join(procs.ROOT, "reports", "detection-power", inputs.DETECTION_FILE)
     if os.path.isfile(measured):  # the detection-power figures measured for this checkout
         collected.detection = inputs.read_detection_csv(measured)

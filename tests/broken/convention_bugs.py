@@ -101,3 +101,49 @@ class RowDependsOnBatch(VariantKernel):
         vis = np.ones(q.shape[-2:-1] + (Lk,), dtype=bool)  # (Lq, Lk)
         kk, vv = self._kv_heads(k, q.shape[-3], call), self._kv_heads(v, q.shape[-3], call)
         return store(tiled_attention(*widened(q, kk, vv), vis, scale, (Lk + 1) // 2), call.dtype)  # two splits
+
+
+def _stored_as(backend, o) -> str:
+    """The dtype a merge's states arrived in: float32 storage is bfloat16 where float32 is not declared."""
+    named = {np.dtype(np.float16): "float16", np.dtype(np.float64): "float64"}.get(o.dtype)
+    return named or ("float32" if "float32" in backend.capabilities.dtypes else "bfloat16")
+
+
+class MergeStatesDropsLast(VariantKernel):
+    """A list merge (FA3's flash_attn_combine) whose loop runs over num_splits - 1 splits: the last split's
+    keys never reach the output or the LSE - right whenever the last split saw nothing."""
+
+    name = "broken-merge-states-drops-last"
+    capabilities = _lse_caps("float32")
+
+    def native_merge_states(self, o_parts, lse_parts):
+        kept_o, kept_lse = o_parts[:-1], lse_parts[:-1]  # the slip: range(num_splits - 1)
+        if not len(kept_lse):  # one split: nothing merged at all
+            return np.zeros_like(o_parts[0]), np.full_like(lse_parts[0], -np.inf)
+        top = kept_lse.max(axis=0)  # (..., Lq)
+        shift = np.where(np.isfinite(top), top, 0)
+        w = np.exp(kept_lse - shift)  # (C - 1, ..., Lq)
+        total = w.sum(axis=0)  # (..., Lq)
+        with np.errstate(divide="ignore"):
+            lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1)), -np.inf)
+        out = (kept_o * (w / np.where(total > 0, total, 1))[..., None]).sum(axis=0)  # (..., Lq, Ev)
+        return store(out, _stored_as(self, o_parts)), lse
+
+
+class MergeStatesShiftByFirst(VariantKernel):
+    """A list merge that shifts every split by the first split's LSE, not the largest (the max's
+    initial value never updated): a split 1e4 above the first overflows exp to inf (then NaN), and an
+    empty first split (-inf) makes every weight inf."""
+
+    name = "broken-merge-states-shift-by-first"
+    capabilities = _lse_caps("float16")
+
+    def native_merge_states(self, o_parts, lse_parts):
+        shift = np.where(np.isfinite(lse_parts[0]), lse_parts[0], 0)  # (..., Lq) the slip: split 0, not the max
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = np.exp(lse_parts - shift)  # (C, ..., Lq) inf past float32's range
+            total = w.sum(axis=0)  # (..., Lq)
+            with np.errstate(divide="ignore"):
+                lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1)), -np.inf)  # (..., Lq)
+            out = (widened(o_parts)[0] * (w / np.where(total > 0, total, 1))[..., None]).sum(axis=0)  # (..., Lq, Ev)
+        return store(out, _stored_as(self, o_parts)), lse

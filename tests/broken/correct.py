@@ -234,3 +234,30 @@ class KnobBlockSize(VariantKernel):
         q, k, v = widened(q, k, v)
         vis = visible(q.shape[-2], k.shape[-2], call.mask, call.is_causal)  # (..., Lq, Lk)
         return store(tiled_attention(q, k, v, vis, resolve_scale(q, call.scale), block), call.dtype)
+
+
+class MergeStatesOnline(VariantKernel):
+    """A list merge (FA3's flash_attn_combine) done online, one split at a time: a running max, the sum and
+    the output rescaled as it grows (the attention recurrence over splits), in float32; different from
+    the max-first merges, and right: every split once, all-empty rows (0, -inf)."""
+
+    name = "ok-merge-states-online"
+    capabilities = _lse("bfloat16", "float64")
+
+    def native_merge_states(self, o_parts, lse_parts):
+        wide = np.float64 if o_parts.dtype == np.float64 else np.float32
+        m = np.full(lse_parts.shape[1:], -np.inf, dtype=wide)  # (..., Lq) running max
+        total = np.zeros(lse_parts.shape[1:], dtype=wide)  # (..., Lq) running sum
+        acc = np.zeros(o_parts.shape[1:], dtype=wide)  # (..., Lq, Ev)
+        for o, lse in zip(o_parts.astype(wide), lse_parts.astype(wide), strict=True):
+            m_new = np.maximum(m, lse)  # (..., Lq)
+            shift = np.where(np.isfinite(m_new), m_new, 0)  # nothing seen yet: exp(-inf - 0) = 0
+            alpha, w = np.exp(m - shift), np.exp(lse - shift)  # (..., Lq) each
+            total = total * alpha + w
+            acc = acc * alpha[..., None] + o * w[..., None]
+            m = m_new
+        shift = np.where(np.isfinite(m), m, 0)
+        with np.errstate(divide="ignore"):
+            lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1)), -np.inf)  # (..., Lq)
+        out = acc / np.where(total > 0, total, 1)[..., None]  # (..., Lq, Ev)
+        return store(out, "float64" if wide is np.float64 else "bfloat16"), lse

@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+import numpy as np
+
 from attnspec.backends.flash_functions import FlashFunctionBackend
 from attnspec.backends.numpy_backends import NumpyNaive, NumpyTiled
 
@@ -251,3 +253,42 @@ class PackedBackwardNaNOneKey(NumpyNaive):
             if used[b] == 1:
                 dq[cu_q[b]:cu_q[b + 1]] = np.nan
         return dq, dk, dv
+
+
+# ---- issue 31's sinks in the serving calls: numpy-tiled (its pages are its key blocks) with one slip ----------
+
+class SinksDroppedOffPadded(NumpyTiled):
+    """Applies the sinks in its padded call; its packed and paged calls (another code path, as vLLM's prefill
+    path was) accept them and drop them (vllm-project/vllm#52148: gpt-oss scored 0 on GSM8K)."""
+
+    name = "broken-sinks-dropped-off-padded"
+    capabilities = replace(NumpyTiled.capabilities, dtypes=("float32",))
+
+    def native_packed(self, q, k, v, args, call):
+        return super().native_packed(q, k, v, args, replace(call, sinks=None))  # the slip
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        return super().native_paged(q, k_cache, v_cache, args, replace(call, sinks=None))  # the slip
+
+
+class SinkPerPage(NumpyTiled):
+    """A paged kernel whose pages are its splits, each folding the sink into its own partial sum, merged:
+    the sink counted once per page read (ROCm/rocm-libraries#12227's split-KV slip with pages as the
+    splits) - what it returns computed exactly: the row over its keys with n_pages exp(s_h) in the
+    denominator.  Right whenever a sequence's keys fit one page."""
+
+    name = "broken-sink-per-page"
+    capabilities = replace(NumpyTiled.capabilities, dtypes=("float64",))
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        if call.sinks is None:
+            return super().native_paged(q, k_cache, v_cache, args, call)
+        out, lse = super().native_paged(q, k_cache, v_cache, args, replace(call, sinks=None, return_lse=True))
+        lens = np.asarray(args.cache_seqlens, np.int64)  # (B,)
+        pads = np.zeros_like(lens) if args.cache_leftpad is None else np.asarray(args.cache_leftpad, np.int64)
+        pages = -(-lens // args.page_size) - pads // args.page_size  # (B,) the pages each sequence reads
+        sink = np.asarray(call.sinks, np.float64)[None, :, None] + np.log(np.maximum(pages, 1))[:, None, None]  # (B, Hq, 1)
+        total = np.logaddexp(lse, sink)  # (B, Hq, Lq): the slip, n_pages sinks in each row's sum
+        keep = np.where(np.isfinite(lse), np.exp(lse - total), 0.0)  # (B, Hq, Lq)
+        out = out * keep[..., None]  # (B, Hq, Lq, Ev)
+        return (out, total) if call.return_lse else out

@@ -199,6 +199,14 @@ def paged_leftpad(seed=0):
                     positions="per_sequence", kv_lengths=np.array([7, 5]), kv_starts=np.array([2, 1]))
 
 
+def paged_sinks(seed=0):
+    """Issue 31 in issue 30's paged call (op "paged": 2-key pages): caches of 7 and 5 keys (4 and 3 pages, the
+    second left-padded by 1), two queries each, sinks near the scores - a sink dropped by the paged path,
+    or counted once per page, shows."""
+    return {**_problem(*_heads(2, 2, 2, 7, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([7, 5]),
+                       kv_starts=np.array([0, 1]), sinks=np.array([0.5, 1.25])), "op": "paged"}
+
+
 def shared_prefix(seed=0):
     """Issue 30: two sequences of 20 and 18 keys whose first 16 are the same (one 16-key page their block
     tables share, forward_via_format's page size), two decode-chunk queries each."""
@@ -286,6 +294,20 @@ def merge_states(seed=0):
     return kw
 
 
+def merge_list(seed=0):
+    """op "merge" of four states (a list merge: FA3's flash_attn_combine) of (B, H, Lq, Ev) = (1, 2, 4, 8): row 0
+    alike, row 1 the last state 1e4 above the others (dropping it, or shifting by the first, shows), row 2 the
+    first state empty, row 3 every state empty (exactly (0, -inf))."""
+    rng = np.random.default_rng(seed)
+    outs = np.round(rng.standard_normal((4, 1, 2, 4, 8)) * 8) / 8  # each (B, H, Lq, Ev)
+    lses = np.array([[[[0.5, 1.0, -np.inf, -np.inf]] * 2], [[[0.25, -1.0, 1.5, -np.inf]] * 2],
+                     [[[-0.5, 2.0, 0.75, -np.inf]] * 2], [[[1.0, 1e4, 0.0, -np.inf]] * 2]])  # (4, B, H, Lq)
+    outs[0, ..., 2:, :], outs[1:, ..., 3, :] = 0.0, 0.0  # empty states hold zeros
+    kw = _problem(*_heads(2, 2, 4, 6, seed=seed), op="merge")
+    kw["states"] = tuple(zip(outs, lses, strict=True))
+    return kw
+
+
 def knob_tail(seed=0):
     """op "knobs": Lk = 7 at block_size 4 (a partial last block), against the reference."""
     kw = _problem(*_heads(2, 2, 3, 7, seed=seed), op="knobs")
@@ -328,7 +350,7 @@ def bad_indices(seed=0):
     return _problem(*_heads(2, 2, 3, 4, seed=seed), op="bad_index")
 
 
-CONVENTIONS = (empty_row_lse, merge_states, knob_tail, repeated_backward, batch_rows, bad_indices)
+CONVENTIONS = (empty_row_lse, merge_states, merge_list, knob_tail, repeated_backward, batch_rows, bad_indices)
 
 
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
@@ -336,4 +358,4 @@ ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scal
        gradient, gradient_causal, grouped, grouped_gradient, biased, causal_bottom_right, lse, windowed,
        window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
        first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse,
-       fp8_descales) + CONVENTIONS
+       paged_sinks, fp8_descales) + CONVENTIONS
