@@ -261,13 +261,24 @@ def _tanh_share(dtype: str, p) -> float:
     return terms.TANH_ULPS * b.accumulate_roundoff / b.sigma(_reduction(p))
 
 
-def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", *, rule="attnspec", **fields):
-    """(allowed (..., Lq), reference lse, plain lse); rows with no visible key: lse -inf, allowed 0."""
+def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", *, rule="attnspec",
+                     shift=None, **fields):
+    """(allowed (..., Lq), reference lse, plain lse); rows with no visible key: lse -inf, allowed 0.
+
+    ``shift`` (broadcastable to (..., Lq)): a maximum a kernel may subtract that lies above the row's own
+    (gpt-oss's Triton kernel starts its running maximum at the sink and returns the LSE over the real
+    keys, m + log l): d = shift - max_j s_j past it moves each exp(s_j - m) by u d and the sum's log by
+    d more before m + log l cancels them, so the row's terms grow by 2 d."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     f = run_forward(p)
     plain = run_forward(p, arithmetic(dtype)).lse  # (..., Lq)
     seen = np.isfinite(f.lse)
     phi, size = terms.lse_terms(p, f, _tanh_share(dtype, p))  # (..., Lq) twice
+    if shift is not None:
+        top = np.where(f.visible, f.scores, -np.inf).max(axis=-1, initial=-np.inf)  # (..., Lq)
+        with np.errstate(invalid="ignore"):
+            past = np.where(seen & np.isfinite(np.asarray(shift, dtype=np.float64)), np.asarray(shift) - top, 0.0)
+        phi = phi + 2 * np.maximum(past, 0.0)  # (..., Lq)
     ref0, plain0 = np.where(seen, f.lse, 0.0), np.where(seen, plain, 0.0)
     u = _budget(dtype).unit_roundoff
     allowed = _rows(ref0, plain0, phi, dtype, _reduction(p), u * size, per_row=False, rule=rule)
@@ -445,9 +456,10 @@ def check_forward(actual, q, k=None, v=None, mask=None, is_causal=False, scale=N
 
 
 def check_lse(actual, q, k=None, v=None, mask=None, is_causal=False, scale=None, dtype="float32", rows=None, *,
-              rule="attnspec", **fields) -> Verdict:
-    """A backend's log-sum-exp (..., Lq) against the reference, on rows with a visible key."""
-    allowed, ref, _ = lse_allowed_rows(q, k, v, mask, is_causal, scale, dtype, rule=rule, **fields)
+              rule="attnspec", shift=None, **fields) -> Verdict:
+    """A backend's log-sum-exp (..., Lq) against the reference, on rows with a visible key (``shift``: see
+    `lse_allowed_rows`)."""
+    allowed, ref, _ = lse_allowed_rows(q, k, v, mask, is_causal, scale, dtype, rule=rule, shift=shift, **fields)
     act = _as_f64(actual, "actual")
     if act.shape != ref.shape:
         raise ValueError(f"actual lse has shape {act.shape} but the problem's rows are {ref.shape}")
