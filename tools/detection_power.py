@@ -54,7 +54,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_
 # per dtype: the grid (largest first, steps of ~3x) and the issue's targets (temperature, gain); fp8 (issue 31:
 # torch-math's fp8 path, float32 inside and bfloat16 out) has no target: its figure is reported
 GRIDS = {"float16": (-1, -5), "bfloat16": (-1, -4), "float32": (-3, -8), "float64": (-4, -13),
-         "float8_e4m3fn": (-1, -4), "float8_e5m2": (-1, -4)}
+         "float8_e4m3fn": (-1, -7), "float8_e5m2": (-1, -7)}  # fp8 kernels keep a float32 LSE: as float32 deep
 TARGETS = {"float8_e4m3fn": {}, "float8_e5m2": {},
            "float16": {"temperature": 1e-2, "gain": 3e-3}, "bfloat16": {"temperature": 3e-2, "gain": 3e-2},
            "float32": {"temperature": 1e-5, "gain": 1e-5}, "float64": {"temperature": 1e-6, "gain": 1e-6}}
