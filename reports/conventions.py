@@ -13,7 +13,10 @@ import pandas as pd
 
 from attnspec.reports.verdicts import text, tri
 
-DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64"}
+DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "float8_e4m3fn": "e4m3",
+               "float8_e5m2": "e5m2"}
+_BAD_INDICES = ("cu_seqlens_decreasing", "cu_seqlens_past_tokens", "seqused_k_over_sequence", "page_id_past_pool",
+                "page_id_negative", "table_too_short")  # backends/bad_indices.BAD_INPUTS (tests check)
 COLUMNS = ("backend", "convention", "declared", "observed", "agrees", "source")
 
 # convention -> where the suite observes it: ("semantics", questions) or ("conformance", property-name prefixes)
@@ -29,6 +32,8 @@ CONVENTIONS = (
     ("batch_invariant", ("semantics", ("batch_invariant",))),
     ("knobs", ("conformance", ("knob_",))),
     ("merge", ("conformance", ("merge_",))),
+    ("p_dtypes", ("semantics", ("p_dtype",))),  # fp8: P's rounding before P V, per fp8 dtype
+    ("rejects_bad_indices", ("semantics", tuple(f"bad_index_{k}" for k in _BAD_INDICES))),
 )
 
 
@@ -47,6 +52,8 @@ def declared_text(name: str, d: dict) -> str:
         return domains + (" (bitwise)" if d.get("knob_exact") else " (within budget)")
     if name == "merge":
         return value or "none"
+    if name == "p_dtypes":
+        return " · ".join(f"{DTYPE_SHORT.get(k, k)}: {DTYPE_SHORT.get(v, v)}" for k, v in sorted((value or {}).items()))
     if value is None:
         return ""
     return {True: "yes", False: "no"}.get(value, str(value)) if isinstance(value, bool) else str(value)

@@ -98,3 +98,15 @@ def test_malformed_declarations_name_the_file(tmp_path, declarations):
     suite.write_text(json.dumps({"conformance": [], "semantics": [], "declarations": declarations}))
     with pytest.raises(inputs.ReportInputError, match=f"{suite}: 'declarations' must be a list of objects"):
         inputs.read_suite_json(str(suite))
+
+
+def test_the_fp8_and_bad_index_declarations_have_columns_that_name_their_questions():
+    """P's rounding reads the fp8 family's p_dtype question, rejects_bad_indices every bad-index question."""
+    from attnspec.backends.bad_indices import BAD_INPUTS
+    from attnspec.reports.conventions import declared_text
+    sources = dict(CONVENTIONS)
+    assert sources["p_dtypes"] == ("semantics", ("p_dtype",))
+    assert sources["rejects_bad_indices"][1] == tuple(f"bad_index_{k}" for k in BAD_INPUTS)
+    declared = resolve("numpy-tiled").conventions()
+    assert declared_text("p_dtypes", declared) == "e4m3: e4m3 · e5m2: e5m2"
+    assert declared_text("p_dtypes", resolve("numpy-naive").conventions()) == ""  # no fp8: nothing declared
