@@ -12,6 +12,7 @@ import pytest
 
 from attnspec.backends import registry
 from attnspec.specs import error_budget
+from tests._helpers import judged_dtype
 from tests.plugins.cases import available
 
 _BACKENDS = {name: registry.resolve(name) for name in ("mlx-sdpa", "openvino-sdpa-f32", "openvino-sdpa")}
@@ -35,11 +36,14 @@ def test_the_sinks_reach_the_library_and_meet_the_reference(name, dtype):
     out = backend.forward(q, k, v, mask=mask, dtype=dtype, sinks=sinks)  # (B, H, Lq, Ev)
     rows = np.ones(out.shape[:-1], dtype=bool)  # (B, H, Lq)
     rows[..., 1] = False  # the empty row: below, exactly
-    verdict = error_budget.check_forward(out, q, k, v, mask, False, None, dtype, rows=rows, sinks=sinks)
+    # judged at the precision the backend computes in: openvino-sdpa's is the plugin's default, bfloat16 on
+    # a CPU with bfloat16 kernels (declared as its effective_precision at load)
+    judged = judged_dtype(backend, dtype)
+    verdict = error_budget.check_forward(out, q, k, v, mask, False, None, judged, rows=rows, sinks=sinks)
     assert verdict, verdict.message
     assert np.all(out[..., 1, :] == 0)  # a row that sees nothing with a finite sink: 0 (the sink's value)
     plain = backend.forward(q, k, v, mask=mask, dtype=dtype)  # without sinks: not the answer with them
-    assert not error_budget.check_forward(plain, q, k, v, mask, False, None, dtype, rows=rows, sinks=sinks)
+    assert not error_budget.check_forward(plain, q, k, v, mask, False, None, judged, rows=rows, sinks=sinks)
 
 
 def test_mlx_refuses_sinks_wider_than_its_16_bit_inputs():
