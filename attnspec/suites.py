@@ -20,9 +20,12 @@ import time
 from attnspec.procs import child_env, say, watch
 from attnspec.properties import runner
 from attnspec.reports.inputs import NOT_ATTEMPTED, ReportInputError, read_suite_json
+from attnspec.specs.problem import DTYPE_NAMES
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines when the terminal cannot redraw one
-_ITEM = re.compile(r"::test_(?P<property>\w+)\[(?P<target>.+)-(?P<dtype>float16|bfloat16|float32|float64)\]$")
+# a property's test id, in every dtype the suite draws (fp8 ones too: a test the pattern missed would
+# go uncounted, and unreported as not attempted when its child dies)
+_ITEM = re.compile(rf"::test_(?P<property>\w+)\[(?P<target>.+)-(?P<dtype>{'|'.join(map(re.escape, DTYPE_NAMES))})\]$")
 
 
 class SuiteProgress:

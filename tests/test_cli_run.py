@@ -726,3 +726,18 @@ def test_a_child_that_learned_the_hang_itself_gets_the_same_verdict(tmp_path):
     assert rows["(suite)"]["status"] == "timed_out", rows
     assert "per-call limit" in rows["(suite)"]["message"] and "in b[float32]" in rows["(suite)"]["message"]
     assert rows["c"]["status"] == "failed" and rows["c"]["message"].startswith("not attempted")
+
+
+def test_progress_counts_the_tests_of_every_dtype_fp8_included(tmp_path):
+    """A backend's fp8 targets are collected tests like the rest: counted, shown running, and reported
+    not attempted when the child dies before them."""
+    ids = [f"properties/test_output.py::test_matches_reference[fake-{d}]" for d in ("float32", "float8_e4m3fn")]
+    row = dict(backend="fake", property="matches_reference", dtype="float32", status="passed", examples=6,
+               seconds=0.1, counterexample="", message="")
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"collected": ids}) + "\n" + json.dumps({"nodeid": ids[0], "row": row}) + "\n")
+    progress = suites.SuiteProgress(label="fake", redraw=False, stream=io.StringIO(), path=str(path))
+    progress.read()
+    assert progress.text().startswith("fake: 1/2 tests") and progress.current == "matches_reference[float8_e4m3fn]"
+    (missing,) = progress.not_attempted("fake", "why")
+    assert (missing["property"], missing["dtype"]) == ("matches_reference", "float8_e4m3fn")
