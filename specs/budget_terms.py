@@ -184,8 +184,9 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
     (its absolute error is ~2u, and 2 |t| times the tanh's own error: tanh_share = TANH_ULPS
     u_acc in units of sigma) and moves with the raw score's error, and dS_raw's own rounding adds
     tau (below tau the format's spacing is even).  dQ = scale dS K and dK = scale dS^T Q
-    carry it with |K|, |Q|, plus tau |K| and tau |Q| unscaled: a kernel may round dS * scale to the
-    dtype instead of dS (error_budget, step 5); dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
+    carry it, and |dS| once more for the rounding of dS * scale, with |K|, |Q|, plus tau |K| and tau |Q|
+    unscaled: a kernel may round dS * scale to the dtype instead of dS (error_budget, step 5);
+    dV = w^T dY with (w_ij (1 + Th_ij + Thbar_i + lse_share |lse_i|) + tau) |dY_i|.
     """
     f, th = pair_terms(p, f, tanh_share)
     w = f.weights  # (..., Lq, Lk)
@@ -213,6 +214,10 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
     # dS * scale may be rounded to the input dtype before the products (error_budget step 5): its
     # absolute rounding tau reaches dQ and dK times |K| and |Q| unscaled, beside dS's own times scale
     seen = tau * f.visible.astype(np.float64)  # (..., Lq, Lk)
+    # dS * scale is a product rounded on its own (autograd through S = (Q K^T) scale, a Triton backward
+    # "to reduce register pressure"): its relative error u |dS| reaches dQ and dK beside dS's own rounding
+    # (found: torch-math's float16 dK of a key one query sees, 1.07 x over a budget without it)
+    ds = ds + exact
     dq = (ds @ np.abs(f.k)) * p.scale + seen @ np.abs(f.k)  # (..., Hq, Lq, E)
     dk = (np.swapaxes(ds, -1, -2) @ np.abs(f.q)) * p.scale + np.swapaxes(seen, -1, -2) @ np.abs(f.q)  # (..., Hq, Lk, E)
     dv = np.swapaxes(w * (1.0 + rel + lse) + tau * f.visible, -1, -2) @ ady  # (..., Hq, Lk, Ev)

@@ -54,7 +54,8 @@ row sums: the log-sum-exp's floor (a kernel may write exp(s - lse)).
 (5) Intermediates a kernel rounds to the input dtype before the product that consumes them:
 P before P V (every flash forward) and before dV = P^T dY, dS before dQ and dK, or dS * scale
 (a Triton FlashAttention's float16 backward, "to reduce register pressure").  Rounding x errs
-by u (|x| + tau): its relative part is in the terms above; its absolute part u tau - half the
+by u (|x| + tau): its relative part is in the terms above (dS * scale's own: a rounding beside dS's,
+counted in dQ's and dK's terms); its absolute part u tau - half the
 subnormal spacing, all that an x below the subnormal range loses when it rounds to 0 - reaches
 the result times what multiplies x, and nothing shrinks it: u tau |V| in the output (the tau
 of (w + tau) |V|), u tau |dY| in dV, and for dS * scale u tau |Q| in dK and u tau |K| in dQ,
@@ -137,6 +138,13 @@ class Budget:
     # below tau may come back as 0 - an error below tau, nothing a defect of any size hides in.
     # float16's subnormals are kept: its kernels compute in float32 and round.
     flushes_subnormals: bool = True
+    # What storing a result adds near 0 beyond the format's own tau: a bfloat16 computation's result may be
+    # stored in float16 (a kernel computing float16 inputs in bfloat16 returns float16: OpenVINO's CPU
+    # plugin at its default precision on a CPU with bfloat16 kernels), and float16 rounds a result below
+    # its smallest normal to its subnormal grid, off by up to half its spacing, u tau = 2^-25 - where
+    # bfloat16's own range shows nothing (found: a sink of 13.25 left an output of -4.4e-8, which
+    # float16 stores as -6.0e-8, against a bfloat16 floor of 1.2e-8)
+    stored_floor: float = 0.0
     # fp8 inputs (specs.fp8): the roundings of P before P V (0: none) and of the output, each with its
     # format's smallest normal number, counted once each beside the float32 terms
     p_roundoff: float = 0.0
@@ -163,13 +171,13 @@ class Budget:
         """What a result near 0 may err by: n tau where kernels may flush subnormals to zero (each
         of n summed terms), else u * tau (half the subnormals' spacing)."""
         if self.flushes_subnormals:
-            return max(1, n) * self.normal_min
-        return self.unit_roundoff * self.normal_min
+            return max(1, n) * self.normal_min + self.stored_floor
+        return self.unit_roundoff * self.normal_min + self.stored_floor
 
 
 BUDGETS = {
     "float16": Budget("float16", 2.0**-11, 2.0**-24, 2.0, 2.0, 2.0**-14, "float16", flushes_subnormals=False),
-    "bfloat16": Budget("bfloat16", 2.0**-8, 2.0**-24, 2.0, 2.0, 2.0**-126, "float32"),
+    "bfloat16": Budget("bfloat16", 2.0**-8, 2.0**-24, 2.0, 2.0, 2.0**-126, "float32", stored_floor=2.0**-25),
     "float32": Budget("float32", 2.0**-24, 2.0**-24, 2.0, 2.0, 2.0**-126, "float32"),
     "float64": Budget("float64", 2.0**-53, 2.0**-53, 2.0, 2.0, 2.0**-1022, "float64"),
 }

@@ -309,10 +309,31 @@ def test_flushing_subnormal_terms_is_allowed_where_cpu_kernels_do_it():
     from attnspec.specs.error_budget import BUDGETS
 
     tau32 = float(np.finfo(np.float32).tiny)
-    assert BUDGETS["float32"].tiny(6) == 6 * tau32 and BUDGETS["bfloat16"].tiny(1) == tau32
+    assert BUDGETS["float32"].tiny(6) == 6 * tau32
+    assert BUDGETS["bfloat16"].tiny(1) == tau32 + 2.0**-25  # and a result stored in float16 (below)
     assert BUDGETS["float64"].tiny(3) == 3 * float(np.finfo(np.float64).tiny)
     assert BUDGETS["float16"].tiny(6) == 2.0**-11 * 2.0**-14
     assert BUDGETS["float32"].floor(0.0, 6) >= 2 * 3.04006e-38  # the flushed dK above fits
+
+
+def test_a_bfloat16_result_stored_in_float16_may_round_to_its_subnormal_grid():
+    """A kernel computing float16 inputs in bfloat16 returns float16 (OpenVINO's CPU plugin at its default
+    precision): an output of -4.4e-8 (a sink of 13.25 outweighs every key) is stored as -2^-24 = -6.0e-8,
+    float16's nearest subnormal.  The bfloat16 budget allows what that storing costs, and nothing like it
+    without the term; a result off by a float16 subnormal step more is still rejected."""
+    import dataclasses
+
+    from attnspec.specs.error_budget import BUDGETS
+    q, k, v = np.zeros((1, 1, 1, 1)), np.zeros((1, 1, 3, 1)), np.full((1, 1, 3, 1), -0.0083)  # (B, H, L, E)
+    sinks = np.array([13.25])
+    want = ref.forward(q, k, v, None, False, None, sinks=sinks).output  # (1, 1, 1, 1): -4.4e-8
+    stored = eb.round_to(want, "float16")
+    assert stored[0, 0, 0, 0] == -(2.0**-24) and abs(want[0, 0, 0, 0]) < 2.0**-24  # a subnormal step off
+    assert eb.check_forward(stored, q, k, v, None, False, None, "bfloat16", sinks=sinks)
+    bare = dataclasses.replace(BUDGETS["bfloat16"], stored_floor=0.0)
+    assert bare.tiny(1) < 1e-37  # bfloat16's own range: no floor near float16's subnormals
+    off = stored - 2.0**-24  # one more float16 subnormal step
+    assert not eb.check_forward(off, q, k, v, None, False, None, "bfloat16", sinks=sinks)
 
 
 class _Flushing(eb._Plain):
