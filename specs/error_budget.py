@@ -169,7 +169,7 @@ class Budget:
 
     def tiny(self, n: int = 1) -> float:
         """What a result near 0 may err by: n tau where kernels may flush subnormals to zero (each
-        of n summed terms), else u * tau (half the subnormals' spacing)."""
+        of n summed terms), else u * tau (half the subnormals' spacing); plus `stored_floor`."""
         if self.flushes_subnormals:
             return max(1, n) * self.normal_min + self.stored_floor
         return self.unit_roundoff * self.normal_min + self.stored_floor
