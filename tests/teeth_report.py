@@ -58,8 +58,8 @@ def run_teeth_suite(out_dir: Path, workers: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p", "no:cacheprovider",
            "--attnspec-no-shrink", "--attnspec-json", str(json_path)]
     cmd += [f"--backend={e.spec}" for e in BROKEN + CORRECT]
-    if workers is None:  # both CI cores by default, when pytest-xdist is there
-        workers = "2" if importlib.util.find_spec("xdist") else "0"
+    if workers is None:  # a worker a CPU this process may use (one pinned xdist worker: one process), with pytest-xdist
+        workers = str(_cpus()) if _cpus() > 1 and importlib.util.find_spec("xdist") else "0"
     if str(workers) not in ("", "0"):
         cmd += ["-n", str(workers)]
     start, cpu = time.perf_counter(), _children_cpu()
@@ -78,6 +78,11 @@ def run_teeth_suite(out_dir: Path, workers: str | None = None) -> dict:
     results["_cpu_seconds"] = cpu  # the suite's processes' CPU time: steadier than wall time on a shared machine
     results["_command"] = " ".join(cmd)
     return results
+
+
+def _cpus() -> int:
+    """The CPUs this process may use (its affinity: an xdist worker of tests/conftest.py has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _children_cpu() -> float:
@@ -214,7 +219,7 @@ def write(summary, out_dir: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "attnspec-teeth", help="where teeth.md/json go")
-    ap.add_argument("--workers", default=None, help="pytest-xdist workers for the suite run (-n; default 2, 0 = none)")
+    ap.add_argument("--workers", default=None, help="the suite run's pytest-xdist workers (-n; default a worker a CPU, 0: none)")
     args = ap.parse_args(argv)
     summary = summarize(run_teeth_suite(args.out, args.workers))
     write(summary, args.out)

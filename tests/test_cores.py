@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -212,6 +213,31 @@ def test_the_suite_over_two_backends_spreads_over_workers_and_its_rows_reach_the
     rows = [r for r in rows if "row" in r]  # beside them each backend's declarations, once (Backend.conventions)
     assert sorted((r["row"]["backend"], r["row"]["status"]) for r in rows) == sorted(
         [("numpy-naive", "passed")] * n["numpy-naive"] + [("numpy-tiled", "passed")] * n["numpy-tiled"])
+
+
+@pytest.mark.slow
+def test_under_loadgroup_each_backend_and_dtype_runs_on_one_worker(pytester):
+    """README's `-n auto --dist loadgroup` keeps a (backend, dtype) group's tests on one worker (the
+    programs it compiled stay there; the proof of teeth's tests share its suite's worker).  pytest-xdist
+    marks a group by a suffix of the node id; where a pytest release breaks that, the groups scatter
+    silently (pytest-dev/pytest-xdist#1386: pyproject pins pytest below it)."""
+    from attnspec.backends.registry import resolve
+
+    result = pytester.runpytest_subprocess("--pyargs", "attnspec.properties", "--backend", "numpy-naive", "-n", "2",
+                                           "--dist", "loadgroup", "-v", "-p", "no:cacheprovider",
+                                           "-k", "weights_nonnegative or rows_sum_to_one or order_preserved")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    # "[gw1] [ 12%] PASSED properties/test_weights.py::test_rows_sum_to_one[numpy-naive-float32]@numpy-naive-float32"
+    ran = re.findall(r"^\[(gw\d+)\] \[ *\d+%\] PASSED (\S+)", out, re.M)
+    dtypes = resolve("numpy-naive").capabilities.dtypes
+    assert len(ran) >= 3 * len(dtypes), out[-3000:]
+    assert all("@" in test for _, test in ran), f"no group on the node ids: loadgroup does not group\n{out[-3000:]}"
+    workers: dict[str, set] = {}
+    for worker, test in ran:
+        workers.setdefault(test.rpartition("@")[2], set()).add(worker)
+    assert sorted(workers) == sorted(f"numpy-naive-{d}" for d in dtypes)
+    assert all(len(w) == 1 for w in workers.values()), workers
 
 
 # ---- counting, at the hook level (pytester, in this process: no backend, no subprocess) ---------------

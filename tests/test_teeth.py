@@ -101,6 +101,12 @@ def _cell_id(cell) -> str:
     return f"{cell[0].label}-{cell[1]}"
 
 
+# The tests that read the suite's results share one pytest-xdist worker (README's `--dist loadgroup`):
+# the suite runs in that worker's subprocess while the other workers go on with the rest.  Spread
+# over workers, every worker but one would wait on the fixture's lock with its CPU idle.
+ON_THE_SUITES_WORKER = pytest.mark.xdist_group("proof-of-teeth-suite")
+
+
 @pytest.mark.parametrize("cell", _BROKEN_CELLS, ids=_cell_id)
 def test_witness_shows_the_bug(cell):
     entry, dtype = cell
@@ -183,6 +189,7 @@ def suite(tmp_path_factory):
 
 
 @pytest.mark.slow
+@ON_THE_SUITES_WORKER
 @pytest.mark.parametrize("cell", _BROKEN_CELLS, ids=_cell_id)
 def test_suite_rejects_broken(suite, cell):
     """Rejected in this dtype (each declared dtype on its own), by a property of its family."""
@@ -202,6 +209,7 @@ def test_suite_rejects_broken(suite, cell):
 
 
 @pytest.mark.slow
+@ON_THE_SUITES_WORKER
 @pytest.mark.parametrize("cell", _CORRECT_CELLS, ids=_cell_id)
 def test_suite_accepts_correct(suite, cell):
     entry, dtype = cell
@@ -214,6 +222,7 @@ def test_suite_accepts_correct(suite, cell):
 
 
 @pytest.mark.slow
+@ON_THE_SUITES_WORKER
 def test_teeth_summary(suite):
     """The table: every broken implementation rejected in every dtype it declares, 0 false alarms;
     written next to the suite's JSON."""
