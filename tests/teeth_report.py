@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:  # the implementations are named tests.broken.*: i
     sys.path.insert(0, str(ROOT))
 
 from attnspec.backends.registry import resolve  # noqa: E402
+from attnspec.properties import cores  # noqa: E402
 from tests.broken import BROKEN, CORRECT  # noqa: E402
 
 # never hang CI: the run takes a few minutes on 2 idle cores, several times that on a loaded machine
@@ -58,8 +59,9 @@ def run_teeth_suite(out_dir: Path, workers: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p", "no:cacheprovider",
            "--attnspec-no-shrink", "--attnspec-json", str(json_path)]
     cmd += [f"--backend={e.spec}" for e in BROKEN + CORRECT]
-    if workers is None:  # a worker a CPU this process may use (one pinned xdist worker: one process), with pytest-xdist
-        workers = str(_cpus()) if _cpus() > 1 and importlib.util.find_spec("xdist") else "0"
+    if workers is None:  # the suite's own rule (properties/cores.py): a worker a CPU this process may use, so
+        # a pinned xdist worker of README's run gives one process; ATTNSPEC_WORKERS steers it as for any run
+        workers = str(cores.workers_wanted(len(BROKEN + CORRECT))) if importlib.util.find_spec("xdist") else "0"
     if str(workers) not in ("", "0"):
         cmd += ["-n", str(workers)]
     start, cpu = time.perf_counter(), _children_cpu()
@@ -78,11 +80,6 @@ def run_teeth_suite(out_dir: Path, workers: str | None = None) -> dict:
     results["_cpu_seconds"] = cpu  # the suite's processes' CPU time: steadier than wall time on a shared machine
     results["_command"] = " ".join(cmd)
     return results
-
-
-def _cpus() -> int:
-    """The CPUs this process may use (its affinity: an xdist worker of tests/conftest.py has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _children_cpu() -> float:
