@@ -29,9 +29,16 @@ FRAMEWORKS = {"torch_backends": ("torch",), "torch_cuda_backends": ("torch",), "
               "jax_backends": ("jax",), "onnx_backends": ("onnx", "onnxruntime"), "openvino_backends": ("openvino",),
               "keras_backends": ("keras", "torch", "jax"), "flax_backends": ("jax", "flax"),
               "transformers_backends": ("torch", "transformers"), "mlx_backends": ("mlx.core",)}
-# What the fork server imports besides: FlexAttention's compiler stack, which a flex backend's load()
-# or first call imports (in every forked combination otherwise; what it costs: docs/measurements.md)
-PRELOAD_EXTRA = {"flex_backends": ("torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention")}
+# What the fork server imports besides: the submodules a backend's load() or first call imports past
+# its framework's top level (FlexAttention's compiler stack; transformers' lazily loaded model files;
+# flax's nnx, which brings treescope and IPython; each Keras backend's nn module).  Left to the child, every forked combination
+# imports them again, untimed but paid (what it costs: docs/measurements.md).
+PRELOAD_EXTRA = {"flex_backends": ("torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention"),
+                 "transformers_backends": ("transformers.integrations.sdpa_attention",
+                                           "transformers.models.gemma2.modeling_gemma2",
+                                           "transformers.models.gpt_oss.modeling_gpt_oss"),
+                 "flax_backends": ("flax.linen", "flax.nnx"),
+                 "keras_backends": ("keras.src.backend.numpy.nn", "keras.src.backend.jax.nn", "keras.src.backend.torch.nn")}
 
 
 def limit() -> dict:

@@ -239,6 +239,32 @@ def test_frameworks_are_preloaded_only_in_asvs_fork_server():
     assert _threads.frameworks_of(["my.pkg:attn"]) == installed[::-1]  # never the plug-in's own module
 
 
+LAZY_PACKAGES = ("transformers", "flax", "keras", "IPython", "treescope")  # large trees a load() reaches into
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["transformers-sdpa", "transformers-gpt-oss", "flax-linen", "flax-nnx",
+                                  "keras-numpy", "keras-jax", "keras-torch"])
+def test_a_forked_combination_imports_nothing_the_fork_server_could_have(name):
+    """After the fork server's preload, a combination's setup (load, prepare, first and warm call)
+    imports no module of the zoo's packages: every forked combination would import it again
+    (transformers' model files took ~1 s a combination before PRELOAD_EXTRA named them)."""
+    from attnspec.benchmarks import _threads
+
+    missing = [f for f in _threads.frameworks_of([name]) if importlib.util.find_spec(f) is None]
+    if missing:
+        pytest.skip(f"{name}: {', '.join(missing)} not installed")
+    code = ("import os, sys; os.environ.setdefault('KERAS_BACKEND', 'numpy'); "
+            "from attnspec.benchmarks import _common, _threads; "
+            f"_threads.preload([{name!r}]); before = set(sys.modules); "
+            f"_common.prepared({name!r}, _common.Workload(1, 8, 8, 16, 16, 64, 'none'), 'forward', 'float32'); "
+            f"print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {LAZY_PACKAGES!r}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ELSEWHERE, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp()))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", f"imported in the forked combination: {done.stdout}"
+
+
 @pytest.mark.slow
 def test_the_benchmarks_measure_the_installed_attnspec_and_leave_sys_path_alone():
     """No checkout is put on sys.path (in an "existing" asv environment either): what asv measures
