@@ -31,8 +31,8 @@ FRAMEWORKS = {"torch_backends": ("torch",), "torch_cuda_backends": ("torch",), "
               "transformers_backends": ("torch", "transformers"), "mlx_backends": ("mlx.core",)}
 # What the fork server imports besides: the submodules a backend's load() or first call imports past
 # its framework's top level (FlexAttention's compiler stack; transformers' lazily loaded model files;
-# flax's nnx, which brings treescope and IPython; each Keras backend's nn module).  Left to the child, every forked combination
-# imports them again, untimed but paid (what it costs: docs/measurements.md).
+# flax's nnx, which brings treescope and IPython; each Keras backend's nn module).  Left to the child,
+# every forked combination imports them again, untimed but paid (what it costs: docs/measurements.md).
 PRELOAD_EXTRA = {"flex_backends": ("torch._dynamo", "torch._inductor.compile_fx", "torch.nn.attention.flex_attention"),
                  "transformers_backends": ("transformers.integrations.sdpa_attention",
                                            "transformers.models.gemma2.modeling_gemma2",

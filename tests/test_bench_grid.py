@@ -245,7 +245,7 @@ LAZY_PACKAGES = ("transformers", "flax", "keras", "IPython", "treescope")  # lar
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["transformers-sdpa", "transformers-gpt-oss", "flax-linen", "flax-nnx",
                                   "keras-numpy", "keras-jax", "keras-torch"])
-def test_a_forked_combination_imports_nothing_the_fork_server_could_have(name):
+def test_a_forked_combination_imports_nothing_the_fork_server_could_have(name, tmp_path):
     """After the fork server's preload, a combination's setup (load, prepare, first and warm call)
     imports no module of the zoo's packages: every forked combination would import it again
     (transformers' model files took ~1 s a combination before PRELOAD_EXTRA named them)."""
@@ -260,7 +260,7 @@ def test_a_forked_combination_imports_nothing_the_fork_server_could_have(name):
             f"_common.prepared({name!r}, _common.Workload(1, 8, 8, 16, 16, 64, 'none'), 'forward', 'float32'); "
             f"print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {LAZY_PACKAGES!r}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ELSEWHERE, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp()))
+                          env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)))  # JAX's cache
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]", f"imported in the forked combination: {done.stdout}"
 
