@@ -4,7 +4,15 @@ Plain functions rather than fixtures: every caller passes its own sizes and seed
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
+
+# PATH as a venv's `activate` sets it: this interpreter's own commands first, so a test that runs
+# `asv` or `python` as a user types them runs this environment's, whether the venv is activated or
+# its commands are called by path (then PATH holds none of them)
+ACTIVATED_PATH = os.pathsep.join(p for p in (os.path.dirname(sys.executable), os.environ.get("PATH", "")) if p)
 
 # significand bits (with the implicit one): bfloat16 (8) is narrower than float16 (11)
 SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53, "float8_e4m3fn": 4, "float8_e5m2": 3}

@@ -20,6 +20,7 @@ pd = pytest.importorskip("pandas")
 
 from attnspec.backends import registry  # noqa: E402
 from attnspec.reports.asv_results import COLUMNS, fit_scaling, load_results  # noqa: E402
+from tests._helpers import ACTIVATED_PATH  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "data", "asv_sample")
@@ -278,7 +279,8 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(shutil.which("git") is None or shutil.which("asv") is None, reason="needs git and asv")
+@pytest.mark.skipif(shutil.which("git", path=ACTIVATED_PATH) is None or shutil.which("asv", path=ACTIVATED_PATH) is None,
+                    reason="needs git and asv")
 def test_asv_records_two_commits_and_compare_flags_the_regression(tmp_path, monkeypatch):
     """README's workflow on a throwaway repo: a plug-in backend gets 2 ms slower at the 2nd commit.
 
@@ -295,7 +297,7 @@ def test_asv_records_two_commits_and_compare_flags_the_regression(tmp_path, monk
     for var in [v for v in os.environ if v.startswith(("ATTNSPEC_", "ASV_"))]:
         monkeypatch.delenv(var)
     monkeypatch.chdir(repo)
-    env = procs.child_env(HOME=str(tmp_path), ATTNSPEC_BACKENDS="numpy-naive,slowplugin:attention",
+    env = procs.child_env(HOME=str(tmp_path), PATH=ACTIVATED_PATH, ATTNSPEC_BACKENDS="numpy-naive,slowplugin:attention",
                           ATTNSPEC_BENCH_T="4,8", ATTNSPEC_BENCH_E="16", ATTNSPEC_BENCH_OPS="forward",
                           GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
     assert env["ASV_PYTHONPATH"].split(os.pathsep)[0] == str(repo)

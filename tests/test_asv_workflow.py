@@ -17,6 +17,8 @@ import subprocess
 
 import pytest
 
+from tests._helpers import ACTIVATED_PATH
+
 pytestmark = pytest.mark.slow  # starts a python/pytest process: the fast loop (-m "not slow") leaves the module out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,13 +49,14 @@ def _planted(native):  # a planted slowdown for the asv tests
 '''
 
 needs_tools = pytest.mark.skipif(
-    shutil.which("git") is None or shutil.which("asv") is None or importlib.util.find_spec("virtualenv") is None,
+    shutil.which("git", path=ACTIVATED_PATH) is None or shutil.which("asv", path=ACTIVATED_PATH) is None
+    or importlib.util.find_spec("virtualenv") is None,
     reason="needs git, asv and virtualenv (the bench extra)")
 
 
 def _env(home, system_site_packages: bool = True, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSPEC_", "ASV_", "VIRTUALENV_"))}
-    env.update(HOME=str(home), GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+    env.update(HOME=str(home), PATH=ACTIVATED_PATH, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
                GIT_COMMITTER_EMAIL="t@t", PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
     if system_site_packages:
         env["VIRTUALENV_SYSTEM_SITE_PACKAGES"] = "1"
