@@ -16,13 +16,14 @@ scores (it warns so; that one warning is silenced here) and takes float64.  Comp
 (``torch.compile(flex_attention, dynamic=False)``, one compiled callable per backend) takes
 float16/bfloat16/float32 only, inference only and no LSE ("torch.compile on CPU only
 supports inference and `return_lse` is not supported yet"); its first call at a new shape,
-dtype or static field (softcap, window, scale...) compiles, 15-45 s here, later calls reuse it.
+dtype or static field (softcap, window, scale...) compiles (tens of seconds on a CPU:
+docs/measurements.md), later calls reuse it.
 
-Eager flex_attention still traces its hooks with dynamo (backend "eager") and retraces (~0.4 s)
+Eager flex_attention still traces its hooks with dynamo (backend "eager") and retraces
 on a new structure, constant or size class; for small problems the eager backend therefore
 writes the hooks with every field as tensor data (`_uniform_mods`) and traces size-obliviously
-(`_tracing`): the suite's eager run went from 584 s to ~130 s; reading the mask, lengths and
-segment ids as one tensor, always asking for the LSE and fresh inputs took it to ~50 s (14 retraces).
+(`_tracing`); the mask, lengths and segment ids are read as one tensor (each index a hook reads
+costs a call under flex's vmaps).  What each step saved: docs/measurements.md.
 """
 from __future__ import annotations
 
@@ -137,16 +138,16 @@ class TorchFlex(TorchBackend):
         self._memo = (call, (B, H, Lq, Lk), mods)
         return mods
 
-    # Eager flex_attention traces its hooks through dynamo (backend "eager"), which retraces (~0.4 s)
+    # Eager flex_attention traces its hooks through dynamo (backend "eager"), which retraces
     # whenever a hook's Python structure or constants change: hooks written per field (below) retraced
-    # 83 times in 145 of the suite's calls (test_output.py: 57 s).  For small problems, where that
+    # on most of the suite's calls (docs/measurements.md).  For small problems, where that
     # retrace is the whole cost, the eager backend writes every field as tensor data in one hook of
     # fixed structure - an absent field is its identity (bias 0, slope 0, no cap, every key visible),
-    # exact in every dtype - and dynamo keeps a graph or two per dtype (11 retraces, 18 s); what
+    # exact in every dtype - and dynamo keeps a graph or two per dtype; what
     # the mask, lengths and segment ids hide is one boolean tensor its mask_mod reads.  Large
     # problems get the per-field hooks (no zero bias or all-True mask to read), and so does every
     # problem of the benchmarks, which switch uniform_hooks off: more ops under vmap cost a small
-    # call ~15 ms more.  tests/test_backends_variants.py checks that both give the same bits.
+    # call more than the call.  tests/test_backends_variants.py checks that both give the same bits.
     uniform_hooks = True
     UNIFORM_MAX_SCORES = 1 << 20  # B * H * Lq * Lk up to which the uniform hooks are used
 
@@ -170,7 +171,7 @@ class TorchFlex(TorchBackend):
 
         bias = per_head(call.bias, 0.0, dtype)
         # what the mask, the lengths and the segment ids hide, as one tensor: each index a hook reads
-        # costs a call ~4 ms under flex's vmaps (seven reads: 23 ms, these three: 10 ms)
+        # costs a call time under flex's vmaps (seven reads cost twice what these three do)
         q_len, kv_len = per_sequence(call.q_lengths, Lq), per_sequence(call.kv_lengths, Lk)  # (B,)
         q_seg, kv_seg = per_sequence(call.q_segment_ids, 0, Lq), per_sequence(call.kv_segment_ids, 0, Lk)  # (B, L)
         q_pos, kv_pos = torch.arange(Lq, **i64)[:, None], torch.arange(Lk, **i64)  # (Lq, 1), (Lk,)
@@ -299,14 +300,14 @@ class TorchFlexCompiled(TorchFlex):
     # are the Triton (GPU) template's, PARTITION_SIZE is read by the CPU template's decoding path only, and
     # each - an unknown key too - was accepted and gave the default's output bit for bit (Lq = 200, and
     # PARTITION_SIZE 256/512 on a decode step against 1024 keys).  Two settings, each one more compile a static
-    # configuration: the knobs family alone, float32, deep profile (100 problems): 57 compiles, 603 s here.
+    # configuration (the knobs family's compiles: docs/measurements.md).
     knobs = {"block_size": (_BLOCK, 16)}
     capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cpu", gradients=False,
                                 features=_EVERY_FEATURE - {"lse"})
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left", padded_rows="zeros",
                           deviations=_DEVIATIONS,
                           notes=("torch.compile(flex_attention): the first call at a new shape, dtype or static "
-                                 "field compiles (15-45 s on 2 CPU cores)",
+                                 "field compiles (tens of seconds on a CPU)",
                                  "CPU: float16/bfloat16/float32 only, inference only, no LSE (torch 2.13)"))
 
     def load(self):

@@ -23,11 +23,12 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
 - a finding: when the kernel runs in bfloat16 (the default here, or bfloat16 inputs), a call with
   head size E = 1 corrupts later calls of the same compiled model with E >= 16 (NaN or wrong rows).
   So where the kernel runs in bfloat16 the adapter compiles one model per configuration *and
-  head sizes* (E, Ev) (``static_shapes``; ~40 ms a compile, the last 512 kept): no model sees
+  head sizes* (E, Ev) (``static_shapes``; a compile is cheap beside the suite's calls, the last 512 kept): no model sees
   a call of another head size, and the finding stays a finding of its own
   (tests/test_backends_runtimes.py replays it on one dynamic-shape model, as a deployment keeps
   it: ``static_shapes = False``).  Lengths and batch sizes do change within a model (five
-  seeds of the suite and its edge grid, no wrong row; a model per shape cost the suite 20 s).
+  seeds of the suite and its edge grid, no wrong row; a model per shape made the suite slower:
+  docs/measurements.md).
   The float32 kernel is not affected: one model serves every shape, as in a deployment.
 - attention sinks (issue 31): the opset-13 op takes a sixth input, ``sink``, that the Python helper
   ``opset13.scaled_dot_product_attention`` does not expose (it stops at ``scale``); built through
@@ -37,7 +38,7 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
   0 where its head's sink is finite (a -inf sink: the op's own NaN, or the mean of V for float64).  The
   CPU plugin carries the message "Only Constant operation on sink input is supported" (a Parameter sink
   did compute here, but the bfloat16 kernels could not be measured on this CPU), so a call with sinks
-  compiles a model with its sinks as a Constant (the cache keys on their values: ~40 ms a new set),
+  compiles a model with its sinks as a Constant (the cache keys on their values: one compile a new set),
   passes the scale (1/sqrt(E) when none is given: the sink input comes after it) and a scalar-zero mask
   placeholder, and the sinks are rounded to the query's element type.
 bfloat16 travels as uint16 bit patterns (NumPy has no bfloat16; OpenVINO's Python API takes them).
@@ -104,7 +105,7 @@ class OpenVinoSdpa(Backend):
 
     name = "openvino-sdpa"
     precision_hint: str | None = None  # None: the plugin's default; "f32" for the -f32 backend
-    compiles_per_shape = False  # ~40 ms a compile: the suite needs no shape menu
+    compiles_per_shape = False  # a compile is cheap (docs/measurements.md): the suite needs no shape menu
     static_shapes = True  # bfloat16 kernel: a compiled model per head size too (the finding above)
     cache_size = 512  # models kept (a few MB): the suite draws ~300 configurations and head sizes
     # float64 is declined: at the plugin's bf16 precision float64 inputs reach the kernel truncated to
@@ -117,7 +118,7 @@ class OpenVinoSdpa(Backend):
 
     def load(self):
         if getattr(self, "core", None) is not None:
-            return  # loaded: every call checks (a new Core and its property query cost ~3 ms a call)
+            return  # loaded: every call checks (a new Core and its property query a call would cost more than small calls)
         try:
             import openvino
             from openvino import opset13

@@ -71,7 +71,7 @@ SUITE_OPT_IN = {
 
 # The libraries people run (issue 24's "zoo", the `zoo` extra): `attnspec run` checks and times them
 # with the rest; a plain `pytest properties` checks them when named (their eager JAX ops compile per
-# shape: keras-jax's suite alone is ~60 s with JAX's cache warm, ~200 s cold).
+# shape: keras-jax's suite is among the longest, longer still with JAX's cache cold: docs/measurements.md).
 ZOO = ("keras-numpy", "keras-jax", "keras-torch", "flax-linen", "flax-nnx", "transformers-sdpa", "transformers-eager",
        "transformers-gpt-oss", "mlx-sdpa")
 

@@ -1,8 +1,7 @@
 """Which problems are measured: one grid per question, three sizes (ATTNSPEC_BENCH_GRID).
 
 - quick:   a smoke test (`attnspec run --quick`): a few sizes, float32, forward.
-- default: what `asv run` and `attnspec run` measure; the default `attnspec run` (suites, asv,
-           report) fits in 6 minutes on a 2-core VM with the CPU built-ins.
+- default: what `asv run` and `attnspec run` measure (how long it takes: README, docs/measurements.md).
 - full:    every axis at every value (`attnspec run --full`, or ATTNSPEC_BENCH_GRID=full asv run).
 
 asv parameters are a product, so each question has its own class with its own axes (16-bit

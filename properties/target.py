@@ -40,7 +40,7 @@ class Declined(Exception):
 
 
 class _Worker:
-    """One long-lived daemon thread running backend calls (starting a thread per call costs ~1 ms)."""
+    """One long-lived daemon thread running backend calls (a thread per call would cost more than a small call)."""
 
     def __init__(self):
         self.jobs: queue.Queue = queue.Queue()
