@@ -261,17 +261,39 @@ def _under_asv() -> bool:
     return len(argv) > 1 and os.path.basename(argv[0]) == "benchmark.py" and argv[1] in ("run_server", "run")
 
 
+RUN_FOLDER_PREFIX = "attnspec-bench-"
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time (Linux), None when it is gone: with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _run_folder() -> str:
     """A folder shared by the processes of one asv run: keyed by their parent (asv's server)."""
     import tempfile
 
     parent = os.getppid()
-    try:
-        with open(f"/proc/{parent}/stat") as stat:
-            started = stat.read().rsplit(")", 1)[1].split()[19]  # the parent's start time: pids recycle
-    except OSError:
-        started = "0"
-    return os.path.join(tempfile.gettempdir(), f"attnspec-bench-{parent}-{started}")
+    return os.path.join(tempfile.gettempdir(), f"{RUN_FOLDER_PREFIX}{parent}-{_started(parent) or '0'}")
+
+
+def _remove_ended_runs() -> None:
+    """The folders of asv runs whose server has ended: nothing else removes them (Linux only, where a
+    live server can be told from an ended one)."""
+    import glob
+    import shutil
+    import tempfile
+
+    if not os.path.isdir("/proc/self"):
+        return
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), RUN_FOLDER_PREFIX + "*")):
+        pid, _, started = os.path.basename(path)[len(RUN_FOLDER_PREFIX):].partition("-")
+        if pid.isdigit() and _started(int(pid)) != started:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _marker(name: str) -> str:
@@ -301,7 +323,9 @@ def spend(name: str, seconds: float) -> None:
     if not BACKEND_BUDGET_SECONDS or not _under_asv():
         return
     total = _spent(name) + seconds  # read before opening for writing: "w" empties the file
-    os.makedirs(_run_folder(), exist_ok=True)
+    if not os.path.isdir(_run_folder()):  # this run's first account: earlier runs' folders go
+        _remove_ended_runs()
+        os.makedirs(_run_folder(), exist_ok=True)
     with open(_marker(name), "w") as f:
         f.write(repr(total))
 

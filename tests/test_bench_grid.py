@@ -172,6 +172,28 @@ def test_calls_over_the_budget_leave_the_backend_out_of_the_rest_of_the_run(monk
     assert _common._spent("numpy-naive") == 3.5  # the account adds up over the run's processes
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="a live asv server is told from an ended one on Linux")
+def test_a_runs_first_account_removes_the_folders_of_ended_runs_only(monkeypatch, tmp_path):
+    """Each asv run's account is a folder in the temporary folder, named by its server's pid and
+    start time; nothing removed them (three a default `attnspec run`, one an `asv run`)."""
+    from attnspec.benchmarks import _common
+
+    monkeypatch.setenv("ASV_ENV_TYPE", "existing")  # the account is kept inside asv runs only
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    me, started = os.getpid(), _common._started(os.getpid())
+    folders = {"ended": f"{ended.stdout.strip()}-1", "pid reused": f"{me}-{int(started) + 1}", "live": f"{me}-{started}"}
+    for name in folders.values():
+        (tmp_path / (_common.RUN_FOLDER_PREFIX + name)).mkdir()
+    (tmp_path / "someone-elses").mkdir()
+    _common.spend("numpy-naive", 1.0)  # this process's parent is the run's server here
+    assert (tmp_path / (_common.RUN_FOLDER_PREFIX + folders["live"])).is_dir()
+    assert not (tmp_path / (_common.RUN_FOLDER_PREFIX + folders["ended"])).exists()
+    assert not (tmp_path / (_common.RUN_FOLDER_PREFIX + folders["pid reused"])).exists()
+    assert (tmp_path / "someone-elses").is_dir() and os.path.isdir(_common._run_folder())
+    assert _common._spent("numpy-naive") == 1.0
+
+
 @pytest.mark.parametrize("compiles", [True, False])
 def test_a_slow_first_call_is_followed_by_a_warm_one_where_the_backend_compiles(monkeypatch, compiles):
     """A compile of seconds is not the call's time (it sized asv's samples and was charged three

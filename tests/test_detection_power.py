@@ -80,8 +80,8 @@ def test_a_measured_run_passes_the_suite_its_options_and_loads_the_tool_as_plugi
         conformance = [dict(backend="b", property="p", status="failed"), dict(backend="b", property="q", status="error"),
                        dict(backend="c", property="p", status="passed")]
 
-    def fake_run_suite(names, profile, env, timeout, extra_args):
-        seen.update(names=names, profile=profile, env=env, args=extra_args)
+    def fake_run_suite(names, json_path, profile, env, timeout, extra_args):
+        seen.update(names=names, json_path=json_path, profile=profile, env=env, args=extra_args)
         return Result()
 
     monkeypatch.setattr(dp, "run_suite", fake_run_suite)
@@ -96,6 +96,7 @@ def test_a_measured_run_passes_the_suite_its_options_and_loads_the_tool_as_plugi
     env = seen["env"]
     assert env[dp.STOP_ENV] == "1" and env[dp.IGNORE_ENV] == "a_prop,b_prop" and "ATTNSPEC_BACKENDS" not in env
     assert not {"ATTNSPEC_BUDGET_RULE", "ATTNSPEC_MEASURE_EXAMPLES"} & set(env)  # gone: options instead
+    assert not os.path.exists(os.path.dirname(seen["json_path"]))  # its scratch folder (JSON, reproducers) is gone
     dp.suite_run(["x:y"], seed=1)
     assert "--attnspec-rule=attnspec" in seen["args"] and not any(a.startswith("--attnspec-examples") for a in seen["args"])
     assert dp.STOP_ENV not in seen["env"]

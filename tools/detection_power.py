@@ -41,6 +41,7 @@ import importlib
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,7 +120,9 @@ def suite_run(names, seed: int, rule: str = "attnspec", profile: str = "dev", ex
     args = ["-p", "tools.detection_power", f"--hypothesis-seed={seed}", f"--attnspec-rule={rule}", "--attnspec-no-shrink"]
     args += [f"--attnspec-examples={examples}"] if examples else []
     args += ["-n", WORKERS] if WORKERS not in ("", "0") else []
-    result = run_suite(list(names), profile=profile, env=env, timeout=timeout, extra_args=args + list(extra))
+    with tempfile.TemporaryDirectory(prefix="attnspec-measure-") as scratch:  # its reproducers are not read: gone after
+        result = run_suite(list(names), json_path=os.path.join(scratch, "suite.json"), profile=profile, env=env,
+                           timeout=timeout, extra_args=args + list(extra))
     if not result.conformance:
         raise RuntimeError(f"the suite reported nothing (exit {result.returncode}):\n{result.output[-3000:]}")
     out: dict = {}
