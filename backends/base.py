@@ -85,6 +85,11 @@ class Backend:
     # num_splits): every setting must give the default's answer within the error budget, bitwise where
     # Semantics.knob_exact (properties/test_knobs.py); the call's setting arrives as Call.knobs
     knobs: dict = {}
+    # q, k, v, grad_out, the output and dq, dk, dv of the padded call come and go as (..., L, H, E), the
+    # length axis before the heads (Keras', Flax's and flash-attn's order), not (..., H, L, E): the swap
+    # is made on the host, outside the native call (as a caller holding such arrays makes none), so it
+    # is never timed or compiled as the kernel's; masks, biases and the LSE keep (..., H, Lq, Lk/·)
+    length_before_heads: bool = False
 
     # -- hooks for adapters -------------------------------------------------------
     def load(self) -> None:
@@ -286,8 +291,16 @@ class Backend:
         return [None if a is None else self.to_native(np.asarray(a, dtype=np.float64), dtype) for a in arrays]
 
     def _inputs(self, dtype, q, k, v, *more):
-        """q in `query_dtype`, k, v (and more: grad_out) in dtype, native."""
+        """q in `query_dtype`, k, v (and more: grad_out) in dtype, native, in the backend's axis order."""
+        q, k, v, *more = (self._axes(x) for x in (q, k, v, *more))
         return self._natives(self.query_dtype(dtype), q) + self._natives(dtype, k, v, *more)
+
+    def _axes(self, x):
+        """(..., H, L, E) <-> (..., L, H, E) on the host where the backend puts the length first
+        (`length_before_heads`); rank 2 (L, E) has no head axis to swap."""
+        if not self.length_before_heads or np.ndim(x) < 3:
+            return x
+        return np.ascontiguousarray(np.swapaxes(x, -3, -2))
 
     def _call_of(self, p, dtype: str, return_lse: bool, scale) -> Call:
         """The native Call for a validated problem, every field cast as specs.fields says.
@@ -312,7 +325,9 @@ class Backend:
         return Call(mask=None if mask is None else self.to_native(np.asarray(mask, dtype=bool), None),
                     is_causal=is_causal, scale=scale, return_lse=return_lse, dtype=dtype, **values)
 
-    def _check(self, what: str, y, shape: tuple, dtype: str) -> np.ndarray:
+    def _check(self, what: str, y, shape: tuple, dtype: str, axes: bool = False) -> np.ndarray:
+        """y as NumPy, checked against `shape` and `dtype`; `axes`: an array of q's, k's or v's kind,
+        in the backend's axis order (`length_before_heads`)."""
         if y is None:
             raise BackendFailure(self.name, f"{what} is None, expected an array of shape {tuple(shape)}")
         try:
@@ -320,6 +335,12 @@ class Backend:
             out = self.from_native(y)
         except Exception as e:  # noqa: BLE001 - any failure to convert is the backend's
             raise BackendFailure(self.name, f"{what} could not be converted to NumPy: {type(e).__name__}: {e}") from e
+        if axes and len(shape) >= 3 and self.length_before_heads:
+            expected = shape[:-3] + (shape[-2], shape[-3], shape[-1])  # (..., L, H, E)
+            if tuple(out.shape) != tuple(expected):
+                raise BackendFailure(self.name, f"{what} has shape {tuple(out.shape)}, expected {tuple(expected)} "
+                                                f"(length before heads, as declared; returned a {type(y).__name__})")
+            out = np.swapaxes(out, -3, -2)
         if tuple(out.shape) != tuple(shape):
             raise BackendFailure(self.name, f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)} "
                                             f"(returned a {type(y).__name__})")
@@ -363,12 +384,12 @@ class Backend:
         y = self._call("forward", self.native_attention, qn, kn, vn, call)
         out_shape = p.batch_shape + (p.Lq, p.Ev)
         if not return_lse:
-            return self._check("forward output", y, out_shape, self.output_dtype(dtype))
+            return self._check("forward output", y, out_shape, self.output_dtype(dtype), axes=True)
         if not isinstance(y, (tuple, list)) or len(y) != 2:
             raise BackendFailure(self.name, f"forward with return_lse returned {type(y).__name__}, "
                                             "expected (output, lse)")
         lse = self._check("lse", y[1], p.batch_shape + (p.Lq,), None).astype(np.float64)
-        return self._check("forward output", y[0], out_shape, self.output_dtype(dtype)), self._natural(lse)
+        return self._check("forward output", y[0], out_shape, self.output_dtype(dtype), axes=True), self._natural(lse)
 
     def _natural(self, lse: np.ndarray) -> np.ndarray:
         """The LSE in natural log: a declared log2-sum-exp2 (FlashInfer) times ln 2."""
@@ -384,7 +405,7 @@ class Backend:
         self._check_shapes(p)
         qn, kn, vn = self._inputs(dtype, q, k, v)
         y = self._call("forward", self.native_attention, qn, kn, vn, self._call_of(p, dtype, False, scale))
-        out = self._check("forward output", y, p.batch_shape + (p.Lq, p.Ev), None)
+        out = self._check("forward output", y, p.batch_shape + (p.Lq, p.Ev), None, axes=True)
         return out, self.native_dtype(y)
 
     def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64", *,
@@ -406,7 +427,7 @@ class Backend:
             return tuple(g.reshape(np.shape(x)) for g, x in zip(grads, (q, k, v), strict=True))
         self.check_supported(dtype, "forward_backward", problem=p)
         self._check_shapes(p)
-        qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
+        qn, kn, vn, gn = self._natives(dtype, *(self._axes(x) for x in (q, k, v, grad_out)))
         call = self._call_of(p, dtype, False, scale)
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn, call)
         wants_dbias = p.bias is not None and self.capabilities.bias_gradient
@@ -418,7 +439,7 @@ class Backend:
         inputs = (q, k, v) + ((fields["bias"],) if wants_dbias else ())
         # a gradient comes back in its input's dtype (autograd), or in the output's by the declared policy
         out_dtype = tuple(dict.fromkeys((dtype, self.output_dtype(dtype))))
-        return tuple(self._check(f"d{n}", g, np.shape(x), out_dtype)
+        return tuple(self._check(f"d{n}", g, np.shape(x), out_dtype, axes=n != "bias")
                      for n, g, x in zip(("q", "k", "v", "bias"), grads, inputs, strict=False))  # a dbias not asked for: dropped
 
     def _backward_with_sinks(self, p, q, k, v, grad_out, dtype, scale, return_dsink):
@@ -428,7 +449,7 @@ class Backend:
                              f"got {np.shape(grad_out)}")
         self.check_supported(dtype, "forward_backward", problem=p)
         self._check_shapes(p)
-        qn, kn, vn, gn = self._natives(dtype, q, k, v, grad_out)
+        qn, kn, vn, gn = self._natives(dtype, *(self._axes(x) for x in (q, k, v, grad_out)))
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn,
                            self._call_of(p, dtype, False, scale))
         wants_dbias = p.bias is not None and self.capabilities.bias_gradient
@@ -439,7 +460,7 @@ class Backend:
                                             f"expected {n}: (dq, dk, dv{', dbias' if wants_dbias else ''}, dsink)")
         inputs = (q, k, v) + ((p.bias,) if wants_dbias else ())
         out_dtype = tuple(dict.fromkeys((dtype, self.output_dtype(dtype))))
-        got = tuple(self._check(f"d{n}", g, np.shape(x), out_dtype)
+        got = tuple(self._check(f"d{n}", g, np.shape(x), out_dtype, axes=n != "bias")
                     for n, g, x in zip(("q", "k", "v", "bias")[:len(inputs)], grads[:-1], inputs, strict=True))
         dsink = self._check("dsink", grads[-1], (p.Hq,), None)  # the sink's dtype: FlashInfer's is float32 always
         return (got, dsink.astype(np.float64)) if return_dsink else got
@@ -475,7 +496,7 @@ class Backend:
                            "op_dtypes": {op: list(d) for op, d in c.op_dtypes}},
                 "features": [f for f in FEATURES if f in c.features], "bias_gradient": c.bias_gradient,
                 "mask_with_causal": c.mask_with_causal, "causal_alignments": list(self.causal_alignments()),
-                "layouts": list(c.layouts), "formats": list(c.formats),
+                "layouts": list(c.layouts), "formats": list(c.formats), "length_before_heads": self.length_before_heads,
                 "output_dtypes": [list(x) for x in s.output_dtypes], "notes": list(s.notes),
                 **{k: v for k, v in self.conventions().items() if k != "backend"},
                 "descale_granularity": c.descale_granularity, "fp8_query": c.fp8_query,

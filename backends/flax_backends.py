@@ -22,13 +22,15 @@ import numpy as np
 from attnspec.backends.base import Backend, BackendUnavailable, Capabilities, Semantics, Unsupported
 
 _ALL = ("float16", "bfloat16", "float32", "float64")
-_NOTES = ("layout [batch, length, heads, depth]: the adapter transposes (B, H, L, E) in and out",
+_NOTES = ("layout [batch, length, heads, depth]: declared (length_before_heads); the arrays are swapped on the host, "
+          "never in the call",
           "no scale argument: the query is divided by sqrt(depth); another scale is folded into the query "
           "(q * scale * sqrt(depth)), as a caller would")
 
 
 class _Flax(Backend):
     compiles_per_shape = True  # eager JAX compiles each op per shape and dtype on first sight
+    length_before_heads = True  # [batch..., length, heads, depth]
     capabilities = Capabilities(dtypes=_ALL, device="cpu", gradients=True, features=frozenset({"bias"}))
 
     def load(self):
@@ -63,9 +65,8 @@ class _Flax(Backend):
             return q
         return q * self.jnp.asarray(scale * math.sqrt(q.shape[-1]), dtype=q.dtype)
 
-    def _attention(self, q, k, v, call):
-        swap = lambda x: self.jnp.swapaxes(x, -3, -2)  # noqa: E731 - (B, H, L, E) <-> (B, L, H, E)
-        return swap(self._flax(swap(self._query(q, call.scale)), swap(k), swap(v), call))
+    def _attention(self, q, k, v, call):  # (B, L, H, E) in and out
+        return self._flax(self._query(q, call.scale), k, v, call)
 
     def native_attention(self, q, k, v, call):
         with self._x64(q.dtype):

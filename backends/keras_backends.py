@@ -32,7 +32,7 @@ _ALL = ("float16", "bfloat16", "float32", "float64")
 _FEATURES = frozenset(("gqa", "bias"))
 _POLICY = (("float64", "float32"),)  # Keras' BIT64_TO_BIT32_DTYPE: float64 becomes float32 off TensorFlow
 _NOTES = ("keras.ops.dot_product_attention, called through the backend's own nn module",
-          "layout (B, T, N, H): the adapter transposes (B, H, L, E) in and out",
+          "layout (B, T, N, H): declared (length_before_heads); the arrays are swapped on the host, never in the call",
           "float64 comes back float32: Keras' dtype policy off TensorFlow (BIT64_TO_BIT32_DTYPE)",
           "value must have the key's shape (the docstring): Ev = E")
 
@@ -43,6 +43,7 @@ def _caps(gradients: bool) -> Capabilities:
 
 class _Keras(Backend):
     keras_backend = "numpy"
+    length_before_heads = True  # query (B, T, N, H), key and value (B, S, K, H)
     capabilities = _caps(False)
     semantics = Semantics(output_dtypes=_POLICY, notes=_NOTES)
 
@@ -57,10 +58,8 @@ class _Keras(Backend):
                                      "pip install 'attnspec[zoo]'") from None
 
     def _attention(self, q, k, v, call, bias=None, mask=None):
-        swap = self._swap
-        out = self.nn.dot_product_attention(swap(q), swap(k), swap(v), bias=bias, mask=mask, scale=call.scale,
-                                            is_causal=call.is_causal)  # (B, T, N, H)
-        return swap(out)  # (B, N, T, H)
+        return self.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=call.scale,
+                                             is_causal=call.is_causal)  # (B, T, N, H)
 
     def native_attention(self, q, k, v, call):
         return self._attention(q, k, v, call, call.bias, call.mask)
@@ -91,10 +90,6 @@ class KerasNumpy(_Keras):
         y = np.asarray(y)
         return y.astype(np.float32) if y.dtype.name == "bfloat16" else y
 
-    @staticmethod
-    def _swap(x):
-        return np.swapaxes(x, 1, 2)
-
 
 class KerasTorch(_Keras):
     """keras.ops.dot_product_attention with KERAS_BACKEND=torch; gradients by torch.autograd."""
@@ -121,9 +116,6 @@ class KerasTorch(_Keras):
     def native_dtype(self, y):
         return str(y.dtype).replace("torch.", "")
 
-    def _swap(self, x):
-        return x.transpose(1, 2)
-
     def _attention(self, q, k, v, call, bias=None, mask=None):
         if bias is not None and mask is not None:
             raise Unsupported(f"{self.name}: Keras' torch backend takes a bias or a mask, not both "
@@ -136,7 +128,7 @@ class KerasTorch(_Keras):
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
-        y = super().native_attention(*leaves, call)  # (B, N, T, H) in the output dtype (float32 for float64)
+        y = super().native_attention(*leaves, call)  # (B, T, N, H) in the output dtype (float32 for float64)
         return self.framework.autograd.grad(y, leaves, grad_out.to(y.dtype))
 
 
@@ -169,9 +161,6 @@ class KerasJax(_Keras):
 
     def sync(self, y):
         y.block_until_ready()
-
-    def _swap(self, x):
-        return self.framework.numpy.swapaxes(x, 1, 2)
 
     def native_attention(self, q, k, v, call):
         with self._x64(q.dtype):
