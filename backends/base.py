@@ -205,7 +205,8 @@ class Backend:
         transposed: the last two axes swapped in memory (a non-contiguous innermost axis);
         offset: a view starting 7 elements into a larger buffer; permuted: stored as
         (B, L, H, E), viewed as (B, H, L, E); expanded: batch stride 0 (x's batch slices must be
-        equal).  The default handles NumPy arrays; other adapters override it.
+        equal).  Axes are the native call's (`length_before_heads`: (..., L, H, E), swapped first).  The
+        default handles NumPy arrays; other adapters override it.
         """
         if layout == "contiguous" or not isinstance(x, np.ndarray):
             return x

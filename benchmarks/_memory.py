@@ -86,7 +86,7 @@ def traced_peak(run) -> int:
 def xla_extra(backend, inputs: tuple, op: str, dtype: str) -> int | None:
     """XLA's plan for the jitted call, or None when the platform gives no analysis."""
     jax = sys.modules["jax"]
-    args = [backend.to_native(np.asarray(x, dtype=np.float64), dtype) for x in inputs]  # q, k, v, grad_out
+    args = backend._inputs(dtype, *inputs)  # q, k, v, grad_out, native, in the backend's axis order
     if op == "forward":
         fn, args = (lambda q, k, v: backend.native_forward(q, k, v, None, False, None)), args[:3]
     else:

@@ -41,6 +41,16 @@ def test_the_call_is_handed_length_before_heads_and_its_results_come_back_in_the
         np.testing.assert_array_equal(got, expected)
     run = first.prepare(q, k, v, mask, dtype="float64", enable_gqa=True)
     assert run().shape == (2, 5, 4, 8) and first.seen[-1] == (2, 5, 4, 8)  # the benchmarks' call: no swap timed
+    dq, dk, dv = first.prepare(q, k, v, mask, dtype="float64", op="forward_backward", enable_gqa=True)()
+    assert (dq.shape, dk.shape, dv.shape) == ((2, 5, 4, 8), (2, 7, 2, 8), (2, 7, 2, 8))
+    got, _ = first.forward_as_returned(q, k, v, mask, enable_gqa=True)
+    np.testing.assert_array_equal(got, want)
+    sinks = rng.standard_normal(4)  # (Hq,)
+    got_grads, dsink = first.backward(q, k, v, g, mask, enable_gqa=True, sinks=sinks, return_dsink=True)
+    want_grads, want_dsink = naive.backward(q, k, v, g, mask, enable_gqa=True, sinks=sinks, return_dsink=True)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(dsink, want_dsink)
     assert first.describe()["length_before_heads"] and not naive.describe()["length_before_heads"]
 
 
@@ -53,6 +63,10 @@ def test_rank_2_has_no_head_axis_to_swap_and_rank_5_swaps_the_last_heads_and_len
     first.seen = []
     np.testing.assert_array_equal(first.forward(q5, k5, v5, is_causal=True), naive.forward(q5, k5, v5, is_causal=True))
     assert first.seen == [(3, 2, 5, 4, 8)]
+    g5 = rng.standard_normal((3, 2, 4, 5, 8))  # the broadcast batch (3, 2), Hq = 4
+    for got, expected in zip(first.backward(q5, k5, v5, g5, is_causal=True), naive.backward(q5, k5, v5, g5, is_causal=True),
+                              strict=True):  # dk, dv summed back to k's and v's broadcast shape (3, 1, 4, 6, 8)
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_an_output_in_the_undeclared_order_fails_clearly():

@@ -58,3 +58,24 @@ def test_numpy_tiled_holds_one_tile(qkv_mask, block, masked, causal):
     extra = (T * block if masked else 0) + (4 * _ROW_BLOCK * block if causal else 0)
     assert peak <= tile + 3 * OUTPUT + ROWS + extra, f"peak {peak} vs tile {tile}"
     assert peak < score_matrix_bytes(B, H, T, T, ITEM) / 2  # never the score matrix
+
+
+@pytest.mark.parametrize("name", ["flax-linen", "keras-jax"])
+def test_xlas_plan_for_a_length_first_backend_sizes_the_whole_score_matrix(name):
+    """XLA's memory plan of the call is made on the arrays the call takes: (B, L, H, E) for a backend
+    that declares `length_before_heads` (Flax, Keras).  Handed (B, H, L, E), the library read L = H and
+    sized (B, T, 8, 8) scores, linear in T, not the (B, H, T, T) an unfused kernel holds."""
+    from attnspec.backends.registry import resolve
+    from attnspec.benchmarks import _memory
+
+    backend = resolve(name)
+    ok, why = backend.availability()
+    if not ok:
+        pytest.skip(why)
+    rng = np.random.default_rng(1)
+    heads, length = 8, 256
+    inputs = tuple(rng.standard_normal((1, heads, length, 64)) for _ in range(4))  # q, k, v, grad_out: (B, H, T, E)
+    extra = _memory.xla_extra(backend, inputs, "forward", "float32")
+    if extra is None:
+        pytest.skip("this platform gives no memory analysis")
+    assert extra >= score_matrix_bytes(1, heads, length, length, ITEM), extra
