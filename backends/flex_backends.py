@@ -56,8 +56,8 @@ class TorchFlex(TorchBackend):
 
     name = "torch-flex"
     compiled = False
-    # eager flex runs one dense path (materialised scores) for every shape, at ~20 ms of dynamo and
-    # vmap work a call: the edges grid (shapes where kernels switch paths) once a run, dealt over
+    # eager flex runs one dense path (materialised scores) for every shape, with dynamo and vmap work
+    # on every call: the edges grid (shapes where kernels switch paths) once a run, dealt over
     # its dtypes like a compiling backend's (properties/test_edges.py), not 4 x 58 calls
     edge_grid_over_dtypes = True
     # sinks (issue 31) through the returned LSE, as transformers' GPT-OSS flex path renormalises
@@ -121,7 +121,7 @@ class TorchFlex(TorchBackend):
     def _tracing(self):
         """Eager flex_attention still traces its hooks through dynamo (backend "eager"), and dynamo
         specialises every size of 0 or 1: with the suite's small shapes nearly every call retraced
-        (~0.4 s each, 37 retraces in 48 calls measured).  Size-oblivious tracing keeps one graph per
+        (docs/measurements.md).  Size-oblivious tracing keeps one graph per
         structure; the graph run is the same eager math, so results are unchanged (the suite checks)."""
         return self.torch.fx.experimental._config.patch(backed_size_oblivious=True)
 
@@ -203,7 +203,7 @@ class TorchFlex(TorchBackend):
 
         # Every block partial (mask_mod decides each pair): a valid, conservative BlockMask, and all
         # eager flex reads of it - its dense math evaluates mask_mod at every pair.  create_block_mask
-        # would vmap mask_mod over the grid first (~60 ms a call here) only to find the blocks.
+        # would vmap mask_mod over the grid first (a cost on every call) only to find the blocks.
         blocks = (-(-Lq // _BLOCK), -(-Lk // _BLOCK))
         kv_indices = torch.arange(blocks[1], **i32).expand(B, H, *blocks).clone(memory_format=dense)
         kv_count = torch.full((B, H, blocks[0]), blocks[1], **i32)
@@ -290,7 +290,7 @@ class TorchFlexCompiled(TorchFlex):
     compiled = True
     compiles_per_shape = True  # the suite gives it a bounded shape menu
     uniform_hooks = False  # one kernel per static field, as users write their hooks
-    call_timeout = 300.0  # s: a first call compiles (12-63 s measured here, more on a loaded machine)
+    call_timeout = 300.0  # s: a first call compiles (docs/measurements.md), more on a loaded machine
     # Its tuning knob (issue 31: "compiled flex's kernel options are knobs"), measured on torch 2.13 CPU:
     # the CPU template (torch/_inductor/kernel/flex/flex_cpu.py) tiles by the BlockMask's BLOCK_SIZE - its
     # q and kv split sizes - so that is the knob: create_block_mask(..., BLOCK_SIZE=16) against flex's 128

@@ -2,7 +2,7 @@
 
 Built with OpenVINO's Python graph API (``openvino.opset13``), imported in ``load``.  Inputs are
 packed into rank-4 (B, H, L, E) tensors (`layout4d`); shapes are dynamic, so one compiled model
-per (dtype, mask kind, causal, scale given) serves every shape (a compile costs ~40 ms here).
+per (dtype, mask kind, causal, scale given) serves every shape (a compile is cheap: docs/measurements.md).
 A given scale is an input, not a constant, so new scales do not recompile.
 
 openvino-sdpa keeps the plugin's default inference precision - bfloat16 on CPUs with AVX512-BF16

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from attnspec.properties.case import Case
     from attnspec.properties.target import Target
 
-REPEATS = 2  # calls compared: a random reduction order shows at once (each call costs: flex eager ~0.5 s)
+REPEATS = 2  # calls compared: a random reduction order shows at once (each call costs a compiling backend's time)
 _SMALL = (1, 2, 3, 4)  # (B, H, Lq, Lk): the semantics profile's probe shape, which a compiling backend has built
 _BIG = (2, 2, 24, 70)  # more than one key block of a tiled kernel, a batch of two: for eager backends
 
