@@ -428,7 +428,7 @@ class Backend:
             return tuple(g.reshape(np.shape(x)) for g, x in zip(grads, (q, k, v), strict=True))
         self.check_supported(dtype, "forward_backward", problem=p)
         self._check_shapes(p)
-        qn, kn, vn, gn = self._natives(dtype, *(self._axes(x) for x in (q, k, v, grad_out)))
+        qn, kn, vn, gn = self._inputs(dtype, q, k, v, grad_out)  # no fp8 backward: q in dtype too
         call = self._call_of(p, dtype, False, scale)
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn, call)
         wants_dbias = p.bias is not None and self.capabilities.bias_gradient
@@ -450,7 +450,7 @@ class Backend:
                              f"got {np.shape(grad_out)}")
         self.check_supported(dtype, "forward_backward", problem=p)
         self._check_shapes(p)
-        qn, kn, vn, gn = self._natives(dtype, *(self._axes(x) for x in (q, k, v, grad_out)))
+        qn, kn, vn, gn = self._inputs(dtype, q, k, v, grad_out)  # no fp8 backward: q in dtype too
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn,
                            self._call_of(p, dtype, False, scale))
         wants_dbias = p.bias is not None and self.capabilities.bias_gradient

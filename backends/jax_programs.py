@@ -3,13 +3,13 @@
 JAX's persistent compilation cache (which the suite turns on: ~/.cache/attnspec/jax) skips
 XLA's compile, not the tracing and lowering before it, and a run of the suite builds hundreds
 of programs on jax-naive and jax-dpa (new shapes, dtypes and static fields): tracing and lowering
-them was most of those backends' time (docs/measurements.md).  This cache keeps each compiled executable (``jax.experimental.
-serialize_executable``) under a key of what its trace depends on: the backend's class and the
+them was most of those backends' time (docs/measurements.md).  This cache keeps each compiled
+executable (``jax.experimental.serialize_executable``) under a key of what its trace depends on: the backend's class and the
 source of every module its class hierarchy is defined in (a changed adapter is a new key), the
 static configuration the adapter jits on (``JaxBackend._static``), the arguments' tree, shapes
 and dtypes, x64, the device, and the versions of jax and jaxlib.  A hit loads the executable jit
-compiled for that very key (far cheaper than a trace) and runs it; a miss compiles through the backend's own jit
-(past JAX's own cache: see `_compile`) and stores it.  A file that does not load is compiled
+compiled for that very key (far cheaper than a trace) and runs it; a miss compiles through the
+backend's own jit (past JAX's own cache: see `_compile`) and stores it.  A file that does not load is compiled
 again and replaced, never an error.  Programs live in a folder per class and source
 (``<dir>/JaxDpa-<source hash>/``); a new source of a class removes its older folders.
 

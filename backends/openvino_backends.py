@@ -23,8 +23,8 @@ OpenVINO 2026.4 does, as measured here (tests/test_backends_runtimes.py):
 - a finding: when the kernel runs in bfloat16 (the default here, or bfloat16 inputs), a call with
   head size E = 1 corrupts later calls of the same compiled model with E >= 16 (NaN or wrong rows).
   So where the kernel runs in bfloat16 the adapter compiles one model per configuration *and
-  head sizes* (E, Ev) (``static_shapes``; a compile is cheap beside the suite's calls, the last 512 kept): no model sees
-  a call of another head size, and the finding stays a finding of its own
+  head sizes* (E, Ev) (``static_shapes``; a compile is cheap beside the suite's calls, the last 512
+  kept): no model sees a call of another head size, and the finding stays a finding of its own
   (tests/test_backends_runtimes.py replays it on one dynamic-shape model, as a deployment keeps
   it: ``static_shapes = False``).  Lengths and batch sizes do change within a model (five
   seeds of the suite and its edge grid, no wrong row; a model per shape made the suite slower:

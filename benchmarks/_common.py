@@ -323,9 +323,10 @@ def spend(name: str, seconds: float) -> None:
     if not BACKEND_BUDGET_SECONDS or not _under_asv():
         return
     total = _spent(name) + seconds  # read before opening for writing: "w" empties the file
-    if not os.path.isdir(_run_folder()):  # this run's first account: earlier runs' folders go
+    folder = _run_folder()
+    if not os.path.isdir(folder):  # this run's first account: earlier runs' folders go
         _remove_ended_runs()
-        os.makedirs(_run_folder(), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
     with open(_marker(name), "w") as f:
         f.write(repr(total))
 
