@@ -350,7 +350,8 @@ class JaxDpaCudnn(JaxDpa):
     name, implementation, platform = "jax-dpa-cudnn", "cudnn", "gpu"
     # head dims: jax 0.11.2 on an H200 raises "The head dim must be <= 256 and a multiple of 8"
     capabilities = Capabilities(dtypes=("float16", "bfloat16"), device="gpu", gradients=True, equal_head_dims=True,
-                                head_dim_multiple=8, features=frozenset(("gqa", "bias", "seq_lengths", "lse")))
+                                head_dim_multiple=8, max_head_dim=256,
+                                features=frozenset(("gqa", "bias", "seq_lengths", "lse")))
     semantics = Semantics(fully_masked=None, causal_alignment="top_left",
                           notes=("cuDNN fused attention (jax.nn.dot_product_attention(implementation='cudnn')); "
                                  "run on an NVIDIA H200 with jax 0.11.2 (tools/gpu_check.sh)",

@@ -46,6 +46,7 @@ class _CudaLse:
 class TorchSdpaCudaFlash(_CudaLse, TorchSdpa):
     name, kernel, device = "torch-sdpa-cuda-flash", "FLASH_ATTENTION", "cuda"
     capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True, masks=False, equal_head_dims=True,
+                                max_head_dim=256,  # flash-attention 2's head dims
                                 features=frozenset(("gqa", "causal_bottom_right", "lse")), mask_with_causal=False)
     semantics = Semantics(fully_masked=None, causal_alignment="top_left",
                           notes=("takes no attn_mask; is_causal only (causal_lower_right runs the flash op with "
@@ -95,6 +96,7 @@ class TorchSdpaCudaEfficient(_CudaLse, TorchSdpa):
 class TorchSdpaCudaCudnn(_CudaLse, TorchSdpa):
     name, kernel, device = "torch-sdpa-cuda-cudnn", "CUDNN_ATTENTION", "cuda"
     capabilities = Capabilities(dtypes=_HALF, device="cuda", gradients=True, mask_with_causal=False,
+                                max_head_dim=256,  # cuDNN's fused attention: head dims up to 256
                                 features=frozenset(("gqa", "lse")))
     semantics = Semantics(fully_masked=None, causal_alignment="top_left",
                           notes=("needs an sm80+ GPU and cuDNN >= 9", _CUDA_NOTE, _CUDA_LSE))

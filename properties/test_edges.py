@@ -16,7 +16,7 @@ every grid shape still runs every run, in one dtype.  A backend may ask for the 
 
 A backend's declared shape limits (`Capabilities`: head dims, lengths, causal with Lq = Lk) leave
 the problems outside them out of its grid, counted by the limit in the test's JSON row ("12
-outside the declared limits (E > 128: 3; ...)"): never run, so never reported as passed.
+outside the declared limits (E > 128: 4; ...)"): never run, so never reported as passed.
 """
 from __future__ import annotations
 
@@ -33,21 +33,34 @@ from attnspec.specs.problem import DTYPE_NAMES
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
 
-HEAD_DIMS = (8, 16, 32, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256)
+# 512: past the widest template (a kernel whose loop stops at 256 truncates instead of refusing)
+HEAD_DIMS = (8, 16, 32, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256, 512)
 LENGTHS = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
 MASKED_KEYS = (63, 64, 65, 127, 128, 129, 255, 256, 257)  # a kernel's masked path past its first key tile
 DECODE_KEYS = (512, 1024, 2048)
+# windows wider than two 64-key tiles: a kernel that applies the left bound only in the tiles
+# nearest the diagonal (flash-attention's n_masking_steps) lets the keys of a farther tile through
+WINDOWS = ((129, 0, True), (64, 64, False))
 
 
 def grid() -> list:
-    """(label, B, H, Lq, Lk, E, is_causal, masked) for every edge; E = Ev (flash kernels need it)."""
+    """(label, B, H, Lq, Lk, E, is_causal, masked, fields) for every edge; E = Ev (flash kernels need it)."""
     shapes = [(f"head dim {E}", 1, 2, 9, 65, E, False, False) for E in HEAD_DIMS]
     shapes += [(f"Lq {L}", 1, 2, L, 33, 64, False, False) for L in LENGTHS]
     shapes += [(f"Lk {L}", 1, 2, 7, L, 64, False, False) for L in LENGTHS]
     shapes += [(f"causal L {L}", 1, 1, L, L, 32, True, False) for L in LENGTHS]
     shapes += [(f"masked Lk {L}", 1, 2, 5, L, 32, False, True) for L in MASKED_KEYS]
     shapes += [(f"decode Lk {L}", 2, 2, 1, L, 64, False, False) for L in DECODE_KEYS]
-    return shapes
+    # a few queries against a long cache (speculative decode, chunked prefill): split-KV paths that merge
+    # the chunks by one row's statistics are right at Lq = 1 only
+    shapes += [(f"16 queries, Lk {L}", 2, 2, 16, L, 64, False, False) for L in DECODE_KEYS]
+    # more (batch, head, 64-query tile) work items than a GPU has SMs (3 x 32 x 4 = 384 > 132 on an
+    # H100): a persistent kernel that runs one wave and never strides its grid leaves the rest unwritten
+    shapes += [("many work items: B 3, H 32, Lq 256", 3, 32, 256, 64, 16, False, False)]
+    rows = [(*s, {}) for s in shapes]
+    rows += [(f"window ({left}, {right}){' causal' if causal else ''} L 257", 1, 2, 257, 257, 32, causal, False,
+              {"window": (left, right)}) for left, right, causal in WINDOWS]
+    return rows
 
 
 def tile_mask(Lq: int, Lk: int, rng) -> np.ndarray:
@@ -64,11 +77,11 @@ def tile_mask(Lq: int, Lk: int, rng) -> np.ndarray:
     return keep
 
 
-def grid_case(label, B, H, Lq, Lk, E, is_causal, masked, dtype: str, seed: int, as_bias: bool = False) -> Case:
+def grid_case(label, B, H, Lq, Lk, E, is_causal, masked, fields, dtype: str, seed: int, as_bias: bool = False) -> Case:
     rng = np.random.default_rng(seed)
     q, k, v = (in_format(rng.standard_normal((B, H, L, E)), dtype) for L in (Lq, Lk, Lk))  # (B, H, L, E)
     if not masked:
-        return Case(q, k, v, None, is_causal, None, label=label)
+        return Case(q, k, v, None, is_causal, None, dict(fields), label=label)
     keep = tile_mask(Lq, Lk, rng)  # (Lq, Lk)
     if as_bias:  # a backend without boolean masks takes the same hidden keys as a -inf bias
         return Case(q, k, v, None, is_causal, None, {"bias": np.where(keep, 0.0, -np.inf)}, label=label)
@@ -93,8 +106,9 @@ def grid_problems(target: Target) -> list:
     are left out by construction and counted on the target, by the limit (its JSON row says so)."""
     out, left, n = [], {}, 0
     hides = target.caps.masks or target.supports("bias")
-    for i, (label, B, H, Lq, Lk, E, causal, masked) in enumerate(grid()):
-        if not _mine(target, i) or (causal and not target.caps.causal) or (masked and not hides):
+    for i, (label, B, H, Lq, Lk, E, causal, masked, fields) in enumerate(grid()):
+        if (not _mine(target, i) or (causal and not target.caps.causal) or (masked and not hides)
+                or not all(target.supports(f) for f in fields)):
             continue
         broken = target.caps.outside(E, E, Lq, Lk, causal)
         if broken:
@@ -105,7 +119,7 @@ def grid_problems(target: Target) -> list:
         # hidden keys in every form the backend takes: a backend with masks and a bias gets every other
         # masked shape as a -inf bias (a kernel's -inf bias path is not its mask path)
         as_bias = not target.caps.masks or (target.supports("bias") and i % 2 == 1)
-        case = grid_case(label, B, H, Lq, Lk, E, causal, masked, target.dtype, seed=i, as_bias=as_bias)
+        case = grid_case(label, B, H, Lq, Lk, E, causal, masked, fields, target.dtype, seed=i, as_bias=as_bias)
         out.append((target.exact(case), {}))  # fp8: q, k, v rounded to its formats
     target.left_out, target.outside_limits = n, left
     return out
@@ -113,5 +127,6 @@ def grid_problems(target: Target) -> list:
 
 @prop(grid=grid_problems)
 def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
-    """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, masked key tiles, decode)."""
+    """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, masked key tiles, decode,
+    a few queries against long keys, many work items, windows wider than two key tiles)."""
     agreement(target, case)

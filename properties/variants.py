@@ -24,14 +24,17 @@ from attnspec.specs.masks import alibi_slopes
 OPTIONAL = F.DRAWN
 DRAW_RATE = 0.25
 PER_SEQUENCE = F.PER_SEQUENCE  # a value per sequence: drawn on a batch of 2+
-WINDOW_LEFT, WINDOW_RIGHT = (None, 1, 2, 3, 8), (None, 0, 1, 2)  # (0, 0) would leave one key a row
+# (0, 0) would leave one key a row; 129: wider than two 64-key tiles (a left bound applied only near the diagonal)
+WINDOW_LEFT, WINDOW_RIGHT = (None, 1, 2, 3, 8, 129), (None, 0, 1, 2)
 COMPILED_WINDOWS = ((2, 1), (None, 0), (3, None))
 # (Hq, Hkv); Hypothesis favours the first: a group of 2 with 2 KV heads (MQA, Hkv = 1, hides a
-# head index taken modulo Hkv or always 0)
-GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2))
+# head index taken modulo Hkv or always 0); groups of 5 and 7 over 2 KV heads (Qwen's 40/8, 28/4):
+# a query-head-to-KV-head map right for groups up to 4 or powers of two only
+GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2), (10, 2))
 # head counts that are not powers of two, where ALiBi's standard slopes interpolate
-ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1))
-BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)")
+ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1), (14, 2))
+# (B, 1, 1, Lk): a key-padding bias, one row per sequence (a batch stride of 0 gives every sequence the first's)
+BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)", "(B, 1, 1, Lk)")
 # hidden_pairs' structures; leading runs half of them
 HIDDEN_STRUCTURES = ("leading run", "scattered", "leading run", "middle block", "leading run", "whole rows")
 SOFTCAP_STEPS = (-2, -1, 0, 1)  # log2 of the cap against the largest score: below, near, above it
@@ -179,8 +182,9 @@ def draw_bias(draw, env: Drawing) -> dict:
     0 stays)."""
     B, H, _, Lq, Lk = env.shape[:5]
     room = min(env.cap / 4, env.cap - env.score)
+    shape = BIAS_SHAPES[draw(st.integers(0, len(BIAS_SHAPES) - 1), label="bias shape")]
     dims = {"(Lq, Lk)": (Lq, Lk), "(B, H, Lq, Lk)": (B, H, Lq, Lk), "(1, H, 1, Lk)": (1, H, 1, Lk),
-            "(B, 1, Lq, Lk)": (B, 1, Lq, Lk)}[BIAS_SHAPES[draw(st.integers(0, len(BIAS_SHAPES) - 1), label="bias shape")]]
+            "(B, 1, Lq, Lk)": (B, 1, Lq, Lk), "(B, 1, 1, Lk)": (B, 1, 1, Lk)}[shape]
     bias = _grid_values(draw, dims, env.fmt, float(2.0 ** np.floor(np.log2(max(room, 0.25)))), "bias")
     if env.hides and draw(st.booleans(), label="bias hides keys (-inf)"):
         hidden = hidden_pairs(draw, dims, "bias")

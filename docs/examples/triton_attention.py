@@ -209,7 +209,9 @@ class TritonAttention(TorchBackend):
 
     name = "triton-example"
     env_vars = ("TRITON_INTERPRET",)  # interpreted or compiled: a reproducer restores the run's choice
-    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cuda", gradients=True)
+    # head dims to 256: three (64 x 256) tiles a program are as much as a GPU's shared memory holds
+    capabilities = Capabilities(dtypes=("float16", "bfloat16", "float32"), device="cuda", gradients=True,
+                                max_head_dim=256)
     semantics = Semantics(fully_masked="zeros", causal_alignment="top_left",
                           notes=("online softmax over key blocks (64 on CUDA, 16 interpreted), float32 inside",))
 

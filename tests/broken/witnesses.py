@@ -359,3 +359,28 @@ ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scal
        window_bottom_right, softcapped_causal, padded, packed, padded_unequal, packed_unequal, alibi_6_heads,
        first_tile_bias_hidden, ds_scale_underflow, chunked_prefill, paged_leftpad, sinks, sinks_lse,
        paged_sinks, fp8_descales) + CONVENTIONS
+
+
+def many_work_items(seed=0):
+    """B 3 x H 32 x two 64-query tiles = 192 (batch, head, tile) items: more than 132 programs."""
+    return _problem(*_heads(32, 32, 128, 16, B=3, seed=seed))
+
+
+def few_queries_long_cache(seed=0):
+    """16 queries against 1024 keys: a split-KV path; each row's own statistics must merge its chunks."""
+    return _problem(*_heads(2, 2, 16, 1024, seed=seed))
+
+
+def head_dim_512(seed=0):
+    """E = 512: past a 256-wide template."""
+    return _problem(*_heads(1, 1, 4, 6, E=512, seed=seed))
+
+
+def grouped_by_5(seed=0):
+    """10 query heads on 2 KV heads (groups of 5): heads 5-9 must read KV head 1."""
+    return _problem(*_heads(10, 2, 4, 6, seed=seed), enable_gqa=True)
+
+
+def wide_window(seed=0):
+    """Causal window (129, 0) at L = 257: rows past 193 must not see the keys of two blocks back."""
+    return _problem(*_heads(1, 1, 257, 257, seed=seed), is_causal=True, window=(129, 0))
