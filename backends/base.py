@@ -368,8 +368,7 @@ class Backend:
         """
         if "padded" not in self.capabilities.formats:  # a varlen or paged kernel: through its format
             from attnspec.backends.serving import forward_via_format
-            y = forward_via_format(self, q, k, v, mask, is_causal, scale, dtype, return_lse, fields)
-            return (y[0], self._natural(y[1])) if return_lse else y
+            return forward_via_format(self, q, k, v, mask, is_causal, scale, dtype, return_lse, fields)  # LSE natural
         p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
         self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
         self._check_shapes(p)

@@ -75,6 +75,10 @@ _DEVIATIONS = (
               "openvino-lk0-stale)", when=r"empty sizes does '(zeros|other|Lk=0: )"),
     Deviation("fully_masked_rows", "float64 inputs give the mean of V on a fully masked row, the other dtypes "
               "NaN (the spec's softmax over -inf)", dtypes=("float64",)),
+    # seen once in CI (minus_inf_sinks_are_no_sinks at bfloat16, E = 1: off by 0.08, not again in 40 replays)
+    Deviation("*", "bfloat16 kernel, head size 1: now and then a call's result is not a function of its inputs - "
+              "wrong once, right when replayed (docs/findings.md: openvino-bf16-state, intermittent)",
+              when="failed once and passed when Hypothesis replayed", problems=r"\bE=1\b"),
 )
 
 

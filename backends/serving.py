@@ -83,7 +83,7 @@ def _with_lse(backend, y, return_lse: bool, what: str):
 def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=0, unused=0, fill=np.nan, rng=None,
                    tail_rows=False, **fields):
     """Output (B, Hq, Lq, Ev) of the backend's packed call on a padded problem (padded rows zeros);
-    with return_lse, (output, lse (B, Hq, Lq), padded rows -inf).  ``tail``/``unused``/``fill``/``rng``:
+    with return_lse, (output, lse (B, Hq, Lq) natural, padded rows -inf).  ``tail``/``unused``/``fill``/``rng``:
     `specs.formats.to_packed`'s tokens that must not be read.  ``tail_rows``: (output, the ``tail``
     output rows past cu_seqlens_q[-1] as returned (tail, Hq, Ev)) - rows no sequence owns."""
     p, call = _prepared(backend, "packed", q, k, v, dtype, return_lse, fields)
@@ -102,7 +102,7 @@ def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=
     if not return_lse:
         return full
     lse = backend._check("packed lse", lse, (pk.q.shape[1], pk.q.shape[0]), None).astype(np.float64)
-    return full, Fm.lse_from_packed(lse[:, :n], pk.cu_seqlens_q, p.Lq)
+    return full, backend._natural(Fm.lse_from_packed(lse[:, :n], pk.cu_seqlens_q, p.Lq))  # a declared base 2: times ln 2
 
 
 def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NHD", return_lse=False, pool=2.5,
@@ -131,7 +131,7 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
     out = backend._check("paged output", out, shape, backend.output_dtype(dtype))
     if not return_lse:
         return out
-    return out, backend._check("paged lse", lse, p.batch_shape + (p.Lq,), None).astype(np.float64)
+    return out, backend._natural(backend._check("paged lse", lse, p.batch_shape + (p.Lq,), None).astype(np.float64))
 
 
 def forward_via_format(backend, q, k, v, mask, is_causal, scale, dtype, return_lse, fields):

@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 from attnspec.backends import serving
 from attnspec.properties.case import Case
 from attnspec.properties.distribution import cases
-from attnspec.properties.judge import Failed
+from attnspec.properties.judge import Failed, grad_out, require, rule_of, verdict, with_full_index
+from attnspec.specs import error_budget
 from attnspec.specs import fields as F
+from attnspec.specs.invariants import Verdict
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -110,23 +112,25 @@ def as_called(case: Case):
 
 def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.nan, tail: int = 2,
            return_lse: bool = False):
-    """The backend's packed call on the case, raised back to (B, H, Lq, Ev)."""
-    return target.call_backend("packed forward", serving.forward_packed, target.backend, case.q, case.k, case.v,
-                               dtype=target.dtype, return_lse=return_lse, tail=tail, unused=unused, fill=fill, rng=seed,
-                           **case.call_kwargs)
+    """The backend's packed call on the case, raised back to (B, H, Lq, Ev); return_lse: (out, lse (B, H, Lq))."""
+    y = target.call_backend("packed forward", serving.forward_packed, target.backend, case.q, case.k, case.v,
+                            dtype=target.dtype, return_lse=return_lse, tail=tail, unused=unused, fill=fill, rng=seed,
+                            **case.call_kwargs)
+    return target.as_observed(y) if return_lse else y
 
 
 def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1,
-          pool: float | None = None, share: bool = True):
+          pool: float | None = None, share: bool = True, return_lse: bool = False):
     """The backend's paged call on the case (random placement from `seed`, in a pool `pool` times the need:
     drawn from POOLS by the seed when not given), (B, H, Lq, Ev); spare_columns=0: the longest sequence
     fills its block table exactly; pages of equal contents shared unless share=False.  A call that
-    writes into its cache fails (`backends.serving.forward_paged`, read_only)."""
+    writes into its cache fails (`backends.serving.forward_paged`, read_only); return_lse: (out, lse (B, H, Lq))."""
     pool = POOLS[seed % len(POOLS)] if pool is None else pool
-    return target.call_backend("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
-                               dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
-                               spare_columns=spare_columns, pool=pool, share=share, read_only=True,
-                               **case.call_kwargs)
+    y = target.call_backend("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
+                            dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
+                            spare_columns=spare_columns, pool=pool, share=share, read_only=True,
+                            return_lse=return_lse, **case.call_kwargs)
+    return target.as_observed(y) if return_lse else y
 
 
 def shared_prefix(case: Case, page_size: int) -> tuple:
@@ -175,3 +179,26 @@ def packed_backward(target: Target, case: Case, grad_out, unused: int = 0, seed:
     """((dq, dk, dv) padded, the largest |gradient| on tokens no sequence owns) of the packed backward."""
     return target.call_backend("packed backward", serving.backward_packed, target.backend, case.q, case.k, case.v,
                                grad_out, dtype=target.dtype, tail=tail, unused=unused, rng=seed, **case.call_kwargs)
+
+
+def lse_verdict(target: Target, case: Case, lse):
+    """A format call's LSE (B, H, Lq) against the reference's on the rows that see a key (the LSE
+    of a row that sees none is left open, as for the padded call: test_lse.py)."""
+    rows = case.judged_rows()  # (B, H, Lq)
+    return with_full_index(error_budget.check_lse(lse, case.problem, dtype=target.budget_dtype, rows=rows,
+                                                  rule=rule_of(target)), rows)
+
+
+def packed_gradients(target: Target, case: Case, unused: int, seed: int,
+                     name: str = "packed_gradients_match_reference") -> None:
+    """dQ, dK, dV of the packed backward, each sequence's within its budget, and exactly 0 on tokens
+    no sequence owns."""
+    g = grad_out(case, target.dtype, seed)  # (B, H, Lq, Ev)
+    grads, stray = packed_backward(target, case, g, unused, seed)
+    with as_called(case):
+        verdicts = error_budget.check_backward(grads, case.problem, None, None, g, dtype=target.budget_dtype,
+                                               rule=rule_of(target))
+        for which, v in zip(("dq", "dk", "dv"), verdicts, strict=False):
+            require(v if v else Verdict(v.name, False, v.where, v.amount, f"{which}: {v.message}", v.limit))
+        require(verdict(name, stray == 0.0, None, stray,
+                        f"a gradient of {stray:.6g} on a token no sequence owns; it must be exactly 0", 0.0))

@@ -20,7 +20,7 @@ outside the declared limits (E > 128: 4; ...)"): never run, so never reported as
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -43,23 +43,48 @@ DECODE_KEYS = (512, 1024, 2048)
 WINDOWS = ((129, 0, True), (64, 64, False))
 
 
-def grid() -> list:
-    """(label, B, H, Lq, Lk, E, is_causal, masked, fields) for every edge; E = Ev (flash kernels need it)."""
-    shapes = [(f"head dim {E}", 1, 2, 9, 65, E, False, False) for E in HEAD_DIMS]
-    shapes += [(f"Lq {L}", 1, 2, L, 33, 64, False, False) for L in LENGTHS]
-    shapes += [(f"Lk {L}", 1, 2, 7, L, 64, False, False) for L in LENGTHS]
-    shapes += [(f"causal L {L}", 1, 1, L, L, 32, True, False) for L in LENGTHS]
-    shapes += [(f"masked Lk {L}", 1, 2, 5, L, 32, False, True) for L in MASKED_KEYS]
-    shapes += [(f"decode Lk {L}", 2, 2, 1, L, 64, False, False) for L in DECODE_KEYS]
+class Edge(NamedTuple):
+    """One grid problem; E = Ev (flash kernels need it)."""
+
+    label: str
+    B: int
+    H: int
+    Lq: int
+    Lk: int
+    E: int
+    causal: bool = False
+    masked: bool = False  # hidden keys at tile scale (`tile_mask`), as a mask or a -inf bias
+    fields: dict = {}  # optional fields (specs.fields), e.g. a window  # noqa: RUF012 - never mutated
+    scale: float | None = None  # None: the default 1/sqrt(E)
+    key_padding: bool = False  # a (B, 1, 1, Lk) bias, -inf past each sequence's length
+
+    def needs(self) -> set:
+        """The features a backend must take to run this problem."""
+        return set(self.fields) | ({"bias"} if self.key_padding else set())
+
+
+def grid() -> list[Edge]:
+    """Every edge problem."""
+    rows = [Edge(f"head dim {E}", 1, 2, 9, 65, E) for E in HEAD_DIMS]
+    rows += [Edge(f"Lq {L}", 1, 2, L, 33, 64) for L in LENGTHS]
+    rows += [Edge(f"Lk {L}", 1, 2, 7, L, 64) for L in LENGTHS]
+    rows += [Edge(f"causal L {L}", 1, 1, L, L, 32, causal=True) for L in LENGTHS]
+    rows += [Edge(f"masked Lk {L}", 1, 2, 5, L, 32, masked=True) for L in MASKED_KEYS]
+    rows += [Edge(f"decode Lk {L}", 2, 2, 1, L, 64) for L in DECODE_KEYS]
     # a few queries against a long cache (speculative decode, chunked prefill): split-KV paths that merge
     # the chunks by one row's statistics are right at Lq = 1 only
-    shapes += [(f"16 queries, Lk {L}", 2, 2, 16, L, 64, False, False) for L in DECODE_KEYS]
+    rows += [Edge(f"16 queries, Lk {L}", 2, 2, 16, L, 64) for L in DECODE_KEYS]
     # more (batch, head, 64-query tile) work items than a GPU has SMs (3 x 32 x 4 = 384 > 132 on an
     # H100): a persistent kernel that runs one wave and never strides its grid leaves the rest unwritten
-    shapes += [("many work items: B 3, H 32, Lq 256", 3, 32, 256, 64, 16, False, False)]
-    rows = [(*s, {}) for s in shapes]
-    rows += [(f"window ({left}, {right}){' causal' if causal else ''} L 257", 1, 2, 257, 257, 32, causal, False,
-              {"window": (left, right)}) for left, right, causal in WINDOWS]
+    rows += [Edge("many work items: B 3, H 32, Lq 256", 3, 32, 256, 64, 16)]
+    rows += [Edge(f"window ({left}, {right}){' causal' if causal else ''} L 257", 1, 2, 257, 257, 32, causal=causal,
+                  fields={"window": (left, right)}) for left, right, causal in WINDOWS]
+    # an explicit scale that is no power of two (the draws' powers of two are exact in every format: a
+    # kernel that keeps the scale it is given in a 16-bit parameter passes them), on normal inputs
+    rows += [Edge("explicit scale 0.3", 1, 2, 9, 65, 64, scale=0.3)]
+    # the padding bias models build from an attention mask: one row a sequence, broadcast over heads
+    # and queries (a kernel that reads it with batch stride 0 gives every sequence the first's)
+    rows += [Edge("key-padding bias (B, 1, 1, Lk)", 3, 2, 9, 65, 32, key_padding=True)]
     return rows
 
 
@@ -77,15 +102,22 @@ def tile_mask(Lq: int, Lk: int, rng) -> np.ndarray:
     return keep
 
 
-def grid_case(label, B, H, Lq, Lk, E, is_causal, masked, fields, dtype: str, seed: int, as_bias: bool = False) -> Case:
+def grid_case(edge: Edge, dtype: str, seed: int, as_bias: bool = False) -> Case:
+    B, H, Lq, Lk, E, label = edge.B, edge.H, edge.Lq, edge.Lk, edge.E, edge.label
     rng = np.random.default_rng(seed)
     q, k, v = (in_format(rng.standard_normal((B, H, L, E)), dtype) for L in (Lq, Lk, Lk))  # (B, H, L, E)
-    if not masked:
-        return Case(q, k, v, None, is_causal, None, dict(fields), label=label)
+    fields = dict(edge.fields)
+    if edge.key_padding:
+        bias = in_format(rng.standard_normal((B, 1, 1, Lk)), dtype)  # (B, 1, 1, Lk)
+        lengths = [max(1, Lk - 17 * b) for b in range(B)]  # the first sequence whole, the others padded
+        bias[np.arange(Lk) >= np.array(lengths)[:, None, None, None]] = -np.inf
+        fields["bias"] = bias
+    if not edge.masked:
+        return Case(q, k, v, None, edge.causal, edge.scale, fields, label=label)
     keep = tile_mask(Lq, Lk, rng)  # (Lq, Lk)
     if as_bias:  # a backend without boolean masks takes the same hidden keys as a -inf bias
-        return Case(q, k, v, None, is_causal, None, {"bias": np.where(keep, 0.0, -np.inf)}, label=label)
-    return Case(q, k, v, keep, is_causal, None, label=label)
+        return Case(q, k, v, None, edge.causal, edge.scale, {"bias": np.where(keep, 0.0, -np.inf)}, label=label)
+    return Case(q, k, v, keep, edge.causal, edge.scale, label=label)
 
 
 def _mine(target: Target, i: int) -> bool:
@@ -106,11 +138,11 @@ def grid_problems(target: Target) -> list:
     are left out by construction and counted on the target, by the limit (its JSON row says so)."""
     out, left, n = [], {}, 0
     hides = target.caps.masks or target.supports("bias")
-    for i, (label, B, H, Lq, Lk, E, causal, masked, fields) in enumerate(grid()):
-        if (not _mine(target, i) or (causal and not target.caps.causal) or (masked and not hides)
-                or not all(target.supports(f) for f in fields)):
+    for i, edge in enumerate(grid()):
+        if (not _mine(target, i) or (edge.causal and not target.caps.causal) or (edge.masked and not hides)
+                or not all(target.supports(f) for f in edge.needs())):
             continue
-        broken = target.caps.outside(E, E, Lq, Lk, causal)
+        broken = target.caps.outside(edge.E, edge.E, edge.Lq, edge.Lk, edge.causal)
         if broken:
             n += 1
             for why in dict.fromkeys(_limit(w) for w in broken):
@@ -119,7 +151,7 @@ def grid_problems(target: Target) -> list:
         # hidden keys in every form the backend takes: a backend with masks and a bias gets every other
         # masked shape as a -inf bias (a kernel's -inf bias path is not its mask path)
         as_bias = not target.caps.masks or (target.supports("bias") and i % 2 == 1)
-        case = grid_case(label, B, H, Lq, Lk, E, causal, masked, fields, target.dtype, seed=i, as_bias=as_bias)
+        case = grid_case(edge, target.dtype, seed=i, as_bias=as_bias)
         out.append((target.exact(case), {}))  # fp8: q, k, v rounded to its formats
     target.left_out, target.outside_limits = n, left
     return out
@@ -128,5 +160,6 @@ def grid_problems(target: Target) -> list:
 @prop(grid=grid_problems)
 def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
     """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, masked key tiles, decode,
-    a few queries against long keys, many work items, windows wider than two key tiles)."""
+    a few queries against long keys, many work items, windows wider than two key tiles, a non-dyadic
+    explicit scale, a key-padding bias)."""
     agreement(target, case)

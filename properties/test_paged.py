@@ -115,6 +115,18 @@ def test_paged_edges(target: Target, case: Case, params: dict):
         unchanged("paged_edges", np.zeros_like(out), out, ~case.judged_rows(), "a row that sees no key")
 
 
+@prop(requires=S.REQUIRES + ("lse",), draw=S.DRAW, params=S.per_sequence)
+def test_paged_lse_matches_reference(target: Target, case: Case, params: dict):
+    """A paged call's LSE equals the reference's, pages of 1 to 256 keys: a split-KV kernel that merges
+    its pages' outputs right and returns one split's LSE shows here (a merge of that LSE would not)."""
+    layout = _layout(target, params, case)
+    case = S.problem_of(case, params, queries=False)
+    with S.as_called(case):
+        _, lse = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"],
+                         return_lse=True)  # (B, H, Lq)
+        require(S.lse_verdict(target, case, lse))
+
+
 def _appending(target: Target) -> None:
     if "append" not in target.caps.formats:
         import pytest

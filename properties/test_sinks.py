@@ -157,6 +157,12 @@ def test_sinks_lse_as_declared(target: Target, case: Case, params: dict):
     """The returned LSE includes the sink where declared (FA4), excludes it where declared not (gpt-oss's
     Triton kernel); undeclared, it must be one of the two (recorded: the semantics row lse_with_sinks)."""
     _, lse = target.forward(case, return_lse=True)  # (B, H, Lq)
+    _lse_as_declared(target, case, lse, "sinks_lse_as_declared", record=True)
+
+
+def _lse_as_declared(target: Target, case: Case, lse, name: str, record: bool = False) -> None:
+    """The LSE (B, H, Lq) of a call with sinks holds the sink as declared (`lse_with_sinks`), either
+    of the two when undeclared; record: the semantics row of what it held (the padded call's test)."""
     declared = target.backend.semantics.lse_with_sinks
     fits = {}
     for included in (True, False):
@@ -171,12 +177,12 @@ def test_sinks_lse_as_declared(target: Target, case: Case, params: dict):
                 rows = rows & ~(ref - np.broadcast_to(shift, ref.shape) < np.log(tau))
         fits[included] = with_full_index(error_budget.check_lse(lse, judged.problem, dtype=target.budget_dtype,
                                                                 rows=rows, rule=rule_of(target), shift=shift), rows)
-    _record_lse_with_sinks(target, {k: bool(v) for k, v in fits.items()})
+    if record:
+        _record_lse_with_sinks(target, {k: bool(v) for k, v in fits.items()})
     verdicts = [fits[included] for included in ((True, False) if declared is None else (declared,))]
     if not any(verdicts):
         v = verdicts[0]
-        require(verdict("sinks_lse_as_declared", False, v.where, v.amount,
-                        f"lse_with_sinks={declared}: {v.message}", v.limit))
+        require(verdict(name, False, v.where, v.amount, f"the LSE, lse_with_sinks={declared}: {v.message}", v.limit))
 
 
 def _split(draw, case: Case, target: Target) -> dict:
@@ -243,19 +249,58 @@ def test_sinks_in_packed_calls(target: Target, case: Case, params: dict):
     applies them (vllm-project/vllm#52148: one path took sinks and dropped them)."""
     S.skip_without(target, "packed")
     case = S.problem_of(case, params)
+    lse = target.supports("lse")  # then its LSE too, the sink in it as declared
     with S.as_called(case):
-        agreement(target, case, S.packed(target, case, params["unused"], params["seed"]))
+        y = S.packed(target, case, params["unused"], params["seed"], return_lse=lse)
+        agreement(target, case, y[0] if lse else y)
+        if lse:
+            _lse_as_declared(target, case, y[1], "sinks_in_packed_calls")
 
 
 @prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_sinks_in_paged_calls(target: Target, case: Case, params: dict):
     """A paged call with sinks equals the reference, pages of 1 to 256 keys: each row's sink counted once,
-    not once per page (a kernel whose pages are its key blocks folds it after the last one)."""
+    not once per page (a kernel whose pages are its key blocks folds it after the last one); its LSE
+    holds the sink as declared."""
     layouts = S.paged_layouts(target)
     if not layouts:
         import pytest
         pytest.skip(f"{target.name} takes no paged call (declares {', '.join(target.caps.formats)})")
     layout = params["layout"] if params["layout"] in layouts else layouts[0]
     case = S.problem_of(case, params, queries=False)
+    lse = target.supports("lse")
     with S.as_called(case):
-        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"]))
+        y = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"], return_lse=lse)
+        agreement(target, case, y[0] if lse else y)
+        if lse:
+            _lse_as_declared(target, case, y[1], "sinks_in_paged_calls")
+
+
+@prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence, gradients=True)
+def test_sinks_in_packed_gradients(target: Target, case: Case, params: dict):
+    """dQ, dK, dV of a packed call with sinks: the backward recomputes the weights with each head's sink,
+    as its forward did (sinks added to a forward kernel and not to its backward)."""
+    S.skip_without(target, "packed")
+    S.packed_gradients(target, S.problem_of(case, params), params["unused"], params["seed"],
+                       "sinks_in_packed_gradients")
+
+
+@prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_sinks_in_append_calls(target: Target, case: Case, params: dict):
+    """An append then attention with sinks equals the reference over the grown cache: the fused path
+    applies them as the paged and packed calls do (vllm-project/vllm#52148: a path that took sinks
+    dropped them)."""
+    from hypothesis import assume
+
+    if "append" not in target.caps.formats:
+        import pytest
+        pytest.skip(f"{target.name} takes no append (declares {', '.join(target.caps.formats)})")
+    fit = S.paged_layouts(target, case) or S.paged_layouts(target) or ("NHD",)
+    layout = params["layout"] if params["layout"] in fit else fit[0]
+    case = S.problem_of(case, params, queries=False)
+    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
+    n = min(1 if params["seed"] % 2 else case.dims["Lq"], int((ends - case.fields.get("kv_starts", 0)).min()))
+    assume(n > 0)  # a decode step, or a chunk of Lq, within every sequence's keys
+    out, _, _ = S.append(target, case, n, params["page_size"], layout, params["seed"])
+    with S.as_called(case):
+        agreement(target, case, out)

@@ -228,7 +228,10 @@ def draw_segments(draw, env: Drawing) -> dict:
     B, _, _, Lq, Lk = env.shape[:5]
     most = min(3, max(2, min(Lq, Lk) // 2)) if min(Lq, Lk) >= 2 else 1  # two segments show a boundary
     choices = tuple(dict.fromkeys((min(2, most), most, 1)))
-    n = choices[draw(st.integers(0, len(choices) - 1), label="segments")]
+    first = draw(st.integers(0, len(choices) - 1), label="segments (first sequence; the next ones the next counts)")
+    # segments a sequence, the counts taken in turn along the batch: a batch mixes them, so a kernel that
+    # reads the first sequence's segment ids for every sequence packs the others wrongly
+    n = np.array([choices[(first + b) % len(choices)] for b in range(B)])[:, None]  # (B, 1)
     out = {}
     for side, L in (("q", Lq), ("kv", Lk)):
         # a byte a position, offset by the sequence's index: equal bytes (shrunk, zero-filled) still pack

@@ -69,11 +69,12 @@ def test_dtypes_per_op_narrow_the_backward():
 
 def test_the_edge_grid_leaves_out_what_the_limits_exclude_and_says_how_much():
     """E > 128 leaves the head dims 160, 192, 256 and 512 out: not run (so never passed), counted by limit.
-    The window rows need the window field, which this kernel does not take: not applicable, not counted."""
+    The window and key-padding rows need a window and a bias, which this kernel does not take: not
+    applicable, not counted."""
     t = _target(max_head_dim=128)
     problems = edges.grid_problems(t)
-    applicable = [row for row in edges.grid() if not row[-1]]  # rows without fields
-    assert len(applicable) == len(edges.grid()) - len(edges.WINDOWS)
+    applicable = [row for row in edges.grid() if not row.needs()]  # this kernel takes no optional field
+    assert len(applicable) == len(edges.grid()) - len(edges.WINDOWS) - 1  # the windows, the key-padding bias
     assert len(problems) == len(applicable) - 4
     assert all(c.dims["E"] <= 128 for c, _ in problems)
     assert t.coverage()["outside_limits"] == "4 outside the declared limits (E > 128: 4)"
@@ -100,7 +101,7 @@ def test_fitting_moves_a_size_to_the_nearest_one_taken():
 def test_a_grid_a_limit_cut_says_so_in_the_summary_and_the_json(tmp_path):
     """`pytest properties --backend X` on a kernel declaring E <= 128: the edge grid passes on what it ran,
     and the terminal summary and the JSON row say how many grid problems the limit left out (never a
-    plain "passed, 71 problems")."""
+    plain "passed, 73 problems")."""
     import json
     import os
     import subprocess

@@ -4,7 +4,7 @@ TRITON_INTERPRET=1 runs the kernels on the CPU with NumPy, so the example is che
 triton is installed (the [triton] extra); on CUDA tools/gpu_check.sh runs the suite on it compiled.
 The interpreter's tl.dot multiplies bfloat16 bit patterns (Triton 3.9), so interpreted the
 example declares float16 and float32 only.  One subprocess, 2 problems a property, every
-property but edge_shapes_match_reference: its fixed grid of 71 shapes (head dims to 512) is most
+property but edge_shapes_match_reference: its fixed grid of 73 problems (head dims to 512) is most
 of the interpreted run's time (~400 s of ~490 s on a loaded 2-core machine); CUDA runs it.
 """
 from __future__ import annotations

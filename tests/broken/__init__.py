@@ -77,6 +77,8 @@ BROKEN = (
     # the seeds' mistakes and the classic masking and kernel bugs
     Entry("seed_mistakes:ScaleByD", SCALE + REF, w.default_path, "seed 004: scale by d, not sqrt(d)", "scale"),
     Entry("seed_mistakes:NoScale", SCALE + REF, w.default_path, "seed 004: no 1/sqrt(d)", "scale"),
+    Entry("tile_bugs:ExplicitScaleHalfParam", ("edge_shapes",) + REF, w.explicit_scale_not_dyadic,
+          "an explicit scale kept in a float16 launch parameter", "scale"),
     Entry("kernel_bugs:ExplicitScaleIgnored", ("explicit_scale_honoured",) + REF, w.explicit_scale,
           "scale swallowed, hao-ai-lab/FastVideo#1457, huggingface/transformers#44380", "scale"),
     Entry("seed_mistakes:MaskAfterSoftmax", WEIGHTS + REF + MASKED, w.with_mask,
@@ -123,6 +125,8 @@ BROKEN = (
           "pack-GQA head map right for groups <= 4 only", "grouped heads"),
     Entry("variant_bugs:DkFirstOfGroup", ("grouped_heads_gradients_are_group_sums",) + GRADS, w.grouped_gradient,
           "dK not summed over the group, levanter#449", "grouped heads"),
+    Entry("tile_bugs:KeyPaddingBiasBatch0", ("edge_shapes",) + BIAS + ALIGNMENT, w.key_padding_bias,
+          "a (B, 1, 1, Lk) padding bias read with batch stride 0", "bias"),
     Entry("variant_bugs:BiasScaled", BIAS, w.biased, "bias scaled with the scores, tt-metal#42891", "bias"),
     Entry("variant_bugs:FloatMaskAsBool", BIAS, w.biased, "float mask read as boolean (mask.bool())", "bias"),
     Entry("variant_bugs:CausalBottomRightAsTopLeft", ALIGNMENT, w.causal_bottom_right,

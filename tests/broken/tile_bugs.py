@@ -124,3 +124,30 @@ class WindowTwoMaskingSteps(VariantKernel):
         diagonal_block = (last_row + off) // self.tile
         unbounded = (j // self.tile >= first_block) & (j // self.tile < diagonal_block - 1)  # (Lq, Lk)
         return vis | (loose & unbounded)
+
+
+class ExplicitScaleHalfParam(NumpyBackend):
+    """A float32 kernel whose launch parameters keep ``softmax_scale`` in a half (float16) field: an
+    explicit scale is rounded to float16 (0.3 -> 0.29993); the default 1/sqrt(E), computed in the
+    kernel, is right - and so is every power of two, exact in float16."""
+
+    name = "broken-explicit-scale-half-param"
+    capabilities = numpy_caps("float32")
+
+    def native_forward(self, q, k, v, mask, is_causal, scale):
+        return _attention(q, k, v, mask, is_causal, None if scale is None else float(np.float16(scale)))
+
+
+class KeyPaddingBiasBatch0(VariantKernel):
+    """A (B, 1, 1, Lk) bias - the key-padding bias models build from an attention mask - takes a
+    per-key-vector fast path that loads it with batch stride 0: every sequence gets the first's
+    padding.  Every other bias shape takes the general path and is right."""
+
+    name = "broken-key-padding-bias-batch0"
+    capabilities = Capabilities(dtypes=("float32",), device="cpu", gradients=False, features=frozenset({"bias"}))
+
+    def native_attention(self, q, k, v, call):
+        b = call.bias
+        if b is not None and np.ndim(b) == 4 and b.shape[0] > 1 and b.shape[1:3] == (1, 1):
+            call = replace(call, bias=np.broadcast_to(b[:1], b.shape))  # the slip: batch stride 0
+        return super().native_attention(q, k, v, call)

@@ -384,3 +384,16 @@ def grouped_by_5(seed=0):
 def wide_window(seed=0):
     """Causal window (129, 0) at L = 257: rows past 193 must not see the keys of two blocks back."""
     return _problem(*_heads(1, 1, 257, 257, seed=seed), is_causal=True, window=(129, 0))
+
+
+def explicit_scale_not_dyadic(seed=0):
+    """scale = 0.3 on normal inputs, E = 64: float16 keeps 0.29993, off by 2.4e-4 relative."""
+    return _problem(*_qkv(9, 65, E=64, Ev=64, seed=seed), scale=0.3)
+
+
+def key_padding_bias(seed=0):
+    """A (B, 1, 1, Lk) bias, two sequences, the second padded past key 3: it must not see keys 4-5."""
+    q, k, v = _heads(2, 2, 4, 6, B=2, seed=seed)
+    bias = _grid((2, 1, 1, 6), seed + 3)  # (B, 1, 1, Lk)
+    bias[1, ..., 4:] = -np.inf
+    return _problem(q, k, v, bias=bias)
