@@ -54,7 +54,7 @@ class Edge(NamedTuple):
     E: int
     causal: bool = False
     masked: bool = False  # hidden keys at tile scale (`tile_mask`), as a mask or a -inf bias
-    fields: dict = {}  # optional fields (specs.fields), e.g. a window  # noqa: RUF012 - never mutated
+    fields: dict = {}  # optional fields (specs.fields), e.g. a window; never mutated (grid_case copies it)
     scale: float | None = None  # None: the default 1/sqrt(E)
     key_padding: bool = False  # a (B, 1, 1, Lk) bias, -inf past each sequence's length
 
