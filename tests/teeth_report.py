@@ -3,7 +3,9 @@
     python tests/teeth_report.py [--out DIR] [--workers N]
 
 One `pytest --pyargs attnspec.properties` subprocess selects every implementation of tests/broken/ with repeated
-``--backend`` and writes ``--attnspec-json``; this module reads it back.  A broken implementation
+``--backend`` and writes ``--attnspec-json``; this module reads it back.  A broken implementation runs
+its expected family's properties and the semantics probes, a correct one every property
+(tests/teeth_selection.py).  A broken implementation
 counts as rejected in a dtype when a property failed in that dtype (the semantics profile runs
 in its widest dtype and counts there).  tests/test_teeth.py uses the same functions and asserts
 on them.
@@ -56,8 +58,9 @@ def run_teeth_suite(out_dir: Path, workers: str | None = None) -> dict:
         env.pop(key)  # an outer xdist run must not leak into the inner pytest
     # unshrunk: whether a bug is caught does not depend on shrinking, only how small the printed
     # counterexample is (and each of ~200 failures would shrink on its own)
+    # a broken implementation runs its expected family's properties only (tests/teeth_selection.py)
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.properties", "-q", "-p", "no:cacheprovider",
-           "--attnspec-no-shrink", "--attnspec-json", str(json_path)]
+           "-p", "tests.teeth_selection", "--attnspec-no-shrink", "--attnspec-json", str(json_path)]
     cmd += [f"--backend={e.spec}" for e in BROKEN + CORRECT]
     if workers is None:  # the suite's own rule (properties/cores.py): a worker a CPU this process may use, so
         # a pinned xdist worker of README's run gives one process; ATTNSPEC_WORKERS steers it as for any run

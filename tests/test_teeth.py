@@ -9,8 +9,9 @@ is proven in float16, bfloat16, float32 and float64 by one member or another):
   be vacuous.
 - the suite: ONE `pytest properties` subprocess with every implementation selected by repeated
   ``--backend``, the results read back from ``--attnspec-json``; each broken one must fail at
-  least one property of its expected family in *each* dtype it declares, each correct one none
-  in any.  The summary (property that caught each, per dtype, its shrunk counterexample) is
+  least one property of its expected family in *each* dtype it declares (it runs that family's
+  properties and the semantics probes: tests/teeth_selection.py), each correct one none of the
+  whole suite's in any.  The summary (property that caught each, per dtype, its shrunk counterexample) is
   printed (-s) and written to ``$ATTNSPEC_TEETH_DIR`` or the test's tmp dir as teeth.json / teeth.md.
 """
 from __future__ import annotations
@@ -134,6 +135,21 @@ def test_correct_agrees_on_every_witness(entry):
 def test_catalogue_is_big_enough():
     assert len(BROKEN) >= 34 and len(CORRECT) >= 8
     assert len({e.label for e in BROKEN + CORRECT}) == len(BROKEN) + len(CORRECT)
+
+
+def test_the_suite_run_gives_a_broken_implementation_its_family_and_the_probes_a_correct_one_all():
+    from tests.teeth_selection import catches_by_name, kept
+    catches = catches_by_name()
+    scale_by_d = next(e for e in BROKEN if e.label == "ScaleByD")  # its family: the scale (SCALE + REF)
+    for name in teeth.names(scale_by_d):
+        assert kept(name, "default_scale", "properties/test_core.py", catches)
+        assert kept(name, "matches_reference", "properties/test_core.py", catches)
+        assert not kept(name, "rows_sum_to_one", "properties/test_core.py", catches)
+        assert not kept(name, "sinks_match_reference", "properties/test_sinks.py", catches)
+        assert kept(name, "empty_sizes", "properties/test_semantics.py", catches)  # a probe answers a question
+        assert kept(name, "batch_invariance", "properties/test_conventions.py", catches)
+    for entry in CORRECT:
+        assert all(kept(n, "sinks_match_reference", "properties/test_sinks.py", catches) for n in teeth.names(entry))
 
 
 def test_every_family_is_proven_in_every_dtype():
