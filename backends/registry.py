@@ -76,10 +76,19 @@ ZOO = ("keras-numpy", "keras-jax", "keras-torch", "flax-linen", "flax-nnx", "tra
        "transformers-gpt-oss", "mlx-sdpa")
 
 
+# Built-ins `attnspec run` checks with the rest, and a plain `pytest properties` only when named, as the zoo.
+PYTEST_WHEN_NAMED = {
+    "torch-flex": "flex_attention without torch.compile is PyTorch's unfused fallback (a vmap over the score and "
+                  "mask functions, the whole score matrix materialised, as torch-math computes it): its calls cost "
+                  "several times the other CPU backends', a third of a default `pytest properties` "
+                  "(docs/measurements.md); `attnspec run` checks it, and `pytest properties --backend torch-flex`",
+}
+
+
 def suite_names() -> list[str]:
     """The built-ins `pytest properties` checks when no backend is named: every built-in but
-    SUITE_OPT_IN and the ZOO (named, or through `attnspec run`, they are checked)."""
-    return [n for n in builtin_names() if n not in SUITE_OPT_IN and n not in ZOO]
+    SUITE_OPT_IN, PYTEST_WHEN_NAMED and the ZOO (named, or through `attnspec run`, the last two are checked)."""
+    return [n for n in builtin_names() if n not in SUITE_OPT_IN and n not in PYTEST_WHEN_NAMED and n not in ZOO]
 
 
 def builtin_names() -> list[str]:

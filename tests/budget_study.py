@@ -24,14 +24,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from attnspec.backends.base import Unsupported  # noqa: E402
-from attnspec.backends.registry import resolve, suite_names  # noqa: E402
+from attnspec.backends.registry import PYTEST_WHEN_NAMED, resolve, suite_names  # noqa: E402
 from attnspec.specs import error_budget as eb  # noqa: E402
 from attnspec.specs.problem import validate, visible  # noqa: E402
 from tests.broken import CORRECT as TEETH_CORRECT  # noqa: E402
 
-# every built-in the suite checks by default (torch-flex-compiled, opt-in there, compiles each
-# shape for ~20 s: python tests/budget_study.py --backend torch-flex-compiled)
-BUILTINS = tuple(suite_names())
+# every built-in the suite checks by default, and eager flex (torch-flex-compiled, opt-in there,
+# compiles each shape for ~20 s: python tests/budget_study.py --backend torch-flex-compiled)
+BUILTINS = tuple(suite_names()) + tuple(PYTEST_WHEN_NAMED)
 CORRECT = BUILTINS + tuple(e.spec for e in TEETH_CORRECT)  # and every correct kernel of tests/broken/
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 # (B, Hq, Hkv, Lq, Lk, E): E == Ev so kernels that need it (flash, jax-dpa) run every one;

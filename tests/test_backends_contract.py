@@ -156,14 +156,18 @@ def test_function_backend_sees_numpy_arrays():
 
 def test_the_suite_checks_every_builtin_by_default_but_the_opt_in_ones_and_the_zoo():
     """torch.compile'd flex compiles every shape (tens of seconds each): checked only when named; the
-    libraries people run (the zoo) are checked when named and by attnspec run, not by a plain
-    `pytest properties` (its time is the suite's budget)."""
-    assert set(registry.SUITE_OPT_IN) <= set(registry.builtin_names()) and set(registry.ZOO) <= set(registry.builtin_names())
-    assert registry.suite_names() == [n for n in registry.builtin_names()
-                                      if n not in registry.SUITE_OPT_IN and n not in registry.ZOO]
-    assert "torch-flex-compiled" in registry.SUITE_OPT_IN and "torch-flex" in registry.suite_names()
+    libraries people run (the zoo) and eager flex (PyTorch's unfused fallback, the slowest calls) are
+    checked when named and by attnspec run, not by a plain `pytest properties` (its time is the suite's
+    budget)."""
+    builtins = set(registry.builtin_names())
+    assert set(registry.SUITE_OPT_IN) | set(registry.ZOO) | set(registry.PYTEST_WHEN_NAMED) <= builtins
+    assert registry.suite_names() == [n for n in registry.builtin_names() if n not in registry.SUITE_OPT_IN
+                                      and n not in registry.PYTEST_WHEN_NAMED and n not in registry.ZOO]
+    assert "torch-flex-compiled" in registry.SUITE_OPT_IN and "torch-flex" in registry.PYTEST_WHEN_NAMED
+    assert {"numpy-naive", "torch-math", "torch-sdpa-cpu", "jax-dpa", "openvino-sdpa"} <= set(registry.suite_names())
     assert {"keras-jax", "flax-linen", "transformers-sdpa", "mlx-sdpa"} <= set(registry.ZOO)
-    assert all(len(why) > 40 for why in registry.SUITE_OPT_IN.values())  # a reason a user can act on
+    # a reason a user can act on
+    assert all(len(why) > 40 for why in (*registry.SUITE_OPT_IN.values(), *registry.PYTEST_WHEN_NAMED.values()))
 
 
 @pytest.mark.slow

@@ -1,5 +1,8 @@
 """The libraries people run (registry.ZOO): no false alarm, and what each declares is its documentation's.
 
+The slice below runs on eager flex too (registry.PYTEST_WHEN_NAMED): a plain `pytest properties`
+leaves it out as it leaves out the zoo, so README's test command checks it here.
+
 Each zoo adapter only converts arrays and conventions and declares what its library documents;
 what the suite finds beyond that is a declared deviation pointing at docs/findings.md.  Here each
 runs a slice of the suite (the reference, masks, the alignment, grouped heads, empty sizes, in
@@ -21,11 +24,12 @@ SLICE = ("(matches_reference or masked_keys_get_zero_weight or causal_alignment 
          "or dsink_matches_reference) and (float16 or float32)")
 
 
-_ZOO = {name: registry.resolve(name) for name in registry.ZOO}  # resolving loads no library
+_SLICED = (*registry.ZOO, *registry.PYTEST_WHEN_NAMED)
+_ZOO = {name: registry.resolve(name) for name in _SLICED}  # resolving loads no library
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", registry.ZOO)
+@pytest.mark.parametrize("name", _SLICED)
 def test_a_slice_of_the_suite_finds_nothing_undeclared(name, tmp_path):
     available(_ZOO, name)  # a missing library: a skip with its reason
     result = run_suite([name], json_path=str(tmp_path / "r.json"), profile="dev",
