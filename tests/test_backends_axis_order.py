@@ -85,7 +85,7 @@ def test_an_output_in_the_undeclared_order_fails_clearly():
 @pytest.mark.slow
 def test_the_suite_passes_the_declared_order_and_rejects_a_kernel_that_mixes_the_axes():
     result = run_suite(["tests.plugins.length_first:LengthFirst", "tests.plugins.length_first:LengthFirstMixesAxes"],
-                       extra_args=["-k", "float64 and (matches_reference or gradients_match_reference)"], profile="dev",
+                       extra_args=["-k", "float64 and (test_matches_reference or test_gradients_match_reference)"], profile="dev",
                        timeout=600, pythonpath=[ROOT])
     rows = {(r["backend"], r["property"]): r["status"] for r in result.conformance}
     good = {p: s for (b, p), s in rows.items() if b == "numpy-length-first"}
