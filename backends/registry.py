@@ -65,7 +65,7 @@ SUITE_OPT_IN = {
     "torch-flex-compiled": "torch.compile compiles anew for every shape, dtype and static configuration the suite "
                            "draws, which costs more than the rest of a default run (docs/measurements.md); the "
                            "suite checks it when named (--backend torch-flex-compiled), the benchmarks time it by "
-                           "default; torch-flex is the same kernel family, eager",
+                           "default; torch-flex is the same kernel family, eager (checked by attnspec run)",
 }
 
 

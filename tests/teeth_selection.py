@@ -34,7 +34,7 @@ def kept(backend: str, prop: str, module: str, catches: dict) -> bool:
     return any(c in prop for c in catches[backend])
 
 
-@pytest.hookimpl(trylast=True)  # after the suite's plugin named each test's backend and property
+@pytest.hookimpl(trylast=True)  # after the suite's plugin (its loadgroup order, when it spreads the run itself)
 def pytest_collection_modifyitems(config, items):
     catches, keep, drop = catches_by_name(), [], []
     for item in items:

@@ -236,6 +236,24 @@ def test_the_openvino_adapter_keeps_each_head_size_apart():
     assert all(verdicts), [v.message for v in verdicts]
 
 
+@pytest.mark.parametrize("name", ["openvino-sdpa", "openvino-sdpa-f32"])
+def test_a_cached_openvino_model_keeps_its_own_sinks(name):
+    """A call with sinks compiles a model with them as a Constant, cached by their values: the Constant
+    must own its copy.  A bfloat16 Constant that shared the call's array read freed memory on the
+    model's next use (right once, then 0.19 and 0 for 0.44)."""
+    backend = _backend(name)
+    q, k = np.zeros((1, 1, 1, 1)), np.array([0.25, -0.25]).reshape(1, 1, 2, 1)  # (B, H, L, E)
+    v = np.array([[0.375, -0.375], [0.5, -0.5]]).reshape(1, 1, 2, 2)  # (B, H, Lk, Ev)
+    first = {s: backend.forward(q, k, v, dtype="bfloat16", sinks=np.array([s])) for s in (-np.inf, 0.0)}
+    for _ in range(3):
+        clutter = [np.full(64, 7.0, dtype=np.uint16) for _ in range(200)]  # host memory reused meanwhile
+        for s, out in first.items():  # the cached models again: the same answers, bit for bit
+            np.testing.assert_array_equal(backend.forward(q, k, v, dtype="bfloat16", sinks=np.array([s])), out)
+        del clutter
+    assert error_budget.check_forward(first[0.0], q, k, v, dtype=judged_dtype(backend, "bfloat16"),
+                                      sinks=np.array([0.0]))
+
+
 def test_openvino_truncates_float64_inputs_to_bfloat16():
     """Why openvino-sdpa declines float64 (a finding): with one key the output is V as the kernel
     holds it; at bf16 precision float32 inputs are rounded to nearest, float64 inputs truncated."""
