@@ -54,6 +54,17 @@ def worst(deviation: np.ndarray, judged: np.ndarray) -> tuple:
     return where, float(dev[where])
 
 
+def shown(deviation: np.ndarray, where, amount: float) -> str:
+    """The amount as a message prints it: "nan" where the worst entry is NaN (`worst` counts it as
+    infinite, to find it and to fail it; the message says what the output held)."""
+    try:
+        if where is not None and np.isnan(np.asarray(deviation)[where]):
+            return "nan"
+    except IndexError:  # a deviation broadcast against its judged entries: the amount as counted
+        pass
+    return f"{amount:.6g}"
+
+
 def rule_of(target: Target) -> str:
     return getattr(target, "rule", "attnspec")
 
@@ -77,17 +88,17 @@ def close_outputs(name: str, target: Target, case: Case, a, b, other, what: str)
     """Two outputs of problems with the same reference: each within its budget, so 2 x budget apart at most."""
     rows = case.judged_rows() & other.judged_rows()  # (B, H, Lq)
     atol = output_tolerance(case, target) + output_tolerance(other, target)
-    where, amount = worst(np.abs(a - b), np.broadcast_to(rows[..., None], np.shape(a)))
+    where, amount = worst(diff := np.abs(a - b), np.broadcast_to(rows[..., None], np.shape(a)))
     require(verdict(name, amount <= atol, where, amount,
-                    f"{what}: output at {where} (batch, head, query, column) differs by {amount:.6g} "
+                    f"{what}: output at {where} (batch, head, query, column) differs by {shown(diff, where, amount)} "
                     f"(allowed {atol:.3g}: both budgets)", atol))
 
 
 def unchanged(name: str, before, after, rows, what: str) -> None:
     """Rows that must not change at all: bit for bit (the same program on the same numbers)."""
-    where, amount = worst(np.abs(after - before), np.broadcast_to(rows[..., None], np.shape(before)))
+    where, amount = worst(diff := np.abs(after - before), np.broadcast_to(rows[..., None], np.shape(before)))
     require(verdict(name, amount == 0.0, where if amount else None, amount,
-                    f"{what}: output at {where} (batch, head, query, column) changed by {amount:.6g}; "
+                    f"{what}: output at {where} (batch, head, query, column) changed by {shown(diff, where, amount)}; "
                     "it must not change at all", 0.0))
 
 
@@ -95,7 +106,7 @@ def zero_weights(name: str, weights, hidden, what: str) -> None:
     """Hidden pairs get exactly zero weight (V = identity: the output is the weights)."""
     where, amount = worst(np.abs(weights), hidden)
     require(verdict(name, amount == 0.0, where if amount else None, amount,
-                    f"{what}: weight {amount:.6g} on the hidden pair {where} (batch, head, query, key); "
+                    f"{what}: weight {shown(weights, where, amount)} on the hidden pair {where} (batch, head, query, key); "
                     "must be exactly 0", 0.0))
 
 

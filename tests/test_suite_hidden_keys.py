@@ -116,3 +116,26 @@ def test_the_planted_first_block_kernel_is_rejected_on_such_a_draw():
             masking.test_masked_keys_get_zero_weight.property.check(t, case, {})
     for case in misses:
         agreement(t, case)
+
+
+def test_a_nan_weight_or_change_is_reported_as_nan_and_an_infinite_one_as_inf():
+    """`worst` counts NaN as infinite (to find and fail it); the message says what the output held, so a
+    declared NaN deviation (transformers' torch-bmm-bf16-nan) matches its words and an inf does not."""
+    from attnspec.backends.registry import resolve
+    from attnspec.properties.judge import unchanged, zero_weights
+
+    hidden = np.array([[[[True, False]]]])  # (B, H, Lq, Lk)
+    shown = {}
+    for value in (np.nan, np.inf):
+        with pytest.raises(Failed) as nan_weight:
+            zero_weights("masked_keys_get_zero_weight", np.array([[[[value, 1.0]]]]), hidden, "masked key")
+        with pytest.raises(Failed) as changed:
+            unchanged("batch_head_independence", np.zeros((1, 1, 1, 2)), np.array([[[[0.0, value]]]]),
+                      np.ones((1, 1, 1), bool), "another slice")
+        shown[str(value)] = (str(nan_weight.value), str(changed.value))
+        assert nan_weight.value.verdict.amount == np.inf  # the amount: NaN counted as infinite, as before
+    assert "weight nan on the hidden pair" in shown["nan"][0] and "changed by nan;" in shown["nan"][1]
+    assert "weight inf on the hidden pair" in shown["inf"][0] and "changed by inf;" in shown["inf"][1]
+    (declared, _) = resolve("transformers-gpt-oss").semantics.deviations
+    assert all(declared.matches(m) for m in shown["nan"])
+    assert not any(declared.matches(m) for m in shown["inf"])
