@@ -200,6 +200,11 @@ class Deviation:
         return not self.when or re.search(self.when, failure or "") is not None
 
 
+# The words a property's failure uses where the worst output entry is NaN (the error budget's "got nan";
+# properties/judge.py prints a NaN as "nan", never as "inf"): `Deviation.when` for a library's NaN outputs
+NAN_IN_OUTPUT = r"\b(?:got|weight|by|sum) nan\b"
+
+
 @dataclass(frozen=True)
 class Semantics:
     """Declared behaviour where the spec leaves a choice; None = not declared."""

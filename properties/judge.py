@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnspec.specs import error_budget, reference
-from attnspec.specs.invariants import Verdict
+from attnspec.specs.invariants import Verdict, shown  # shown: the amount as messages print it
 
 if TYPE_CHECKING:  # annotations only: target.py imports this module
     from attnspec.properties.case import Case
@@ -52,17 +52,6 @@ def worst(deviation: np.ndarray, judged: np.ndarray) -> tuple:
         return None, 0.0
     where = tuple(int(i) for i in np.unravel_index(int(np.argmax(dev)), dev.shape))
     return where, float(dev[where])
-
-
-def shown(deviation: np.ndarray, where, amount: float) -> str:
-    """The amount as a message prints it: "nan" where the worst entry is NaN (`worst` counts it as
-    infinite, to find it and to fail it; the message says what the output held)."""
-    try:
-        if where is not None and np.isnan(np.asarray(deviation)[where]):
-            return "nan"
-    except IndexError:  # a deviation broadcast against its judged entries: the amount as counted
-        pass
-    return f"{amount:.6g}"
 
 
 def rule_of(target: Target) -> str:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from attnspec.properties.case import Case
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import agreement, output_tolerance, require, verdict, worst
+from attnspec.properties.judge import agreement, output_tolerance, require, shown, verdict, worst
 from attnspec.properties.test_semantics import _answer
 from attnspec.specs import error_budget, reference
 from attnspec.specs.fp8 import FP8_DTYPE_NAMES, Fp8Computation, computation, is_fp8
@@ -46,9 +46,9 @@ def _near_exact(name: str, got, want, rows, target: Target, what: str) -> None:
     b = error_budget._budget(target.budget_dtype)
     u_out, tau = (b.out_roundoff, b.out_normal_min) if b.out_roundoff else (b.unit_roundoff, b.normal_min)
     tol = 2 * u_out * np.abs(want) + 2 * tau + 8 * b.accumulate_roundoff * np.abs(want)  # float32 steps around
-    where, amount = worst(np.abs(got - want) - tol, np.broadcast_to(rows[..., None], np.shape(got)))
+    where, amount = worst(excess := np.abs(got - want) - tol, np.broadcast_to(rows[..., None], np.shape(got)))
     require(verdict(name, amount <= 0, where if amount > 0 else None, amount,
-                    f"{what}: output at {where} (batch, head, query, column) off by {amount:.3g} beyond "
+                    f"{what}: output at {where} (batch, head, query, column) off by {shown(excess, where, amount)} beyond "
                     f"2 roundings of the output", 0.0))
 
 
@@ -124,10 +124,10 @@ def test_descale_per_kv_head(target: Target, case: Case, params: dict):
     rest = case.judged_rows().copy()  # (B, H, Lq)
     rest[b, heads] = False  # the changed group's rows move; the others must not
     atol = output_tolerance(case, target) + output_tolerance(other, target)
-    where, amount = worst(np.abs(after - before), np.broadcast_to(rest[..., None], before.shape))
+    where, amount = worst(diff := np.abs(after - before), np.broadcast_to(rest[..., None], before.shape))
     require(verdict("descale_per_kv_head", amount <= atol, where, amount,
                     f"{name}[{b}, {g}] x 4 moved the output at {where} (batch, head, query, column), outside that "
-                    f"KV head's query group, by {amount:.6g} (allowed {atol:.3g}: both budgets)", atol))
+                    f"KV head's query group, by {shown(diff, where, amount)} (allowed {atol:.3g}: both budgets)", atol))
 
 
 # ---- what P is rounded to before P V --------------------------------------------------------

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import output_tolerance, require, rule_of, verdict, with_full_index, worst
+from attnspec.properties.judge import output_tolerance, require, rule_of, shown, verdict, with_full_index, worst
 from attnspec.specs import error_budget, reference
 from attnspec.specs import fields as F
 
@@ -60,7 +60,7 @@ def test_split_merge_identity(target: Target, case: Case, params: dict):
                                                 for lo, hi in ((0, c), (c, Lk))) + \
         error_budget.lse_allowed(case.problem, dtype=target.budget_dtype, rule=rule_of(target))[0] * \
         float(np.max(np.abs(case.v), initial=0))
-    where, amount = worst(np.abs(merged - full), np.broadcast_to(rows[..., None], full.shape))
+    where, amount = worst(diff := np.abs(merged - full), np.broadcast_to(rows[..., None], full.shape))
     require(verdict("split_merge_identity", amount <= atol, where, amount,
                     f"keys split after {c - 1}: the LSE-merged output at {where} differs from the full output by "
-                    f"{amount:.6g} (allowed {atol:.3g})", atol))
+                    f"{shown(diff, where, amount)} (allowed {atol:.3g})", atol))

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import require, verdict, worst
+from attnspec.properties.judge import require, shown, verdict, worst
 from attnspec.specs import reference
 from attnspec.specs.error_budget import round_to
 from attnspec.specs.fp8 import is_fp8
@@ -102,14 +102,14 @@ def _judge(name: str, target: Target, got, parts, what: str, times: int = 1) -> 
     with np.errstate(invalid="ignore"):
         excess = np.where(empty[..., None], 0.0, np.abs(got[0] - want_o) - times * o_tol)  # (B, H, Lq, Ev)
         lse_excess = np.where(empty, 0.0, np.abs(got[1] - want_lse) - times * lse_tol)  # (B, H, Lq)
-    excess, lse_excess = np.nan_to_num(excess, nan=np.inf), np.nan_to_num(lse_excess, nan=np.inf)
     where, amount = worst(excess, ~empty[..., None] & np.ones_like(excess, dtype=bool))
     require(verdict(name, amount <= 0, where, amount,
-                    f"{what}: merged output at {where} (batch, head, query, column) is {amount:.6g} past its budget "
-                    "(specs.merge_budget)", 0.0))
+                    f"{what}: merged output at {where} (batch, head, query, column) is "
+                    f"{shown(excess, where, amount)} past its budget (specs.merge_budget)", 0.0))
     where, amount = worst(lse_excess, ~empty)
     require(verdict(name, amount <= 0, where, amount,
-                    f"{what}: merged LSE at {where} (batch, head, query) is {amount:.6g} past its budget", 0.0))
+                    f"{what}: merged LSE at {where} (batch, head, query) is {shown(lse_excess, where, amount)} past "
+                    "its budget", 0.0))
 
 
 @prop(draw=_SMALL, params=_states)

@@ -25,6 +25,7 @@ from attnspec.properties.judge import (
     output_tolerance,
     require,
     rule_of,
+    shown,
     verdict,
     with_full_index,
     worst,
@@ -49,9 +50,10 @@ def _head_sinks(case: Case) -> np.ndarray:
 
 
 def _close(name: str, got, want, rows, atol: float, what: str) -> None:
-    where, amount = worst(np.abs(got - want), np.broadcast_to(rows[..., None], np.shape(got)))
+    diff = np.abs(got - want)  # (B, H, Lq, Ev)
+    where, amount = worst(diff, np.broadcast_to(rows[..., None], np.shape(got)))
     require(verdict(name, amount <= atol, where, amount, f"{what}: at {where} (batch, head, query, column) off by "
-                                                         f"{amount:.6g} (allowed {atol:.3g})", atol))
+                                                         f"{shown(diff, where, amount)} (allowed {atol:.3g})", atol))
 
 
 @prop(requires=_SINKS)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from attnspec.properties.distribution import Cases, cases
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import output_tolerance, require, unchanged, verdict, worst
+from attnspec.properties.judge import output_tolerance, require, shown, unchanged, verdict, worst
 from attnspec.specs import fields as F
 
 if TYPE_CHECKING:
@@ -67,11 +67,11 @@ def _check_permuted(target: Target, case, perm, axis: str, name: str) -> None:
     rows = moved.judged_rows()  # (B, H, Lq)
     # both outputs are within the budget of references that permute exactly: 2 x the budget
     atol = 2 * output_tolerance(moved, target)
-    where, amount = worst(np.abs(after - expect), np.broadcast_to(rows[..., None], after.shape))
+    where, amount = worst(diff := np.abs(after - expect), np.broadcast_to(rows[..., None], after.shape))
     what = "queries" if axis == "q" else "keys and values jointly"
     require(verdict(name, amount <= atol, where, amount,
                     f"after permuting the {what} by {perm}, output at {where} (batch, head, query, column) is off "
-                    f"by {amount:.6g} from the {'permuted ' if axis == 'q' else ''}original output "
+                    f"by {shown(diff, where, amount)} from the {'permuted ' if axis == 'q' else ''}original output "
                     f"(allowed {atol:.3g} = 2 x budget)", atol))
 
 

@@ -67,6 +67,15 @@ def worst_offender(deviation, judged=None) -> tuple:
     return _idx(flat, dev.shape), float(dev.flat[flat])
 
 
+def shown(deviation, where, amount: float, spec: str = ".6g") -> str:
+    """The amount as a message prints it: "nan" where the worst entry is NaN (`worst_offender` counts
+    it as infinite, to find and fail it; the message says what the output held, and a declared NaN
+    deviation matches those words: backends.declarations.NAN_IN_OUTPUT)."""
+    if where is not None and np.isnan(np.asarray(deviation, dtype=np.float64)[where]):
+        return "nan"
+    return format(amount, spec)
+
+
 def _verdict(name: str, deviation: np.ndarray, judged: np.ndarray, atol, what: str) -> Verdict:
     """Worst deviation over judged entries; NaN counts as an infinite deviation.
 
@@ -89,7 +98,7 @@ def _verdict(name: str, deviation: np.ndarray, judged: np.ndarray, atol, what: s
         return Verdict(name, True, None, 0.0, f"{name}: nothing to judge (no visible rows)")
     holds = bool(worst <= limit)
     msg = (f"{name}: holds (worst {what} {worst:.3g} at {where}, tolerance {limit:.3g})" if holds
-           else f"{name}: violated at {where}: {what} {worst:.6g} exceeds tolerance {limit:.3g}")
+           else f"{name}: violated at {where}: {what} {shown(deviation, where, worst)} exceeds tolerance {limit:.3g}")
     return Verdict(name, holds, where, worst, msg, limit)
 
 
@@ -104,7 +113,7 @@ def weights_nonnegative(weights, visible=None) -> Verdict:
     w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
     vis = _vis(w, visible)
     judged = np.broadcast_to(vis.any(axis=-1, keepdims=True), w.shape)  # (..., Lq, Lk)
-    return _verdict("weights_nonnegative", -w, judged, 0.0, "negative weight of size")
+    return _verdict("weights_nonnegative", -w, judged, 0.0, "a weight is negative by")
 
 
 def rows_sum_to_one(weights, visible=None, atol=1e-12) -> Verdict:
@@ -112,7 +121,7 @@ def rows_sum_to_one(weights, visible=None, atol=1e-12) -> Verdict:
     w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
     vis = _vis(w, visible)
     dev = np.abs(w.sum(axis=-1) - 1.0)  # (..., Lq)
-    return _verdict("rows_sum_to_one", dev, vis.any(axis=-1), atol, "|row sum - 1| =")
+    return _verdict("rows_sum_to_one", dev, vis.any(axis=-1), atol, "a row sum is off 1 by")
 
 
 def order_preserved(scores, weights, visible=None, atol=0.0) -> Verdict:
@@ -139,7 +148,9 @@ def order_preserved(scores, weights, visible=None, atol=0.0) -> Verdict:
     lower_max = np.take_along_axis(prev, group_start, axis=-1)  # (..., Lq, Lk) over strictly lower scores
     with np.errstate(invalid="ignore"):
         dev_sorted = lower_max - w_high  # (..., Lq, Lk)
-    dev_sorted = np.where(np.isnan(dev_sorted) & np.isfinite(s_sorted), np.inf, dev_sorted)
+    # inf - inf (infinite weights) counts as infinite; a NaN weight stays NaN (counted so, printed nan)
+    nan_weight = np.isnan(lower_max) | np.isnan(w_high)  # (..., Lq, Lk)
+    dev_sorted = np.where(np.isnan(dev_sorted) & np.isfinite(s_sorted) & ~nan_weight, np.inf, dev_sorted)
     dev = np.empty_like(dev_sorted)
     np.put_along_axis(dev, order, dev_sorted, axis=-1)  # back to key order
     judged = vis & np.broadcast_to(vis.any(axis=-1, keepdims=True), vis.shape)
@@ -178,7 +189,7 @@ def zero_future_mass(weights, alignment: str = "top_left", offsets=None) -> Verd
     w = np.asarray(weights, dtype=np.float64)  # (..., Lq, Lk)
     seen = causal_mask(w.shape[-2], w.shape[-1], alignment, offsets)  # (Lq, Lk) or (lead..., 1, Lq, Lk)
     judged = np.broadcast_to(~seen & seen.any(axis=-1, keepdims=True), w.shape)  # (..., Lq, Lk)
-    return _verdict(f"zero_future_mass[{alignment}]", np.abs(w), judged, 0.0, "weight on a future key")
+    return _verdict(f"zero_future_mass[{alignment}]", np.abs(w), judged, 0.0, "a future key has weight")
 
 
 def gradient_scaling(grads, grads_scaled, factor: float, atol, rtol: float = 0.0) -> Verdict:
@@ -195,7 +206,7 @@ def gradient_scaling(grads, grads_scaled, factor: float, atol, rtol: float = 0.0
     atols = tuple(atol) if isinstance(atol, (tuple, list)) else (atol,) * 3
     if len(atols) != 3:
         raise ValueError(f"atol must be one tolerance or three (dq, dk, dv); got {len(atols)}")
-    worst = (-np.inf, None, 0.0, 0.0)  # (excess over tolerance, where, |error|, tolerance)
+    worst = (-np.inf, None, 0.0, 0.0)  # (excess over tolerance, where, |error| (NaN kept), tolerance)
     for name, g, gs, mult, tol in zip(("dq", "dk", "dv"), grads, grads_scaled, (c, c, 1.0), atols, strict=True):
         expected = mult * np.asarray(g, dtype=np.float64)
         got = np.asarray(gs, dtype=np.float64)
@@ -207,13 +218,13 @@ def gradient_scaling(grads, grads_scaled, factor: float, atol, rtol: float = 0.0
         bound = np.broadcast_to(np.asarray(tol, dtype=np.float64) + rtol * np.abs(expected), err.shape)
         where, excess = worst_offender(err - bound)
         if excess > worst[0]:
-            e = float(err[where])
-            worst = (excess, (name,) + where, e if e == e else np.inf, float(bound[where]))
-    excess, where, err, tol = worst
+            worst = (excess, (name,) + where, float(err[where]), float(bound[where]))
+    excess, where, error, tol = worst
+    err = np.inf if np.isnan(error) else error  # counted as infinite, printed nan
     holds = bool(excess <= 0)
     msg = (f"gradient_scaling(c={c:g}): holds (worst |error| {err:.3g} at {where})" if holds else
            f"gradient_scaling(c={c:g}): {where[0]} at {where[1:]} is off from its expected value "
-           f"by {err:.6g} (tolerance there {tol:.3g}); dQ and dK must scale by c, dV not at all")
+           f"by {shown(error, (), err)} (tolerance there {tol:.3g}); dQ and dK must scale by c, dV not at all")
     return Verdict("gradient_scaling", holds, where, err, msg, tol if where is not None else None)
 
 

@@ -191,6 +191,31 @@ def test_worst_offender_counts_nan_as_infinite_and_skips_unjudged():
     assert inv.worst_offender(np.zeros((0, 3))) == (None, 0.0)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nan_output_is_printed_as_nan_and_counted_as_infinite(bad):
+    """Every invariant's message prints what the output held at its worst entry - nan, not the inf it is
+    counted as - in the words a declared NaN deviation matches (backends.declarations.NAN_IN_OUTPUT: a
+    library's known NaN, torch-bmm-bf16-nan, failed as ours while two properties printed it as inf)."""
+    import re
+
+    from attnspec.backends.declarations import NAN_IN_OUTPUT
+
+    w = np.array([[0.25, 0.75], [0.5, 0.5]])  # (Lq, Lk): row 1 gets the bad weights
+    w_bad = w.copy()
+    w_bad[1] = bad
+    s = np.array([[0.0, 1.0], [0.0, 1.0]])  # (Lq, Lk)
+    v = np.array([[1.0], [2.0]])  # (Lk, Ev)
+    grads = [np.zeros((2, 2))] * 3
+    verdicts = [inv.weights_nonnegative(-w_bad), inv.rows_sum_to_one(w_bad), inv.order_preserved(s, w_bad),
+                inv.convex_combination(w_bad[:, :1], v), inv.zero_future_mass(np.array([[1.0, bad], [0.5, 0.5]])),
+                inv.rows_sum_to_one(w_bad, atol=np.array([1e-3, 1e-3])),
+                inv.gradient_scaling(grads, [w_bad - w] + grads[1:], 2.0, 1e-3)]
+    for verdict in verdicts:
+        assert not verdict and verdict.amount == np.inf, verdict.message
+        assert (re.search(NAN_IN_OUTPUT, verdict.message) is not None) == (bad != bad), verdict.message
+        assert ("inf" in verdict.message) == (bad == np.inf), verdict.message
+
+
 def test_tolerances_may_be_per_row():
     """A per-row budget: each row judged against its own tolerance; where = the row furthest past it."""
     w = np.array([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])  # (Lq, Lk)
