@@ -55,7 +55,7 @@ def worst(deviation: np.ndarray, judged: np.ndarray) -> tuple:
 
 
 def rule_of(target: Target) -> str:
-    return getattr(target, "rule", "attnspec")
+    return target.rule
 
 
 def agreement(target: Target, case: Case, call=None):
