@@ -201,7 +201,7 @@ class Deviation:
 
 
 # The words a property's failure uses where the worst output entry is NaN (the error budget's "got nan";
-# properties/judge.py prints a NaN as "nan", never as "inf"): `Deviation.when` for a library's NaN outputs
+# specs.invariants.shown prints a NaN as "nan", never as "inf"): `Deviation.when` for a library's NaN outputs
 NAN_IN_OUTPUT = r"\b(?:got|weight|by|sum) nan\b"
 
 
