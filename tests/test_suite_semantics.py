@@ -288,8 +288,48 @@ def test_empty_sizes_an_output_of_zeros_for_no_keys_is_zeros(dtype):
     assert ask(S.test_empty_sizes, plain, dtype) == ("recorded", dict(
         question="empty_sizes", observed="zeros", declared=None, agrees=None))
     assert ask(S.test_empty_sizes, _declared(plain, fully_masked="zeros"), dtype)[0] == "passed"
-    verdict, row = ask(S.test_empty_sizes, _declared(plain, fully_masked="nan"), dtype)
-    assert (verdict, row["observed"], row["agrees"]) == ("failed", "zeros", False)
+    verdict, row = ask(S.test_empty_sizes, _declared(plain, fully_masked="mean_of_values"), dtype)
+    assert (verdict, row["observed"], row["agrees"]) == ("passed", "zeros", True)  # anything but an error
+
+
+def textbook(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """softmax(s) @ v as written in a course (or flash-attention's attention_ref): a row the mask hides
+    is 0/0 = NaN; with no keys at all there are no weights and P V sums nothing: zeros."""
+    scale = 1 / np.sqrt(query.shape[-1]) if scale is None else scale
+    s = query @ np.swapaxes(key, -1, -2) * scale  # (..., Lq, Lk)
+    if attn_mask is not None:
+        s = np.where(attn_mask, s, -np.inf)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - s.max(axis=-1, keepdims=True, initial=-np.inf))  # (..., Lq, Lk)
+        return (e / e.sum(axis=-1, keepdims=True)) @ value  # (..., Lq, Ev)
+
+
+@pytest.mark.parametrize("dtype", ("float64", "float32"))
+def test_empty_sizes_zeros_for_no_keys_agree_with_nan_for_a_hidden_row(dtype):
+    """Declared "nan" (a masked row's 0/0), Lk = 0 may give zeros (an empty sum): the textbook softmax
+    declares what it does and passes both questions; zeros for hidden rows still contradict "nan"."""
+    nan_rows = _declared(textbook, fully_masked="nan")
+    assert ask(S.test_fully_masked_rows, nan_rows, dtype)[0] == "passed"
+    verdict, row = ask(S.test_empty_sizes, nan_rows, dtype)
+    assert (verdict, row["observed"], row["agrees"]) == ("passed", "zeros", True)
+    assert ask(S.test_fully_masked_rows, _declared(plain, fully_masked="nan"), dtype)[0] == "failed"
+
+
+def causal_only(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """A causal-only oracle (vLLM's ref_paged_attn): a non-causal call is a problem it declines."""
+    from attnspec.backends.base import Unsupported
+
+    if not is_causal:
+        raise Unsupported("causal calls only")
+    return plain(query, key, value, attn_mask, is_causal, scale)
+
+
+@pytest.mark.parametrize("question", [S.test_output_dtype, S.test_effective_precision, S.test_fully_masked_rows],
+                         ids=["output_dtype", "effective_precision", "fully_masked"])
+def test_a_probe_the_backend_declines_is_a_skip_with_the_reason_not_a_contradiction(question):
+    verdict, reason = ask(question, _declared(causal_only, fully_masked="zeros", effective_precision="float64"),
+                          "float64")
+    assert verdict == "skipped" and "declines the" in reason and "probe" in reason, reason
 
 
 @pytest.mark.parametrize("fn", [planted.raises_at_no_keys, raises_everywhere_empty], ids=["Lk=0", "every empty size"])
