@@ -193,8 +193,11 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
             tally["covered"] += 1
         tally["checked"] += 1
 
-    if prop.grid is not None:
-        return _fixed(one, target, prop.grid(target)[grid_from:], first_index=grid_from)
+    if prop.grid is not None:  # a fixed list: leaves out what `avoid` and `exclude` name, as the draws do
+        def left_out(case: Case | None) -> bool:  # None: a grid entry whose check builds its own problem
+            return case is not None and (bool(case.features & avoid) or bool(exclude and re.search(exclude, repr(case))))
+
+        return _fixed(one, target, prop.grid(target)[grid_from:], first_index=grid_from, left_out=left_out)
     if seeds and prop.seeds:
         from attnspec.properties.seeds import seed_examples
         found = _fixed(one, target, seed_examples(prop, target), skip_declined=True)
@@ -213,11 +216,13 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
     # no label, so they are recorded here; the shrunk example is the last one run, its list the last kept)
     labelled: list = []
 
-    def draw_labelled(draw, strategy, label=None):
-        value = draw(strategy)
+    def _listed(value, label):
         if label:
             labelled.append(f"{label}={_shown(value)}")
         return value
+
+    def draw_labelled(draw, strategy, label=None):
+        return _listed(draw(strategy), label)
 
     problems = constraints.strategy(target, draw_labelled)
 
@@ -226,7 +231,8 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
         case = data.draw(problems, label="problem")
         if prop.keep is not None and not prop.keep(case) or exclude and re.search(exclude, repr(case)):
             reject()
-        params = prop.params(data.draw, case, target) if prop.params else {}
+        params = prop.params(lambda strategy, label=None: _listed(data.draw(strategy, label=label), label),
+                             case, target) if prop.params else {}
         try:
             one(case, params)
         except Counterexample as f:
@@ -265,9 +271,11 @@ def explore(prop: Property, target: Target, options: Exploration, examples: int 
 
 
 def _fixed(one: Callable, target: Target, examples, skip_declined: bool = False,
-           first_index: int = 0) -> Counterexample | None:
+           first_index: int = 0, left_out: Callable | None = None) -> Counterexample | None:
     ran, declined = 0, []
     for i, (case, params) in enumerate(examples, first_index):
+        if left_out is not None and left_out(case):
+            continue
         try:
             one(case, params)
             ran += 1

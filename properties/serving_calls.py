@@ -57,7 +57,9 @@ def per_sequence(draw, case: Case, target: Target) -> dict:
     if draw(st.booleans(), label="left padding (kv_starts)"):
         raw = np.frombuffer(draw(st.binary(min_size=len(ends), max_size=len(ends)), label="kv_starts bytes"),
                             dtype=np.uint8).astype(np.int64)
-        starts = np.minimum(raw % 4 + np.arange(len(ends)) % 2, np.maximum(ends - 1, 0))  # a key stays
+        # a few keys, or up to 255: past a kernel's first key block (a padding offset not made block-relative)
+        span = draw(st.sampled_from((4, 256)), label="left padding span")
+        starts = np.minimum(raw % span + np.arange(len(ends)) % 2, np.maximum(ends - 1, 0))  # a key stays
     return {"kv_starts": starts, "seed": draw(st.integers(0, 2**16), label="placement seed"),
             "unused": draw(st.integers(0, 3), label="unused keys a sequence (seqused_k)"),
             "page_size": PAGE_SIZES[draw(st.integers(0, len(PAGE_SIZES) - 1), label="page size")],
@@ -148,7 +150,9 @@ def shared_prefix(case: Case, page_size: int) -> tuple:
 
 def edge_cases(target: Target) -> list:
     """Per-sequence problems at the edges, by construction: zero-length sequences (total_q < B),
-    max_seqlen = 1, key lengths at tile edges (63/64/65), more queries than keys under causal."""
+    max_seqlen = 1, key lengths at tile edges (63/64/65), more queries than keys under causal, decodes
+    against caches past 512 keys that no split size divides (a split-KV decode that counts its splits
+    rounding down drops the tail; the draws stop near 300 keys)."""
     from attnspec.properties.draws import in_format
 
     fmt = target.budget_dtype
@@ -158,7 +162,8 @@ def edge_cases(target: Target) -> list:
                                   ("max_seqlen = 1", (1, 1, 1), (1, 1, 1), True),
                                   ("keys at tile edges 63/64/65", (2, 5, 1), (63, 64, 65), True),
                                   ("Lq_b > Lk_b under causal", (6, 3, 2), (2, 5, 1), True),
-                                  ("unequal lengths, no mask", (4, 2, 3), (7, 1, 5), False)):
+                                  ("unequal lengths, no mask", (4, 2, 3), (7, 1, 5), False),
+                                  ("decodes past 512-key splits", (1, 1, 1), (1000, 513, 1537), False)):
         B, Lq, Lk = len(ql), max(max(ql), 1), max(max(kl), 1)
         q, k, v = (in_format(rng.standard_normal((B, 2, L, 8)), fmt) for L in (Lq, Lk, Lk))
         fields = {"q_lengths": np.array(ql), "kv_lengths": np.array(kl), "positions": "per_sequence"}

@@ -28,6 +28,7 @@ from attnspec.properties.case import Case
 from attnspec.properties.draws import in_format
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement
+from attnspec.specs import fields as F
 from attnspec.specs.problem import DTYPE_NAMES
 
 if TYPE_CHECKING:
@@ -38,9 +39,15 @@ HEAD_DIMS = (8, 16, 32, 59, 64, 72, 80, 96, 111, 128, 160, 192, 256, 512)
 LENGTHS = (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
 MASKED_KEYS = (63, 64, 65, 127, 128, 129, 255, 256, 257)  # a kernel's masked path past its first key tile
 DECODE_KEYS = (512, 1024, 2048)
+# a split-KV (flash-decoding) path runs only for few queries against long keys, with code of its own:
+# its KV-head map, its causal alignment and its mask are checked there too, at a length no split size
+# divides (a split count rounded down drops the tail)
+SPLIT_KEYS = 1000
 # windows wider than two 64-key tiles: a kernel that applies the left bound only in the tiles
 # nearest the diagonal (flash-attention's n_masking_steps) lets the keys of a farther tile through
-WINDOWS = ((129, 0, True), (64, 64, False))
+# (100, 0): a bound no key block edge meets, so a kernel that finds a query tile's first key block from
+# the tile's last row (not its first) drops keys its first rows see
+WINDOWS = ((129, 0, True), (64, 64, False), (100, 0, True))
 
 
 class Edge(NamedTuple):
@@ -57,10 +64,14 @@ class Edge(NamedTuple):
     fields: dict = {}  # optional fields (specs.fields), e.g. a window; never mutated (grid_case copies it)
     scale: float | None = None  # None: the default 1/sqrt(E)
     key_padding: bool = False  # a (B, 1, 1, Lk) bias, -inf past each sequence's length
+    Hkv: int | None = None  # KV heads (None: H); fewer: grouped heads (enable_gqa)
+    alignment: str | None = None  # the causal alignment asked where Lq != Lk (None: Lq = Lk, none needed)
 
     def needs(self) -> set:
-        """The features a backend must take to run this problem."""
-        return set(self.fields) | ({"bias"} if self.key_padding else set())
+        """The features a backend must take to run this problem (the field table's, by field)."""
+        names = set(self.fields) | ({"bias"} if self.key_padding else set())
+        names |= {"enable_gqa"} if self.Hkv not in (None, self.H) else set()
+        return {F.BY_NAME[n].feature for n in names}
 
 
 def grid() -> list[Edge]:
@@ -74,6 +85,14 @@ def grid() -> list[Edge]:
     # a few queries against a long cache (speculative decode, chunked prefill): split-KV paths that merge
     # the chunks by one row's statistics are right at Lq = 1 only
     rows += [Edge(f"16 queries, Lk {L}", 2, 2, 16, L, 64) for L in DECODE_KEYS]
+    # the split-KV path's own code: grouped heads (a group of 4 and one of 5), causal in each alignment
+    # (a decode path that hard-wires bottom-right), hidden keys at tile scale
+    L = SPLIT_KEYS
+    rows += [Edge(f"decode Lk {L}, 8 query heads on 2 KV heads", 2, 8, 1, L, 64, Hkv=2),
+             Edge(f"16 queries, Lk {L}, 10 query heads on 2 KV heads", 1, 10, 16, L, 64, Hkv=2)]
+    rows += [Edge(f"16 queries, Lk {L}, causal {a.replace('_', '-')}", 1, 2, 16, L, 32, causal=True, alignment=a)
+             for a in ("top_left", "bottom_right")]
+    rows += [Edge(f"16 queries, masked Lk {L}", 1, 2, 16, L, 32, masked=True)]
     # more (batch, head, 64-query tile) work items than a GPU has SMs (3 x 32 x 4 = 384 > 132 on an
     # H100): a persistent kernel that runs one wave and never strides its grid leaves the rest unwritten
     rows += [Edge("many work items: B 3, H 32, Lq 256", 3, 32, 256, 64, 16)]
@@ -105,8 +124,14 @@ def tile_mask(Lq: int, Lk: int, rng) -> np.ndarray:
 def grid_case(edge: Edge, dtype: str, seed: int, as_bias: bool = False) -> Case:
     B, H, Lq, Lk, E, label = edge.B, edge.H, edge.Lq, edge.Lk, edge.E, edge.label
     rng = np.random.default_rng(seed)
-    q, k, v = (in_format(rng.standard_normal((B, H, L, E)), dtype) for L in (Lq, Lk, Lk))  # (B, H, L, E)
+    Hkv = edge.Hkv or H
+    q = in_format(rng.standard_normal((B, H, Lq, E)), dtype)  # (B, H, Lq, E)
+    k, v = (in_format(rng.standard_normal((B, Hkv, Lk, E)), dtype) for _ in range(2))  # (B, Hkv, Lk, E)
     fields = dict(edge.fields)
+    if Hkv != H:
+        fields["enable_gqa"] = True
+    if edge.alignment not in (None, "top_left"):  # top-left is the field's off value: not stored
+        fields["causal_alignment"] = edge.alignment
     if edge.key_padding:
         bias = in_format(rng.standard_normal((B, 1, 1, Lk)), dtype)  # (B, 1, 1, Lk)
         lengths = [max(1, Lk - 17 * b) for b in range(B)]  # the first sequence whole, the others padded
@@ -133,14 +158,16 @@ def _limit(why: str) -> str:
     return f"{name} {rest.split(' ', 1)[1]}" if " " in rest else why
 
 
-def grid_problems(target: Target) -> list:
-    """The grid's problems this target runs; those its declared limits exclude (Capabilities.outside)
-    are left out by construction and counted on the target, by the limit (its JSON row says so)."""
+def grid_problems(target: Target, rows: list[Edge] | None = None) -> list:
+    """The problems of a grid (`grid()` unless `rows`) this target runs; those its declared limits
+    exclude (Capabilities.outside) are left out by construction and counted on the target, by the
+    limit (its JSON row says so)."""
     out, left, n = [], {}, 0
     hides = target.caps.masks or target.supports("bias")
-    for i, edge in enumerate(grid()):
+    for i, edge in enumerate(grid() if rows is None else rows):
         if (not _mine(target, i) or (edge.causal and not target.caps.causal) or (edge.masked and not hides)
-                or not all(target.supports(f) for f in edge.needs())):
+                or not all(target.supports(f) for f in edge.needs())
+                or (edge.alignment is not None and edge.alignment not in target.alignments)):
             continue
         broken = target.caps.outside(edge.E, edge.E, edge.Lq, edge.Lk, edge.causal)
         if broken:

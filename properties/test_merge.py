@@ -8,7 +8,8 @@ empty ones (LSE -inf; +inf where the backend declares `empty_lse = "+inf"`, FA2'
 merge maps to -inf), huge gaps (1e4: one state's weight underflows), each within
 `specs.merge_budget`; the merge regrouped and permuted (commutative and associative, FlashInfer's
 recursive attention) within both groupings' budgets; two empty states exactly (0, -inf)
-(flashinfer#4051 gave NaN).  A list merge also on 1 to 6 states at once: permuted, regrouped
+(flashinfer#4051 gave NaN); rows whose states tie exactly (their mean).  A list merge also on 1 to 6
+states at once, and on 8, 9, 17 and 64 (past a combine's fixed split count): permuted, regrouped
 (merge([merge(a, b), c]) and merge([a, merge(b, c)]), a list split anywhere), every state empty
 exactly (0, -inf): a combine that drops the last split, or shifts by the first split's LSE rather than
 the largest, fails here.
@@ -34,10 +35,15 @@ if TYPE_CHECKING:
 
 GAPS = (0.0, 30.0, 1e4)  # spread of the states' LSEs: alike, far (weights ~e^-30), underflowing
 EMPTY = (0.0, 0.3, 1.0)  # share of empty states
+# share of rows whose states all hold one finite LSE, exactly (drawn LSEs never tie by chance, yet equal
+# halves of a row of equal scores do): a merge that picks "the larger" and "the smaller" state by strict
+# comparisons returns one of them there, not their mean
+TIED = (0.0, 0.5)
 _SMALL = cases(kinds=("none",), regimes=("small",))  # the problem only sizes the states
 
 
-LIST = (1, 6)  # states a list merge is drawn with: one (the state itself) to six splits
+LIST = (1, 6)  # states a list merge is drawn with: one (the state itself) to six splits,
+MANY = (8, 9, 17, 64)  # or more than a combine kernel's fixed split count (8, 16, ...) holds, and one past
 
 
 def _offered(target: Target, parts: int = 2) -> None:
@@ -55,11 +61,15 @@ def _states(draw, case: Case, target: Target, count: int = 3) -> dict:
     B, H, Lq, Ev = case.q.shape[:-1] + case.v.shape[-1:]
     seed = draw(st.integers(0, 2**16), label="states seed")
     gap, empty = draw(st.sampled_from(GAPS), label="LSE gap"), draw(st.sampled_from(EMPTY), label="empty share")
+    tied_share = draw(st.sampled_from(TIED), label="tied share")
     rng = np.random.default_rng(seed)
-    out = []
+    tied = rng.random((B, H, Lq)) < tied_share  # (B, H, Lq)
+    out, first = [], None
     for _ in range(count):
         o = np.asarray(round_to(rng.standard_normal((B, H, Lq, Ev)), target.dtype), dtype=np.float64)
         lse = rng.standard_normal((B, H, Lq)) * 3 + rng.integers(-1, 2, (B, H, Lq)) * gap  # (B, H, Lq)
+        first = lse if first is None else first
+        lse = np.where(tied, first, lse)  # tied rows: the first state's LSE (where neither is empty)
         lse = np.where(rng.random((B, H, Lq)) < empty, -np.inf, np.float32(lse).astype(np.float64))
         out.append((np.where(np.isfinite(lse)[..., None], o, 0.0), lse))  # an empty state holds zeros
     return {"states": out}
@@ -71,8 +81,8 @@ def _as_given(target: Target, lse):
 
 
 def _list(draw, case: Case, target: Target) -> dict:
-    """1 to 6 states, a permutation of them and a place to split the list."""
-    count = draw(st.integers(*LIST), label="states")
+    """1 to 6 states (or many: MANY), a permutation of them and a place to split the list."""
+    count = draw(st.one_of(st.integers(*LIST), st.sampled_from(MANY)), label="states")
     found = _states(draw, case, target, count)
     found["order"] = draw(st.permutations(range(count)), label="permutation")
     found["cut"] = draw(st.integers(0, count), label="split the list after")
@@ -150,7 +160,7 @@ def test_merge_of_empty_states(target: Target, case: Case, params: dict):
 
 @prop(draw=_SMALL, params=_list)
 def test_merge_states_matches_reference(target: Target, case: Case, params: dict):
-    """merge([s_1, ..., s_C]) in one call, C from 1 to 6, equals specs.reference.merge within the budget of
+    """merge([s_1, ..., s_C]) in one call, C from 1 to 6 or one of MANY, equals specs.reference.merge within the budget of
     merging C states; rows where every state is empty exactly (0, -inf)."""
     states = params["states"]
     _offered(target, LIST[1])

@@ -96,18 +96,29 @@ def test_paged_layouts_agree(target: Target, case: Case, params: dict):
 
 
 def _full_cache(target: Target) -> list:
-    """Decode steps (Lq = 1) and chunks against caches exactly full and one key past a page."""
+    """Decode steps (Lq = 1) and chunks against caches exactly full and one key past a page; left padding
+    of 129 and 256 keys (past a 128-key block: a kernel that skips the padding's whole blocks and masks the
+    rest with an offset not made block-relative hides the first real keys)."""
+    from attnspec.properties.case import Case
+    from attnspec.properties.draws import in_format
+
     cases = []
     for case, params in S.edge_cases(target):
         case = case.replace(q_lengths=None)
         cases.append((case, {**params, "page_size": 4}))
+    rng = np.random.default_rng(31)
+    q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (2, 300, 300))
+    fields = {"kv_lengths": np.array([300, 290]), "kv_starts": np.array([129, 256]), "positions": "per_sequence"}
+    cases.append((Case(q, k, v, None, False, None, fields, label="left padding past a key block"),
+                  {"seed": len(cases), "page_size": 4}))
     return cases
 
 
 @prop(requires=S.REQUIRES, grid=_full_cache)
 def test_paged_edges(target: Target, case: Case, params: dict):
     """Edge problems in a paged cache of 4-key pages, no spare table column: empty sequences, one key,
-    63/64/65 keys (64: a cache exactly full, its table too), more queries than keys."""
+    63/64/65 keys (64: a cache exactly full, its table too), more queries than keys, decodes past 512-key
+    splits, left padding past a key block."""
     layout = _layout(target, {"layout": "NHD"}, case)
     with S.as_called(case):
         out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))

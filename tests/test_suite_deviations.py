@@ -177,3 +177,21 @@ def test_when_matches_the_failures_text():
     assert Deviation("p", "any").matches("whatever")
     assert d.covers("edge_shapes_match_reference", "float16") and not d.covers("matches_reference", "float16")
     assert not Deviation("p", "x", dtypes=("float64",)).covers("p", "float32")
+
+
+def test_the_recheck_of_a_grid_leaves_out_the_problems_of_a_confined_deviation():
+    """A fixed grid's re-check without a confined departure's feature leaves out the grid problems that use
+    it (as the draws avoid it) and checks the rest: keras-numpy's grouped-heads departure on the edge grid."""
+    from attnspec.properties import test_edges
+    from attnspec.properties.explore import Exploration, explore
+    from tests._helpers import target_of
+    from tests.broken.variant_bugs import KvHeadModulo
+
+    target = target_of(KvHeadModulo(), "float64")
+    prop = test_edges.test_edge_shapes_match_reference.property
+    found = explore(prop, target, Exploration())
+    assert found is not None and "gqa" in found.case.features, found  # the split-KV rows with grouped heads
+    tally: dict = {}
+    assert explore(prop, target, Exploration(), avoid=frozenset({"gqa"}), tally=tally) is None
+    grouped = sum(bool(case.features & {"gqa"}) for case, _ in test_edges.grid_problems(target))
+    assert grouped and tally["checked"] == len(test_edges.grid_problems(target)) - grouped

@@ -69,12 +69,14 @@ def test_dtypes_per_op_narrow_the_backward():
 
 def test_the_edge_grid_leaves_out_what_the_limits_exclude_and_says_how_much():
     """E > 128 leaves the head dims 160, 192, 256 and 512 out: not run (so never passed), counted by limit.
-    The window and key-padding rows need a window and a bias, which this kernel does not take: not
-    applicable, not counted."""
+    The window, key-padding and grouped-heads rows need a window, a bias and grouped heads, and a row asking
+    an alignment needs it taken, which this kernel does not: not applicable, not counted."""
     t = _target(max_head_dim=128)
     problems = edges.grid_problems(t)
-    applicable = [row for row in edges.grid() if not row.needs()]  # this kernel takes no optional field
-    assert len(applicable) == len(edges.grid()) - len(edges.WINDOWS) - 1  # the windows, the key-padding bias
+    applicable = [row for row in edges.grid()  # this kernel takes no optional field, top-left causal only
+                  if not row.needs() and row.alignment in (None, *t.alignments)]
+    assert {f for row in edges.grid() for f in row.needs()} >= {"window", "bias", "gqa"}
+    assert len(applicable) < len(edges.grid())
     assert len(problems) == len(applicable) - 4
     assert all(c.dims["E"] <= 128 for c, _ in problems)
     assert t.coverage()["outside_limits"] == "4 outside the declared limits (E > 128: 4)"

@@ -116,6 +116,10 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
         if slip == "decode_skips_newest" and q.shape[1] == 1:
             end -= 1  # the decode path reads keys before cache_seqlens - 1: the newest key left out
         start = 0 if cache_leftpad is None or slip == "ignores_leftpad" else int(cache_leftpad[b])
+        if slip == "leftpad_block_mask" and start >= 128:  # padding's whole blocks skipped, the first block
+            start = min(end, (start // 128 + 1) * 128)  # read masked by j < leftpad, not block-relative
+        if slip == "split_floor" and end - start > 512:  # 512-key partitions counted as n // 512
+            end = start + (end - start) // 512 * 512
         if slip == "chunk_within_itself":  # a prefill chunk attends to its own keys only, not to the cache's past
             start = max(start, end - q.shape[1])
         kb, vb = _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip)

@@ -397,3 +397,60 @@ def key_padding_bias(seed=0):
     bias = _grid((2, 1, 1, 6), seed + 3)  # (B, 1, 1, Lk)
     bias[1, ..., 4:] = -np.inf
     return _problem(q, k, v, bias=bias)
+
+
+# ---- a kernel's own paths the draws seldom reach (tests/broken/path_bugs.py) ----------------------------
+
+def split_kv_grouped(seed=0):
+    """A decode of 8 query heads on 2 KV heads against 1000 keys (a split-KV path): head h reads KV head h // 4."""
+    return _problem(*_heads(8, 2, 1, 1000, seed=seed), enable_gqa=True)
+
+
+def split_kv_causal_top_left(seed=0):
+    """16 queries against 1000 keys, causal top-left: query i sees keys 0..i only."""
+    return _problem(*_heads(2, 2, 16, 1000, seed=seed), is_causal=True)
+
+
+def window_past_a_block(seed=0):
+    """Causal window (100, 0) at L = 257: rows 192..227 see keys of the first 128-key block (row 192 from
+    key 92), which the query tile's last row (255) does not."""
+    return _problem(*_heads(1, 1, 257, 257, seed=seed), is_causal=True, window=(100, 0))
+
+
+def backward_past_128_rows(seed=0):
+    """The backward at 257 query rows: rows 128..255 need their own rowsum(dO * O)."""
+    return _problem(*_qkv(257, 9, seed=seed), op="backward")
+
+
+def merge_tied(seed=0):
+    """op "merge": two states whose LSEs tie exactly in every row: the merge is their mean."""
+    rng = np.random.default_rng(seed)
+    o_a, o_b = (np.round(rng.standard_normal((1, 2, 4, 8)) * 8) / 8 for _ in range(2))  # (B, H, Lq, Ev)
+    lse = np.array([[[0.5, 2.0, -1.0, 0.0]] * 2])  # (B, H, Lq)
+    kw = _problem(*_heads(2, 2, 4, 6, seed=seed), op="merge")
+    kw["states"] = ((o_a, lse), (o_b, lse.copy()))
+    return kw
+
+
+def merge_nine(seed=0):
+    """op "merge" of nine states (one past a combine built for eight): the ninth 3 above the others."""
+    rng = np.random.default_rng(seed)
+    outs = np.round(rng.standard_normal((9, 1, 2, 4, 8)) * 8) / 8  # each (B, H, Lq, Ev)
+    lses = np.round(rng.standard_normal((9, 1, 2, 4)) * 8) / 8  # (9, B, H, Lq)
+    lses[8] += 3.0
+    kw = _problem(*_heads(2, 2, 4, 6, seed=seed), op="merge")
+    kw["states"] = tuple(zip(outs, lses, strict=True))
+    return kw
+
+
+def long_decode(seed=0):
+    """Issue 30's per-sequence call: one decode query each against caches of 1000 and 513 keys (past
+    512-key splits, neither a multiple)."""
+    return _problem(*_heads(2, 2, 1, 1000, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([1000, 513]))
+
+
+def deep_leftpad(seed=0):
+    """Caches of 300 and 290 keys left-padded by 129 and 256 (past a 128-key block): keys [129, 300) and
+    [256, 290) are the sequences'."""
+    return _problem(*_heads(2, 2, 2, 300, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([300, 290]),
+                    kv_starts=np.array([129, 256]))
