@@ -72,17 +72,15 @@ def _answer(target: Target, question: str, observed: str, declared, prop_name: s
     ``agrees``: the question's own judgement (None: not judged); ``declaration``: the declaration
     judging it, when it is not named as the question (empty sizes answer to fully_masked)."""
     if agrees is JUDGE:
-        agrees = None if declared is None or observed == "declined" else observed == declared
+        agrees = None if declared is None else observed == declared
+    if observed == "declined":  # a probe the backend declines (Unsupported: a causal-only kernel's non-causal
+        agrees = None  # one) is recorded, as a declined call is a skip: no contradiction of what it declares
     recorded = agrees
     deviation = deviation_of(target, prop_name, feature=False)
     if agrees is False and deviation is not None:
         recorded = None  # a departure declared at this dtype (its `deviation` row says so): no contradiction
     target.answers.append(dict(backend=target.name, question=question, dtype=target.dtype, observed=observed,
                                declared=declared, agrees=recorded))
-    if observed == "declined":  # the probe is a problem the backend declines (Unsupported), e.g. a causal-only
-        import pytest  # kernel's non-causal probe: recorded, and a skip with the reason, as any declined call
-
-        pytest.skip(f"{target.name} declines the {question.replace('_', ' ')} probe: nothing to judge")
     what = declaration or question
     require(verdict(prop_name, agrees is not False, None, float("nan"),
                     f"{target.name} declares {what} = {declared!r} but at {target.dtype} "

@@ -35,16 +35,19 @@ def test_a_failure_that_needs_grouped_heads_says_so_per_property(tmp_path):
     result = _run(tmp_path)
     rows = {r["property"]: r for r in result.conformance}
     failed = {p for p, r in rows.items() if r["status"] == "failed"}
-    assert failed == {"matches_reference", "rows_sum_to_one", "grouped_heads_match_repeated_kv"}, result.output[-4000:]
+    assert failed == {"matches_reference", "rows_sum_to_one", "grouped_heads_match_repeated_kv",
+                      "edge_shapes_match_reference"}, result.output[-4000:]
     for prop in ("matches_reference", "rows_sum_to_one"):
         assert rows[prop]["attribution"] == NEEDS_GQA, rows[prop]
         assert "raised RuntimeError: grouped path not built" in rows[prop]["message"]
         assert f"\n  attribution: {NEEDS_GQA}" in rows[prop]["message"]  # in its block too
     # a property that requires grouped heads draws them every time: nothing to attribute
     assert rows["grouped_heads_match_repeated_kv"]["attribution"] == ""
-    # the edge grid and the semantics questions never draw grouped heads: they pass (or are recorded)
-    assert rows["edge_shapes_match_reference"]["status"] == "passed"
-    semantics = {p: r["status"] for p, r in rows.items() if p not in failed and p != "edge_shapes_match_reference"}
+    # the edge grid has grouped-heads rows (split-KV paths): a fixed problem, nothing drawn to attribute
+    assert "grouped path not built" in rows["edge_shapes_match_reference"]["message"]
+    assert rows["edge_shapes_match_reference"]["attribution"] == ""
+    # the semantics questions never draw grouped heads: they pass (or are recorded)
+    semantics = {p: r["status"] for p, r in rows.items() if p not in failed}
     assert semantics and set(semantics.values()) <= {"passed", "recorded", "skipped"}, semantics
     assert {"fully_masked_rows", "causal_alignment", "empty_sizes", "output_dtype"} <= {
         p for p, s in semantics.items() if s == "passed"}
