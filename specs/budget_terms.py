@@ -208,9 +208,11 @@ def backward_terms(p: Problem, grad_out, f=None, tau: float = 0.0, lse_share: fl
         t = np.abs(np.tanh(f.raw / p.softcap))  # (..., Lq, Lk)
         raw = (np.abs(f.q) @ np.swapaxes(np.abs(f.k), -1, -2)) * (p.scale / p.softcap)  # (..., Hq, Lq, Lk) R / cap
         # dS_raw is a rounded value of its own: its u (|x| + tau), whose tau part no factor
-        # 1 - t^2 shrinks (float16 keeps subnormals: a dS_raw below tau errs by u tau absolutely)
+        # 1 - t^2 shrinks (float16 keeps subnormals: a dS_raw below tau errs by u tau absolutely); and
+        # autograd of cap * tanh(s / cap) holds dS * cap before dividing by cap: its tau part, over cap
+        # (found: torch-math's float16 dQ at cap 1/64, dS * cap ~ 5e-6 subnormal, 1.9 x over without it)
         ds = ds * (1.0 - t * t) + exact * (2.0 + 2.0 * t * tanh_share + 2.0 * t * (1.0 - t * t) * raw) \
-            + tau * f.visible
+            + tau * (1.0 + 1.0 / p.softcap) * f.visible
     # dS * scale may be rounded to the input dtype before the products (error_budget step 5): its
     # absolute rounding tau reaches dQ and dK times |K| and |Q| unscaled, beside dS's own times scale
     seen = tau * f.visible.astype(np.float64)  # (..., Lq, Lk)
