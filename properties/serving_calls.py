@@ -149,16 +149,18 @@ def shared_prefix(case: Case, page_size: int) -> tuple:
 
 
 def edge_cases(target: Target) -> list:
-    """Per-sequence problems at the edges, by construction: zero-length sequences (total_q < B),
-    max_seqlen = 1, key lengths at tile edges (63/64/65), more queries than keys under causal, decodes
-    against caches past 512 keys that no split size divides (a split-KV decode that counts its splits
-    rounding down drops the tail; the draws stop near 300 keys)."""
+    """Per-sequence problems at the edges, by construction: zero-length sequences (total_q < B), queries
+    against no keys (an early exit that leaves their rows unwritten), max_seqlen = 1, key lengths at tile
+    edges (63/64/65), more queries than keys under causal, decodes against caches past 512 keys that no
+    split size divides (a split-KV decode that counts its splits rounding down drops the tail; the draws
+    stop near 300 keys)."""
     from attnspec.properties.draws import in_format
 
     fmt = target.budget_dtype
     rng = np.random.default_rng(30)
     out = []
     for label, ql, kl, causal in (("zero-length sequences, total_q < B", (0, 1, 0), (3, 2, 0), True),
+                                  ("queries without keys", (2, 1, 3), (0, 4, 0), False),
                                   ("max_seqlen = 1", (1, 1, 1), (1, 1, 1), True),
                                   ("keys at tile edges 63/64/65", (2, 5, 1), (63, 64, 65), True),
                                   ("Lq_b > Lk_b under causal", (6, 3, 2), (2, 5, 1), True),

@@ -48,10 +48,14 @@ SPLIT_KEYS = 1000
 # (100, 0): a bound no key block edge meets, so a kernel that finds a query tile's first key block from
 # the tile's last row (not its first) drops keys its first rows see
 WINDOWS = ((129, 0, True), (64, 64, False), (100, 0, True))
+# (E, Ev) pairs with their own kernel instantiations: DeepSeek's MLA prefill (192, 128) and decode
+# (576, 512), and a value head half or twice the query's (a template that reads V with K's row pitch,
+# or sizes the output by E, is right wherever Ev = E)
+UNEQUAL_HEAD_DIMS = ((192, 128), (128, 64), (64, 128))
 
 
 class Edge(NamedTuple):
-    """One grid problem; E = Ev (flash kernels need it)."""
+    """One grid problem."""
 
     label: str
     B: int
@@ -66,12 +70,21 @@ class Edge(NamedTuple):
     key_padding: bool = False  # a (B, 1, 1, Lk) bias, -inf past each sequence's length
     Hkv: int | None = None  # KV heads (None: H); fewer: grouped heads (enable_gqa)
     alignment: str | None = None  # the causal alignment asked where Lq != Lk (None: Lq = Lk, none needed)
+    Ev: int | None = None  # value's head dim (None: E)
+    # "normal": standard normal q, k, v; "uniform positive": q = 0 (every score 0, every weight 1/Lk) and
+    # values in [1, 2), so P V sums Lk terms of one sign: an accumulator kept in a 16-bit format grows
+    # to ~1.5 Lk and rounds at each step (drawn values of both signs random-walk instead)
+    inputs: str = "normal"
 
     def needs(self) -> set:
         """The features a backend must take to run this problem (the field table's, by field)."""
         names = set(self.fields) | ({"bias"} if self.key_padding else set())
         names |= {"enable_gqa"} if self.Hkv not in (None, self.H) else set()
         return {F.BY_NAME[n].feature for n in names}
+
+    @property
+    def value_dim(self) -> int:
+        return self.Ev or self.E
 
 
 def grid() -> list[Edge]:
@@ -93,6 +106,18 @@ def grid() -> list[Edge]:
     rows += [Edge(f"16 queries, Lk {L}, causal {a.replace('_', '-')}", 1, 2, 16, L, 32, causal=True, alignment=a)
              for a in ("top_left", "bottom_right")]
     rows += [Edge(f"16 queries, masked Lk {L}", 1, 2, 16, L, 32, masked=True)]
+    # and the variants a decode path must carry over from prefill (a split path with no softcap, window,
+    # ALiBi or bias argument drops it): a window wider than a 512-key split, ALiBi's bottom-right distances
+    rows += [Edge(f"decode Lk {L}, softcap 1", 1, 2, 1, L, 64, fields={"softcap": 1.0}),
+             Edge(f"decode Lk {L}, bias", 1, 2, 1, L, 64, fields={"bias": None}),
+             Edge(f"decode Lk {L}, causal bottom-right, ALiBi", 1, 2, 1, L, 64, causal=True, alignment="bottom_right",
+                  fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
+             Edge(f"16 queries, Lk {L}, causal bottom-right, window (600, 0)", 1, 2, 16, L, 32, causal=True,
+                  alignment="bottom_right", fields={"window": (600, 0)})]
+    rows += [Edge(f"E {E}, Ev {Ev}", 1, 2, 65, 129, E, Ev=Ev) for E, Ev in UNEQUAL_HEAD_DIMS]
+    rows += [Edge(f"MLA decode: E 576, Ev 512, Lk {L}, 8 query heads on 1 KV head", 1, 8, 1, L, 576, Hkv=1, Ev=512)]
+    # a long row's sum in one 16-bit accumulator (allow_fp16_accumulation, tl.dot(out_dtype=float16))
+    rows += [Edge("uniform scores, positive values, Lk 2048", 1, 2, 4, 2048, 64, inputs="uniform positive")]
     # more (batch, head, 64-query tile) work items than a GPU has SMs (3 x 32 x 4 = 384 > 132 on an
     # H100): a persistent kernel that runs one wave and never strides its grid leaves the rest unwritten
     rows += [Edge("many work items: B 3, H 32, Lq 256", 3, 32, 256, 64, 16)]
@@ -122,12 +147,17 @@ def tile_mask(Lq: int, Lk: int, rng) -> np.ndarray:
 
 
 def grid_case(edge: Edge, dtype: str, seed: int, as_bias: bool = False) -> Case:
-    B, H, Lq, Lk, E, label = edge.B, edge.H, edge.Lq, edge.Lk, edge.E, edge.label
+    B, H, Lq, Lk, E, Ev, label = edge.B, edge.H, edge.Lq, edge.Lk, edge.E, edge.value_dim, edge.label
     rng = np.random.default_rng(seed)
     Hkv = edge.Hkv or H
     q = in_format(rng.standard_normal((B, H, Lq, E)), dtype)  # (B, H, Lq, E)
-    k, v = (in_format(rng.standard_normal((B, Hkv, Lk, E)), dtype) for _ in range(2))  # (B, Hkv, Lk, E)
+    k = in_format(rng.standard_normal((B, Hkv, Lk, E)), dtype)  # (B, Hkv, Lk, E)
+    v = in_format(rng.standard_normal((B, Hkv, Lk, Ev)), dtype)  # (B, Hkv, Lk, Ev)
+    if edge.inputs == "uniform positive":
+        q, v = np.zeros_like(q), in_format(1.0 + rng.random(v.shape), dtype)  # (B, H, Lq, E), (B, Hkv, Lk, Ev)
     fields = dict(edge.fields)
+    if "bias" in fields:  # drawn here, per dtype and seed
+        fields["bias"] = in_format(rng.standard_normal((B, H, Lq, Lk)), dtype)  # (B, H, Lq, Lk)
     if Hkv != H:
         fields["enable_gqa"] = True
     if edge.alignment not in (None, "top_left"):  # top-left is the field's off value: not stored
@@ -169,7 +199,9 @@ def grid_problems(target: Target, rows: list[Edge] | None = None) -> list:
                 or not all(target.supports(f) for f in edge.needs())
                 or (edge.alignment is not None and edge.alignment not in target.alignments)):
             continue
-        broken = target.caps.outside(edge.E, edge.E, edge.Lq, edge.Lk, edge.causal)
+        broken = target.caps.outside(edge.E, edge.value_dim, edge.Lq, edge.Lk, edge.causal)
+        if edge.value_dim != edge.E and not target.caps.equal_head_dims and target.equal_head_dims:
+            broken.append(f"Ev={edge.value_dim} != E={edge.E}")  # found by asking (Target.equal_head_dims)
         if broken:
             n += 1
             for why in dict.fromkeys(_limit(w) for w in broken):
@@ -187,6 +219,7 @@ def grid_problems(target: Target, rows: list[Edge] | None = None) -> list:
 @prop(grid=grid_problems)
 def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
     """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, masked key tiles, decode,
-    a few queries against long keys, many work items, windows wider than two key tiles, a non-dyadic
-    explicit scale, a key-padding bias)."""
+    a few queries against long keys with each variant, value head dims other than the query's, a long
+    row of one sign, many work items, windows wider than two key tiles, a non-dyadic explicit scale,
+    a key-padding bias)."""
     agreement(target, case)

@@ -75,11 +75,18 @@ BACKWARD_EDGES = [
     edges.Edge("backward causal L 129", 1, 1, 129, 129, 32, causal=True),
     edges.Edge("backward Lq 129, Lk 255, 4 query heads on 2 KV heads", 2, 4, 129, 255, 32, Hkv=2),
     edges.Edge("backward Lq 65, masked Lk 129", 1, 2, 65, 129, 32, masked=True),
+    # bottom-right causal with more keys than queries past a key block: a backward that starts key block
+    # n's query loop at n * BN / BM (the top-left bound) leaves the rows before that block out of it
+    edges.Edge("backward Lq 65, Lk 257, causal bottom-right", 1, 2, 65, 257, 32, causal=True, alignment="bottom_right"),
+    # the backward's head-dim templates (a dispatch sending 65..128 to the 64 kernel) and unequal value heads
+    *(edges.Edge(f"backward E {E}", 1, 2, 33, 65, E) for E in (80, 128, 256)),
+    edges.Edge("backward E 192, Ev 128", 1, 2, 33, 65, 192, Ev=128),
 ]
 
 
 @prop(gradients=True, grid=lambda target: edges.grid_problems(target, BACKWARD_EDGES))
 def test_backward_edges_match_reference(target: Target, case: Case, params: dict):
-    """dQ, dK, dV against the reference on a fixed grid: 257 query rows, 255 keys, causal at 129, grouped
-    heads, hidden key tiles (dealt over the dtypes for a backend that compiles per shape, as the edge grid)."""
+    """dQ, dK, dV against the reference on a fixed grid: 257 query rows, 255 keys, causal at 129 and
+    bottom-right past a key block, grouped heads, hidden key tiles, head dims 80 to 256, Ev != E (dealt
+    over the dtypes for a backend that compiles per shape, as the edge grid)."""
     check_gradients("backward_edges_match_reference", target, case, grad_out(case, target.dtype, 0))

@@ -89,10 +89,14 @@ def test_packed_equals_padded(target: Target, case: Case, params: dict):
 
 @prop(requires=S.REQUIRES, grid=S.edge_cases)
 def test_packed_edges(target: Target, case: Case, params: dict):
-    """Zero-length sequences (total_q < B), max_seqlen = 1, keys at tile edges, Lq_b > Lk_b under causal."""
+    """Zero-length sequences (total_q < B), queries without keys, max_seqlen = 1, keys at tile edges,
+    Lq_b > Lk_b under causal; with the LSE feature, each call's LSE too (decodes' own LSE path)."""
     S.skip_without(target, "packed")
     with S.as_called(case):
         out = agreement(target, case, S.packed(target, case, unused=1, seed=params["seed"]))
+        if target.supports("lse"):
+            _, lse = S.packed(target, case, unused=1, seed=params["seed"], return_lse=True)  # (B, H, Lq)
+            require(S.lse_verdict(target, case, lse))
     empty = ~case.judged_rows()  # rows that see nothing, padded rows included: zeros or the declared choice
     if target.backend.semantics.fully_masked == "zeros":
         unchanged("packed_edges", np.zeros_like(out), out, empty, "a row that sees no key")

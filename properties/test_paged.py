@@ -72,14 +72,13 @@ def test_paged_shared_prefix(target: Target, case: Case, params: dict):
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_paged_layouts_agree(target: Target, case: Case, params: dict):
-    """NHD, HND and stacked (one K/V tensor) caches of the same pages give the same output, bit for bit:
-    the first layout the backend declares against another, drawn (two calls an example, whatever the
-    number of layouts: each pair is met over the examples, and bitwise equality is transitive).
+    """NHD, HND and stacked (one K/V tensor) caches of the same pages give the same output, each within
+    its budget: the first layout the backend declares against another, drawn (two calls an example,
+    whatever the number of layouts: each pair is met over the examples).
 
-    Bitwise, not within the budget: the layouts hold the same numbers at other strides, and a kernel
-    reads the same keys and values of the same pages in the same order whichever it is handed - a
-    difference is a wrong read (K and V halves swapped, a half at the wrong page stride, HND's axes
-    crossed), not rounding."""
+    Within both budgets, not bit for bit: a kernel may tile each layout its own way (two HND pages an
+    online-softmax step, one NHD page), which rounds differently and is correct; a wrong read (K and V
+    halves swapped, a half at the wrong page stride, HND's axes crossed) differs by far more."""
     layouts = S.paged_layouts(target)
     if len(layouts) < 2:
         import pytest
@@ -92,7 +91,7 @@ def test_paged_layouts_agree(target: Target, case: Case, params: dict):
     case = S.problem_of(case, params, queries=False)
     first, other = (S.paged(target, case, params["page_size"], layout, params["seed"]) for layout in pair)
     with S.as_called(case):
-        unchanged("paged_layouts_agree", first, other, case.judged_rows(), f"{pair[0]} against {pair[1]}")
+        close_outputs("paged_layouts_agree", target, case, first, other, case, f"{pair[0]} against {pair[1]}")
 
 
 def _full_cache(target: Target) -> list:
@@ -111,6 +110,19 @@ def _full_cache(target: Target) -> list:
     fields = {"kv_lengths": np.array([300, 290]), "kv_starts": np.array([129, 256]), "positions": "per_sequence"}
     cases.append((Case(q, k, v, None, False, None, fields, label="left padding past a key block"),
                   {"seed": len(cases), "page_size": 4}))
+    # a cache that is left padding all through (kv_starts = kv_lengths): an empty-sequence guard on
+    # cache_seqlens alone lets its rows through as NaN
+    q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 9, 9))
+    fields = {"kv_lengths": np.array([5, 9]), "kv_starts": np.array([5, 2]), "positions": "per_sequence"}
+    cases.append((Case(q, k, v, None, False, None, fields, label="a cache all left padding"),
+                  {"seed": len(cases), "page_size": 4}))
+    # a decode's window whose left edge falls inside a page (key 5 of 7; key 8 of 10 starts a page)
+    if target.supports("window") and "bottom_right" in target.alignments:
+        q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 10, 10))
+        fields = {"kv_lengths": np.array([7, 10]), "positions": "per_sequence", "window": (1, 0),
+                  "causal_alignment": "bottom_right"}
+        cases.append((Case(q, k, v, None, True, None, fields, label="decode window (1, 0) from inside a page"),
+                      {"seed": len(cases), "page_size": 4}))
     return cases
 
 
@@ -118,10 +130,15 @@ def _full_cache(target: Target) -> list:
 def test_paged_edges(target: Target, case: Case, params: dict):
     """Edge problems in a paged cache of 4-key pages, no spare table column: empty sequences, one key,
     63/64/65 keys (64: a cache exactly full, its table too), more queries than keys, decodes past 512-key
-    splits, left padding past a key block."""
+    splits, left padding past a key block and through a whole cache, a decode's window from inside a
+    page; with the LSE feature, each call's LSE too (a decode path's own LSE: the draws seldom decode)."""
     layout = _layout(target, {"layout": "NHD"}, case)
     with S.as_called(case):
         out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))
+        if target.supports("lse"):
+            _, lse = S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0,
+                             return_lse=True)  # (B, H, Lq)
+            require(S.lse_verdict(target, case, lse))
     if target.backend.semantics.fully_masked == "zeros":
         unchanged("paged_edges", np.zeros_like(out), out, ~case.judged_rows(), "a row that sees no key")
 

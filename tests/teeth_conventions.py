@@ -1,6 +1,7 @@
 """The proof of teeth's witnesses for the conventions of issue 31 (tests/broken/witnesses.py's ops
-"merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index") and for its
-sinks in a paged call (op "paged": the forward through `backends.serving.forward_paged`): verdicts of one backend on one
+"merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index") and for
+its format calls (op "paged": the forward through `backends.serving.forward_paged`, its LSE too where the
+witness asks `return_lse`; op "packed": `forward_packed`): verdicts of one backend on one
 witness in one dtype, as tests/test_teeth.py's `_verdicts` returns them.  A backend that does not
 offer what a witness asks (no merge, no such knob, no gradients, no declaration to hold it to) declines
 it with Unsupported.
@@ -14,7 +15,7 @@ from attnspec.specs import error_budget, reference
 from attnspec.specs.invariants import Verdict
 from attnspec.specs.merge_budget import merge_allowed
 
-CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "paged", "bad_index")
+CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "paged", "packed", "bad_index")
 PAGE_SIZE = 2  # the paged witness's pages: several a sequence
 
 
@@ -67,10 +68,16 @@ def verdicts(backend, p: dict, dtype: str) -> list:
             ok_l = bool(np.all(np.where(empty, lse == -np.inf, np.abs(lse - want_lse) <= l_tol)))
         return [Verdict("merge", ok_o and ok_l, None, float("nan"), f"merged {o[0, 0]} / lse {lse[0, 0]}; "
                         f"reference {want_o[0, 0]} / {want_lse[0, 0]}")]
-    if p["op"] == "paged":  # a backend without paged calls declines (Unsupported)
+    if p["op"] in ("paged", "packed"):  # a backend without the format declines (Unsupported)
         from attnspec.backends import serving
-        out = serving.forward_paged(backend, q, k, v, page_size=PAGE_SIZE, rng=0, **kw)
-        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
+        lse = p.get("return_lse", False)
+        y = (serving.forward_paged(backend, q, k, v, page_size=PAGE_SIZE, rng=0, return_lse=lse, **kw)
+             if p["op"] == "paged" else serving.forward_packed(backend, q, k, v, rng=0, return_lse=lse, **kw))
+        out, lse = y if lse else (y, None)
+        out_verdict = error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)
+        if lse is None:
+            return [out_verdict]
+        return [out_verdict, error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, **fields)]
     if p["op"] == "knobs":
         if set(p["knobs"]) - set(backend.knobs):
             raise Unsupported(f"{backend.name} has no knob {sorted(p['knobs'])}")

@@ -1,8 +1,9 @@
 """Slips on a kernel's own paths that random draws seldom or never reach: the split-KV (flash-decoding)
 path for few queries against a long cache, a window's first key block, the backward's pre-pass past 128
 rows, a paged decode's split count, left padding past a key block, merges of tied states and of more
-splits than a combine was built for.  Each is a correct kernel with one slip; the suite reaches each by
-construction (properties/test_edges.py's split-KV rows and windows, test_gradients.py's backward grid,
+splits than a combine was built for, a split path without the softcap or the window.  Each is a correct
+kernel with one slip; the suite reaches each by construction (properties/test_edges.py's split-KV rows
+and windows, test_gradients.py's backward grid,
 serving_calls.edge_cases and test_paged.py's left padding, test_merge.py's tied and many states).
 """
 from __future__ import annotations
@@ -55,6 +56,32 @@ class SplitKvCausalBottomRight(VariantKernel):
     def native_attention(self, q, k, v, call):
         if _split_kv(q, k) and call.is_causal:
             call = replace(call, causal_alignment="bottom_right")  # the slip: whatever was asked
+        return super().native_attention(q, k, v, call)
+
+
+class SplitKvDropsSoftcap(VariantKernel):
+    """The split-KV decode path takes no softcap argument and drops it (a Gemma-2 decode served uncapped);
+    the prefill path caps."""
+
+    name = "broken-split-kv-drops-softcap"
+    capabilities = _caps("float16", features=("softcap",))
+
+    def native_attention(self, q, k, v, call):
+        if _split_kv(q, k):
+            call = replace(call, softcap=None)  # the slip
+        return super().native_attention(q, k, v, call)
+
+
+class SplitKvDropsWindow(VariantKernel):
+    """The split-KV decode path applies causal but not the sliding window (a Mistral decode over the whole
+    cache); the prefill path windows."""
+
+    name = "broken-split-kv-drops-window"
+    capabilities = _caps("float64", features=("window", "causal_bottom_right"))
+
+    def native_attention(self, q, k, v, call):
+        if _split_kv(q, k):
+            call = replace(call, window=None)  # the slip
         return super().native_attention(q, k, v, call)
 
 

@@ -454,3 +454,64 @@ def deep_leftpad(seed=0):
     [256, 290) are the sequences'."""
     return _problem(*_heads(2, 2, 2, 300, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([300, 290]),
                     kv_starts=np.array([129, 256]))
+
+
+def split_kv_softcap(seed=0):
+    """A decode against 512 keys (a split-KV path) with softcap 1: every score capped within +-1."""
+    return _problem(*_heads(2, 2, 1, 512, seed=seed), softcap=1.0)
+
+
+def split_kv_window(seed=0):
+    """A decode against 600 keys, causal bottom-right, window (8, 0): the query sees keys 591..599 only."""
+    return _problem(*_heads(2, 2, 1, 600, seed=seed), is_causal=True, causal_alignment="bottom_right", window=(8, 0))
+
+
+# ---- one instantiation of a kernel template (tests/broken/template_bugs.py) ------------------------------
+
+def mla_prefill(seed=0):
+    """E = 192, Ev = 128 (MLA prefill): V's rows read at V's own pitch."""
+    return _problem(*_qkv(4, 8, E=192, Ev=128, seed=seed))
+
+
+def backward_hdim_80(seed=0):
+    """The backward at head dim 80: all 80 components make P, all 80 columns of dQ, dK, dV are written."""
+    return _problem(*_qkv(3, 5, E=80, Ev=80, seed=seed), op="backward")
+
+
+def backward_bottom_right_past_a_block(seed=0):
+    """The backward, causal bottom-right, 9 queries against 257 keys: every row sees keys 128..248."""
+    return _problem(*_qkv(9, 257, seed=seed), is_causal=True, op="backward", causal_alignment="bottom_right")
+
+
+def long_row_one_sign(seed=0):
+    """q = 0 (every weight 1/2048) and values in [1, 2): the output is each value column's mean."""
+    q, k, _ = _qkv(4, 2048, seed=seed)
+    v = 1.0 + np.random.default_rng(seed + 7).random(k.shape)  # (B, H, Lk, Ev)
+    return _problem(np.zeros_like(q), k, v)
+
+
+# ---- serving edges the draws leave unjudged (tests/broken/serving_edge_bugs.py) --------------------------
+
+def packed_queries_without_keys(seed=0):
+    """op "packed": the first of two sequences has 2 queries and no key: its rows are zeros."""
+    return {**_problem(*_heads(2, 2, 2, 5, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([0, 5])),
+            "op": "packed"}
+
+
+def paged_all_left_padding(seed=0):
+    """op "paged": a cache of 3 keys that are all left padding (kv_starts = kv_lengths) beside one of 5."""
+    return {**_problem(*_heads(2, 2, 1, 5, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([3, 5]),
+                       kv_starts=np.array([3, 0])), "op": "paged"}
+
+
+def paged_decode_lse(seed=0):
+    """op "paged" with its LSE: one decode query a sequence against 5 and 7 keys."""
+    return {**_problem(*_heads(2, 2, 1, 7, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([5, 7])),
+            "op": "paged", "return_lse": True}
+
+
+def paged_decode_window(seed=0):
+    """op "paged" (2-key pages): decodes against 7 and 6 keys, causal bottom-right, window (2, 0): keys 4..6
+    and 3..5; the second's edge (key 3) falls inside a page."""
+    return {**_problem(*_heads(2, 2, 1, 7, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                       positions="per_sequence", kv_lengths=np.array([7, 6]), window=(2, 0)), "op": "paged"}

@@ -1,0 +1,81 @@
+"""Serving-era slips at edges the draws leave unjudged: a sequence with queries but no keys, a cache that
+is left padding all through, a decode's own LSE, a decode's window cut at a page.  Each is numpy-naive
+(correct in every format it declares) with one slip; the suite reaches each by construction
+(serving_calls.edge_cases, test_paged.py's _full_cache, the LSE asked in the packed and paged edges).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from attnspec.backends import numpy_formats
+from attnspec.backends.numpy_backends import NumpyNaive
+
+
+def _caps(*dtypes: str):
+    return replace(NumpyNaive.capabilities, dtypes=dtypes)
+
+
+class PackedEmptyKeysUnwritten(NumpyNaive):
+    """A varlen kernel that exits early for a sequence with no keys and never writes its rows (torch.empty's
+    garbage; here 1.0), flash-attention#1619's class: zeros are declared."""
+
+    name = "broken-packed-empty-keys-unwritten"
+    capabilities = _caps("float32")
+
+    def native_packed(self, q, k, v, args, call):
+        y = numpy_formats.gathered_packed(self, q, k, v, args, call)
+        out = (y[0] if call.return_lse else y).copy()  # (total_q, Hq, Ev)
+        cu_q = np.asarray(args.cu_seqlens_q, np.int64)
+        used = np.diff(np.asarray(args.cu_seqlens_k, np.int64)) if args.seqused_k is None else np.asarray(args.seqused_k)
+        for b in np.flatnonzero(used == 0):
+            out[cu_q[b]:cu_q[b + 1]] = 1.0  # the slip: never written
+        return (out, y[1]) if call.return_lse else out
+
+
+class PagedAllLeftPaddingNaN(NumpyNaive):
+    """The empty-sequence guard tests cache_seqlens == 0, not cache_seqlens - cache_leftpad == 0: a cache that
+    is left padding all through normalises 0 by 0, NaN rows where zeros are declared."""
+
+    name = "broken-paged-all-left-padding-nan"
+    capabilities = _caps("float32")
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        y = numpy_formats.gathered_paged(self, q, k_cache, v_cache, args, call)
+        if args.cache_leftpad is None:
+            return y
+        lens, pads = np.asarray(args.cache_seqlens, np.int64), np.asarray(args.cache_leftpad, np.int64)
+        out = (y[0] if call.return_lse else y).copy()  # (B, Hq, Lq, Ev)
+        out[(lens > 0) & (lens == pads)] = np.nan  # the slip: 0 / 0
+        return (out, y[1]) if call.return_lse else out
+
+
+class PagedDecodeLseBase2(NumpyNaive):
+    """The paged decode path (one query a sequence: a split-KV kernel whose combine works in base 2)
+    returns log2-sum-exp2 unconverted; a natural LSE is declared and prefill rows have it."""
+
+    name = "broken-paged-decode-lse-base2"
+    capabilities = _caps("float64")
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        y = numpy_formats.gathered_paged(self, q, k_cache, v_cache, args, call)
+        if call.return_lse and q.shape[2] == 1:
+            return y[0], y[1] / np.log(2.0)  # the slip: base 2
+        return y
+
+
+class PagedDecodeWindowFromPageStart(NumpyNaive):
+    """The paged decode path skips the pages wholly left of the window and masks nothing in the first page
+    it reads (a block-level sliding window): keys of that page before the window's edge are seen."""
+
+    name = "broken-paged-decode-window-from-page-start"
+    capabilities = _caps("float64")
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        if q.shape[2] == 1 and call.window is not None and call.window[0] is not None:
+            lens, P = np.asarray(args.cache_seqlens, np.int64), args.page_size  # bottom-right: the query at len - 1
+            first = (lens - 1 - call.window[0]) // P * P  # (B,) the slip: the page's start, not len - 1 - left
+            hidden = np.arange(int(lens.max(initial=0)))[None, :] < first[:, None]  # (B, Lk)
+            call = replace(call, window=(None, call.window[1]), bias=np.where(hidden, -np.inf, 0.0)[:, None, None, :])
+        return numpy_formats.gathered_paged(self, q, k_cache, v_cache, args, call)
