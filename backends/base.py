@@ -204,13 +204,19 @@ class Backend:
 
         transposed: the last two axes swapped in memory (a non-contiguous innermost axis);
         offset: a view starting 7 elements into a larger buffer; permuted: stored as
-        (B, L, H, E), viewed as (B, H, L, E); expanded: batch stride 0 (x's batch slices must be
-        equal).  Axes are the native call's (`length_before_heads`: (..., L, H, E), swapped first).  The
-        default handles NumPy arrays; other adapters override it.
+        (B, L, H, E), viewed as (B, H, L, E); head_slice: heads 1..H of a buffer two heads wider,
+        the others NaN (a fused QKV projection's slice); expanded: batch stride 0 (x's batch slices
+        must be equal).  Axes are the native call's (`length_before_heads`: (..., L, H, E), swapped
+        first; a packed call's (total, H, E)).  The default handles NumPy arrays; other adapters
+        override it.
         """
         if layout == "contiguous" or not isinstance(x, np.ndarray):
             return x
-        return numpy_layout(x, layout)
+        return numpy_layout(x, layout, self.heads_axis(x))
+
+    def heads_axis(self, x) -> int:
+        """The heads axis of a native q, k or v: -2 for (..., L, H, E) and a packed call's (total, H, E)."""
+        return -2 if self.length_before_heads or np.ndim(x) == 3 else -3
 
     # -- declarations -------------------------------------------------------------
     def supports(self, feature: str) -> bool:

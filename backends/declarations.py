@@ -18,7 +18,9 @@ FULLY_MASKED_CHOICES = ("zeros", "nan", "mean_of_values", "error")
 LSE_BASES = ("e", "2")  # the log-sum-exp's base: natural (the spec's), or 2 (FlashInfer: flashinfer#2113)
 EMPTY_LSES = ("-inf", "+inf")  # the LSE of a row that sees nothing: FA3 -inf, FA2 +inf
 # Memory layouts of q, k, v a backend can be handed (`Backend.relayout`): the same values, other strides.
-LAYOUTS = ("contiguous", "transposed", "offset", "permuted", "expanded")
+# head_slice: the heads a slice of a wider heads axis, NaN on either side (a fused QKV projection's q,
+# k or v: a token stride past H * E and an offset; flash-attention-v100#41, TransformerEngine#1195)
+LAYOUTS = ("contiguous", "transposed", "offset", "permuted", "head_slice", "expanded")
 OPS = ("forward", "forward_backward")
 # how finely fp8 descales may vary: one per (batch, KV head) - FA3/FA4's and PyTorch's (B, Hkv) - or one
 # per tensor (FlashInfer's k_scale, vLLM's, JAX's ragged paged attention)
@@ -285,8 +287,17 @@ Call = make_dataclass("Call", _call_fields(), frozen=True)
 Call.__doc__ = "What native_attention receives besides q, k, v (backends/declarations.py)."
 
 
-def numpy_layout(x: np.ndarray, layout: str) -> np.ndarray:
-    """A NumPy view of x's values in `layout` (see Backend.relayout)."""
+def numpy_layout(x: np.ndarray, layout: str, heads: int = -3) -> np.ndarray:
+    """A NumPy view of x's values in `layout` (see Backend.relayout); `heads`: the heads axis."""
+    if layout == "head_slice":
+        if x.ndim < 3:
+            return x
+        wide = list(x.shape)
+        wide[heads] += 2
+        buf = np.full(wide, np.nan, dtype=x.dtype)  # the neighbouring heads: NaN, a stray read shows
+        view = buf[(slice(None),) * (heads % x.ndim) + (slice(1, 1 + x.shape[heads]),)]
+        view[...] = x
+        return view
     if layout == "transposed":
         return np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -1, -2)), -1, -2)
     if layout == "offset":

@@ -72,8 +72,10 @@ class FlashFunctionBackend(Backend):
         self.stacked = "paged_kv_cache" in self.params  # one (num_pages, 2, P, Hkv, E) tensor: Ev == E
         paged = "paged-stacked-NHD" if self.stacked else "paged-NHD"
         fmt = ("packed",) if self.form == "varlen" else (paged,) + (("append",) if {"k", "v"} <= self.params else ())
+        # its q, k, v (total, H, E) may be a fused projection's head slices, as models hand them
         self.capabilities = replace(caps, features=frozenset(features), formats=fmt, masks=False,
-                                    mask_with_causal=True, equal_head_dims=caps.equal_head_dims or self.stacked)
+                                    mask_with_causal=True, equal_head_dims=caps.equal_head_dims or self.stacked,
+                                    layouts=tuple(dict.fromkeys(caps.layouts + ("head_slice",))))
         self.semantics = replace(sem, causal_alignment="bottom_right")  # per sequence, flash-attention's
 
     def native_dtype(self, y):
@@ -170,8 +172,9 @@ class TorchFlashFunction(FlashFunctionBackend):
         self.capabilities = replace(self.capabilities,
                                     gradients=self.form == "varlen" and self.declaration.backward is not False)
 
-    load, to_native, from_native, sync = TorchBackend.load, TorchBackend.to_native, TorchBackend.from_native, \
-        TorchBackend.sync  # torch-math's conversions (torch is imported by load, not here)
+    load, to_native, from_native, sync, relayout = (TorchBackend.load, TorchBackend.to_native, TorchBackend.from_native,
+                                                    TorchBackend.sync, TorchBackend.relayout)  # torch-math's (torch
+    # is imported by load, not here)
 
     def native_dtype(self, y) -> str:
         return str(y.dtype).removeprefix("torch.")

@@ -81,17 +81,21 @@ def _with_lse(backend, y, return_lse: bool, what: str):
 
 
 def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=0, unused=0, fill=np.nan, rng=None,
-                   tail_rows=False, **fields):
+                   tail_rows=False, layout="contiguous", **fields):
     """Output (B, Hq, Lq, Ev) of the backend's packed call on a padded problem (padded rows zeros);
     with return_lse, (output, lse (B, Hq, Lq) natural, padded rows -inf).  ``tail``/``unused``/``fill``/``rng``:
     `specs.formats.to_packed`'s tokens that must not be read.  ``tail_rows``: (output, the ``tail``
-    output rows past cu_seqlens_q[-1] as returned (tail, Hq, Ev)) - rows no sequence owns."""
+    output rows past cu_seqlens_q[-1] as returned (tail, Hq, Ev)) - rows no sequence owns.  ``layout``:
+    the memory layout the packed q, k, v reach the call in (`Backend.relayout`; head_slice: a fused
+    QKV projection's slices)."""
+    if layout not in backend.capabilities.layouts:
+        raise Unsupported(f"{backend.name} cannot be handed {layout} inputs (declares {backend.capabilities.layouts})")
     p, call = _prepared(backend, "packed", q, k, v, dtype, return_lse, fields)
     pk = Fm.to_packed(p, tail=tail, unused=unused, fill=fill, rng=rng)
     args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
                       pk.max_seqlen_k, _ints(backend, pk.seqused_k))
     call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
-    qn, kn, vn = backend._natives(dtype, pk.q, pk.k, pk.v)
+    qn, kn, vn = (backend.relayout(x, layout) for x in backend._natives(dtype, pk.q, pk.k, pk.v))  # (total, H, ·)
     y = backend._call("packed forward", backend.native_packed, qn, kn, vn, args, call)
     out, lse = _with_lse(backend, y, return_lse, "packed forward")
     n = int(pk.cu_seqlens_q[-1])

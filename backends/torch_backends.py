@@ -77,6 +77,12 @@ class TorchBackend(Backend):
             return view.copy_(x)
         if layout == "permuted":  # stored (B, L, H, E), viewed (B, H, L, E)
             return x.transpose(-3, -2).contiguous().transpose(-3, -2) if x.dim() >= 3 else x
+        if layout == "head_slice" and x.dim() >= 3:  # a fused QKV projection's slice, NaN heads beside it
+            axis = self.heads_axis(x) % x.dim()
+            wide = list(x.shape)
+            wide[axis] += 2
+            return self.torch.full(wide, float("nan"), dtype=x.dtype, device=x.device).narrow(
+                axis, 1, x.shape[axis]).copy_(x)
         if layout == "expanded":  # batch stride 0 (pytorch/pytorch#191937)
             if x.dim() < 3 or not bool((x == x[:1]).all()):
                 raise ValueError("an expanded layout needs equal batch slices")

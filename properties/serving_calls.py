@@ -113,11 +113,12 @@ def as_called(case: Case):
 
 
 def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.nan, tail: int = 2,
-           return_lse: bool = False):
-    """The backend's packed call on the case, raised back to (B, H, Lq, Ev); return_lse: (out, lse (B, H, Lq))."""
+           return_lse: bool = False, layout: str = "contiguous"):
+    """The backend's packed call on the case, raised back to (B, H, Lq, Ev); return_lse: (out, lse (B, H, Lq));
+    layout: the memory layout its q, k, v are handed in (`Backend.relayout`)."""
     y = target.call_backend("packed forward", serving.forward_packed, target.backend, case.q, case.k, case.v,
                             dtype=target.dtype, return_lse=return_lse, tail=tail, unused=unused, fill=fill, rng=seed,
-                            **case.call_kwargs)
+                            layout=layout, **case.call_kwargs)
     return target.as_observed(y) if return_lse else y
 
 

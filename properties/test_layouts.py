@@ -1,7 +1,8 @@
 """Family: memory layouts — the result does not depend on strides.
 
-A transposed (non-contiguous innermost axis), offset, permuted ((B, L, H, E) storage) or
-expanded (stride-0 batch) view of the same values must give the contiguous result.  Adapters
+A transposed (non-contiguous innermost axis), offset, permuted ((B, L, H, E) storage), head-slice
+(heads 1..H of a wider heads axis: a fused QKV projection's q, k or v) or expanded (stride-0 batch)
+view of the same values must give the contiguous result.  Adapters
 declare the layouts they can hand their kernel (`Capabilities.layouts`).  Bugs this catches:
 pytorch/pytorch#187506 (CPU flash kernel, non-contiguous innermost dim), #191937 (stride-0
 K/V), Dao-AILab/flash-attention#2666.
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from attnspec.properties.case import Case
     from attnspec.properties.target import Target
 
-_OTHER_LAYOUTS = ("transposed", "offset", "permuted", "expanded")  # expanded last: it changes the values
+_OTHER_LAYOUTS = ("transposed", "offset", "permuted", "head_slice", "expanded")  # expanded last: it changes the values
 
 
 @prop(needs=("layouts",))

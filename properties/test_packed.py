@@ -59,6 +59,23 @@ def test_packed_lse_matches_reference(target: Target, case: Case, params: dict):
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
+def test_packed_head_slices(target: Target, case: Case, params: dict):
+    """q, k, v handed as slices of wider heads axes (a fused QKV projection's views: token stride past
+    H * E, an offset, NaN heads beside them) give the contiguous call's output: a varlen kernel that
+    addresses token t at t * H * E reads other tokens' heads."""
+    S.skip_without(target, "packed")
+    if "head_slice" not in target.caps.layouts:
+        import pytest
+        pytest.skip(f"{target.name} cannot be handed head slices (declares {', '.join(target.caps.layouts)})")
+    case = S.problem_of(case, params)
+    with S.as_called(case):
+        contiguous = S.packed(target, case, params["unused"], params["seed"])  # (B, H, Lq, Ev)
+        sliced = S.packed(target, case, params["unused"], params["seed"], layout="head_slice")
+        close_outputs("packed_head_slices", target, case, contiguous, sliced, case,
+                      "contiguous packed q, k, v vs the same values as head slices of wider tensors")
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
 def test_packed_isolation(target: Target, case: Case, params: dict):
     """Changing every token of one sequence leaves every other sequence's rows bit for bit alone."""
     S.skip_without(target, "packed")

@@ -1,7 +1,7 @@
 """The proof of teeth's witnesses for the conventions of issue 31 (tests/broken/witnesses.py's ops
 "merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index") and for
 its format calls (op "paged": the forward through `backends.serving.forward_paged`, its LSE too where the
-witness asks `return_lse`; op "packed": `forward_packed`): verdicts of one backend on one
+witness asks `return_lse`; op "packed": `forward_packed`, in the witness's `layout`): verdicts of one backend on one
 witness in one dtype, as tests/test_teeth.py's `_verdicts` returns them.  A backend that does not
 offer what a witness asks (no merge, no such knob, no gradients, no declaration to hold it to) declines
 it with Unsupported.
@@ -72,7 +72,8 @@ def verdicts(backend, p: dict, dtype: str) -> list:
         from attnspec.backends import serving
         lse = p.get("return_lse", False)
         y = (serving.forward_paged(backend, q, k, v, page_size=PAGE_SIZE, rng=0, return_lse=lse, **kw)
-             if p["op"] == "paged" else serving.forward_packed(backend, q, k, v, rng=0, return_lse=lse, **kw))
+             if p["op"] == "paged" else serving.forward_packed(backend, q, k, v, rng=0, return_lse=lse,
+                                                               layout=p.get("layout", "contiguous"), **kw))
         out, lse = y if lse else (y, None)
         out_verdict = error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)
         if lse is None:

@@ -41,3 +41,25 @@ def test_a_kernel_that_ignores_strides_is_rejected_and_numpy_views_pass(tmp_path
     assert run.returncode == 1, run.stdout + run.stderr
     verdict = row["message"].splitlines()[1]  # the verdict's first line, as the suite printed it
     assert verdict in run.stdout.splitlines(), (verdict, run.stdout)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_a_head_slice_is_a_fused_projections_view_with_nan_heads_beside_it(framework):
+    """relayout's head_slice: the same values, the token stride of a wider heads axis, NaN heads on either
+    side (a kernel reading a neighbour shows it); the heads axis of a packed (total, H, E) tensor is -2."""
+    import numpy as np
+
+    from attnspec.backends.registry import resolve
+    backend = resolve("numpy-naive" if framework == "numpy" else "torch-math")
+    backend.load()
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float64).reshape(2, 3, 4, 5)  # (B, H, L, E)
+    for native in (x, x[0].transpose(1, 0, 2).copy()):  # padded (B, H, L, E), packed (T, H, E): heads axis 1
+        given = native if framework == "numpy" else backend.to_native(native, "float64")
+        view = backend.relayout(given, "head_slice")
+        host = (lambda a: a) if framework == "numpy" else backend.from_native  # noqa: E731
+        assert np.array_equal(np.asarray(host(view)), native)
+        stride = view.strides if framework == "numpy" else tuple(s * 8 for s in view.stride())
+        assert stride[1] == 8 * int(np.prod(native.shape[2:]))  # the heads stay adjacent
+        assert stride[0] == 8 * (native.shape[1] + 2) * int(np.prod(native.shape[2:]))  # two heads wider
+        wide = np.asarray(host(view.base if framework == "numpy" else view._base))
+        assert np.isnan(wide).sum() == 2 * native.size // native.shape[1]

@@ -144,6 +144,8 @@ BROKEN = (
           "the paged decode path's LSE in base 2 (a base-2 combine), natural declared", "serving"),
     Entry("serving_edge_bugs:PagedDecodeWindowFromPageStart", SERVING, w.paged_decode_window,
           "the paged decode's window edge rounded down to its page's start", "serving"),
+    Entry("serving_edge_bugs:PackedDenseTokenStride", ("packed_head_slices",) + SERVING, w.packed_head_slices,
+          "q's token stride assumed Hq * E: a fused QKV projection's slice misread, TransformerEngine#1195", "serving"),
     Entry("path_bugs:PagedLeftpadPastFirstBlock", SERVING, w.deep_leftpad,
           "cache_leftpad past a 128-key block: the first block's mask not block-relative", "serving"),
     # one instantiation of a kernel template (tests/broken/template_bugs.py)

@@ -1,7 +1,8 @@
 """Serving-era slips at edges the draws leave unjudged: a sequence with queries but no keys, a cache that
-is left padding all through, a decode's own LSE, a decode's window cut at a page.  Each is numpy-naive
-(correct in every format it declares) with one slip; the suite reaches each by construction
-(serving_calls.edge_cases, test_paged.py's _full_cache, the LSE asked in the packed and paged edges).
+is left padding all through, a decode's own LSE, a decode's window cut at a page, packed inputs that
+are a fused projection's head slices.  Each is numpy-naive (correct in every format it declares) with
+one slip; the suite reaches each by construction (serving_calls.edge_cases, test_paged.py's
+_full_cache, the LSE asked in the packed and paged edges, test_packed.py's head slices).
 """
 from __future__ import annotations
 
@@ -79,3 +80,17 @@ class PagedDecodeWindowFromPageStart(NumpyNaive):
             hidden = np.arange(int(lens.max(initial=0)))[None, :] < first[:, None]  # (B, Lk)
             call = replace(call, window=(None, call.window[1]), bias=np.where(hidden, -np.inf, 0.0)[:, None, None, :])
         return numpy_formats.gathered_paged(self, q, k_cache, v_cache, args, call)
+
+
+class PackedDenseTokenStride(NumpyNaive):
+    """A varlen kernel that checks only q's innermost stride and addresses token t, head h at (t * Hq + h) * E
+    from q's start: a q that is a fused QKV projection's slice (token stride past Hq * E) is read from other
+    tokens' heads (flash-attention-v100#41, TransformerEngine#1195)."""
+
+    name = "broken-packed-dense-token-stride"
+    capabilities = _caps("float64")
+
+    def native_packed(self, q, k, v, args, call):
+        dense = (q.shape[1] * q.shape[2] * q.itemsize, q.shape[2] * q.itemsize, q.itemsize)
+        q = np.lib.stride_tricks.as_strided(q, q.shape, dense).copy()  # the slip: q's strides not read
+        return numpy_formats.gathered_packed(self, q, k, v, args, call)

@@ -515,3 +515,9 @@ def paged_decode_window(seed=0):
     and 3..5; the second's edge (key 3) falls inside a page."""
     return {**_problem(*_heads(2, 2, 1, 7, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
                        positions="per_sequence", kv_lengths=np.array([7, 6]), window=(2, 0)), "op": "paged"}
+
+
+def packed_head_slices(seed=0):
+    """op "packed", q, k, v handed as heads 1..2 of tensors four heads wide (a fused QKV projection's views)."""
+    return {**_problem(*_heads(2, 2, 2, 5, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([3, 5])),
+            "op": "packed", "layout": "head_slice"}
