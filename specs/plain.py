@@ -2,7 +2,9 @@
 
 `Plain(dtype)` is an arithmetic for `specs.reference`'s pipeline: each operation is computed
 in the accumulator type (float32 for the 16-bit formats and float32, float64 for float64)
-and its result rounded to dtype - the naive algorithm as a framework runs it.
+and its result rounded to dtype - the naive algorithm as a framework runs it.  The row sum is
+rounded, and a sink's term is added to it after the keys' sum and rounded again (`reference.sink_softmax`):
+a 16-bit kernel that holds its row sum in the format (numpy-naive) does both roundings.
 `plain_forward`, `plain_lse`, `plain_backward` run it (`specs.error_budget` re-exports them).
 For fp8 inputs the "dtype" is a computation (`specs.fp8.Fp8Computation`, by name): `Fp8Plain` keeps
 every step in float32 and rounds only what the kernel rounds - P before P V, and the output.

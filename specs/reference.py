@@ -191,7 +191,9 @@ def sink_softmax(s: np.ndarray, vis: np.ndarray, A=EXACT, sink=None):
     empty = ~np.isfinite(row_max)  # rows with no visible key (and no sink)
     shift = np.where(empty, 0.0, row_max)  # (..., Lq, 1)
     e = A.a(A.r(np.exp(masked - shift)))  # (..., Lq, Lk[+1]) exp(-inf) = 0 exactly
-    total = A.a(A.sum(e, axis=-1, keepdims=True))  # (..., Lq, 1) >= 1 on non-empty rows
+    total = A.a(A.sum(e[..., :vis.shape[-1]], axis=-1, keepdims=True))  # (..., Lq, 1) the keys' sum
+    if sink is not None:  # folded after the keys' sum, one more rounding (FlashInfer; a 16-bit kernel
+        total = A.a(A.r(total + e[..., -1:]))  # holding its row sum in the format rounds it twice)
     weights = A.probabilities(e, np.where(empty, 1.0, total))  # (..., Lq, Lk[+1])
     with np.errstate(divide="ignore"):
         lse = np.where(empty, -np.inf, A.a(A.r(shift + A.a(A.r(np.log(np.where(empty, 1.0, total)))))))[..., 0]

@@ -336,6 +336,28 @@ def test_a_bfloat16_result_stored_in_float16_may_round_to_its_subnormal_grid():
     assert not eb.check_forward(off, q, k, v, None, False, None, "bfloat16", sinks=sinks)
 
 
+def test_a_float16_row_sum_with_the_sink_folded_after_it_is_allowed():
+    """A float16 kernel that holds its row sum in the format and folds the sink after the keys' sum
+    (numpy-naive; FlashInfer folds it after its loop) rounds the sum twice.  The plain computation
+    does the same, so the row's allowance follows it (found: numpy-naive at 1.07 x the allowance when
+    the plain computation summed keys and sink at once - a row of two keys, w = 0.0025 and 0.997, a
+    sink of weight 0.00055: 1.00246 rounds up to 1.00293, then 1.00348 up to 1.00391, 1.8 u off)."""
+    q, k = np.ones((1, 1, 1, 1)), np.array([-2.00390625, 4.0]).reshape(1, 1, 2, 1)  # (B, H, L, E): scores -2.004, 4
+    v = np.array([[3.75, 0, 0.625, 0.375, -1.875, 0.75, 0],
+                  [3.125, 1.25, -0.75, -0.625, -0.5, -0.375, 0]]).reshape(1, 1, 2, 7)  # (B, H, Lk, Ev)
+    sinks = np.array([-3.5])
+    h = np.float16
+    e = np.exp(np.array([-6.00390625, 0.0], dtype=h))  # (Lk,) exp(s - max) in float16
+    total = h(e.sum(dtype=h)) + np.exp(h(-7.5))  # the keys' sum rounded, then the sink's term added and rounded
+    assert total == h(1.00390625)  # two roundings up: the case this test is about
+    w = (e / total).astype(h)  # (Lk,)
+    out = (w.astype(np.float32) @ v[0, 0].astype(np.float32)).astype(h).reshape(1, 1, 1, 7)  # (B, H, Lq, Ev)
+    assert eb.check_forward(out, q, k, v, None, False, 1.0, "float16", sinks=sinks)
+    off = out.astype(np.float64)
+    off[..., 0] -= 5 * 2.0**-9  # five float16 steps more at 3.1 (its spacing there: 2^-9)
+    assert not eb.check_forward(off, q, k, v, None, False, 1.0, "float16", sinks=sinks)
+
+
 class _Flushing(eb._Plain):
     """The plain pipeline as an FTZ kernel runs it: every intermediate rounded, then flushed to 0
     below the format's smallest normal (XLA and OpenVINO on CPU)."""
