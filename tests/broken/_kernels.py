@@ -54,9 +54,10 @@ def widened(*xs) -> list:
     return [None if x is None else (x.astype(np.float32) if x.dtype == np.float16 else x) for x in xs]
 
 
-def numpy_caps(*dtypes: str, gradients: bool = False) -> Capabilities:
-    """A NumPy kernel's declaration: the dtypes it runs in (each one more pass of the suite)."""
-    return Capabilities(dtypes=dtypes, device="cpu", gradients=gradients)
+def numpy_caps(*dtypes: str, gradients: bool = False, features=()) -> Capabilities:
+    """A NumPy kernel's declaration: the dtypes it runs in (each one more pass of the suite), the optional
+    features it takes."""
+    return Capabilities(dtypes=dtypes, device="cpu", gradients=gradients, features=frozenset(features))
 
 
 class NumpyBackend(Backend):

@@ -198,10 +198,11 @@ class VariantKernel(NumpyBackend):
         s, _, tanh = self.scores(q, k, call)  # (..., Hq, Lq, Lk)
         p, _, _ = self._softmax(s)
         dp = self._with_kv(go, np.swapaxes(v, -1, -2), call)  # (..., Hq, Lq, Lk) dO V^T
-        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))  # (..., Hq, Lq, Lk) gradient of the final scores
+        ds = p * (dp - self._delta(dp, p))  # (..., Hq, Lq, Lk) gradient of the final scores
         dbias = None if call.bias is None or not self.capabilities.bias_gradient else sum_to(ds, call.bias.shape)
         if tanh is not None:
             ds = ds * (1 - tanh * tanh)  # through the softcap
+        ds, p = self._backward_reach(call, ds, p)
         dq = self._with_kv(ds, k, call) * scale  # (..., Hq, Lq, E)
         dk_heads = np.swapaxes(ds, -1, -2) @ q * scale  # (..., Hq, Lk, E) one per query head
         # the slip: dK of the group's first query head only, not the group's sum
@@ -209,6 +210,14 @@ class VariantKernel(NumpyBackend):
         dv = self._per_kv_head(np.swapaxes(p, -1, -2) @ go, v.shape)  # (..., Hkv, Lk, Ev)
         grads = (sum_to(dq, q.shape), dk, dv) + (() if dbias is None else (dbias,))
         return tuple(store(g, call.dtype) for g in grads)
+
+    def _delta(self, dp, p):
+        """D = rowsum(dP * P) = rowsum(dO * O) (..., Hq, Lq, 1), the backward's pre-pass (a slip hook)."""
+        return (dp * p).sum(axis=-1, keepdims=True)
+
+    def _backward_reach(self, call, ds, p):
+        """dS and P as the backward's loops reach them for dQ, dK and dV: all of them (a slip hook)."""
+        return ds, p
 
     def _per_kv_head(self, g, shape, first_only=False):
         """(..., Hq, Lk, D) per query head -> the KV input's shape, each group of query heads summed."""

@@ -12,10 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnspec.backends.base import Capabilities
-
 from . import flash_twins
-from ._kernels import store, widened
+from ._kernels import numpy_caps
 from ._variants import VariantKernel
 from .serving_bugs import _Twin
 
@@ -26,16 +24,12 @@ def _split_kv(q, k) -> bool:
     return q.shape[-2] <= SPLIT_QUERIES and k.shape[-2] >= SPLIT_KEYS
 
 
-def _caps(*dtypes: str, features=(), gradients: bool = False) -> Capabilities:
-    return Capabilities(dtypes=dtypes, device="cpu", gradients=gradients, features=frozenset(features))
-
-
 class SplitKvGqaModulo(VariantKernel):
     """The split-KV decode path maps query head h to KV head h % Hkv (an interleaved layout's map), not
     h // (Hq / Hkv); the prefill path is right.  Shows only for few queries against 512 keys or more."""
 
     name = "broken-split-kv-gqa-modulo"
-    capabilities = _caps("float32", features=("gqa",))
+    capabilities = numpy_caps("float32", features=("gqa",))
 
     def native_attention(self, q, k, v, call):
         Hq, Hkv = q.shape[-3], k.shape[-3]
@@ -51,7 +45,7 @@ class SplitKvCausalBottomRight(VariantKernel):
     cache's newest positions) even when top-left is asked; the prefill path honours the asked one."""
 
     name = "broken-split-kv-causal-bottom-right"
-    capabilities = _caps("float64", features=("causal_bottom_right",))
+    capabilities = numpy_caps("float64", features=("causal_bottom_right",))
 
     def native_attention(self, q, k, v, call):
         if _split_kv(q, k) and call.is_causal:
@@ -64,7 +58,7 @@ class SplitKvDropsSoftcap(VariantKernel):
     the prefill path caps."""
 
     name = "broken-split-kv-drops-softcap"
-    capabilities = _caps("float16", features=("softcap",))
+    capabilities = numpy_caps("float16", features=("softcap",))
 
     def native_attention(self, q, k, v, call):
         if _split_kv(q, k):
@@ -77,7 +71,7 @@ class SplitKvDropsWindow(VariantKernel):
     cache); the prefill path windows."""
 
     name = "broken-split-kv-drops-window"
-    capabilities = _caps("float64", features=("window", "causal_bottom_right"))
+    capabilities = numpy_caps("float64", features=("window", "causal_bottom_right"))
 
     def native_attention(self, q, k, v, call):
         if _split_kv(q, k):
@@ -91,7 +85,7 @@ class WindowFirstBlockByLastRow(VariantKernel):
     of the block before.  Right whenever that bound falls in the same block for both rows."""
 
     name = "broken-window-first-block-by-last-row"
-    capabilities = _caps("bfloat16", features=("window",))
+    capabilities = numpy_caps("bfloat16", features=("window",))
     tile, block = 64, 128
 
     def _visible(self, call, shape, Lq, Lk):
@@ -110,22 +104,11 @@ class BackwardDeltaGridGap(VariantKernel):
     rows 128..255 of every 256 keep the zero-initialised D, so dQ and dK are wrong there (dV right)."""
 
     name = "broken-backward-delta-grid-gap"
-    capabilities = _caps("float16", gradients=True)
+    capabilities = numpy_caps("float16", gradients=True)
 
-    def native_attention_backward(self, q, k, v, grad_out, call):
-        q, k, v = self._unpadded(call, *widened(q, k, v))
-        (go,) = widened(grad_out)
-        scale = q.dtype.type(1.0 / np.sqrt(q.shape[-1]) if call.scale is None else call.scale)
-        s, _, _ = self.scores(q, k, call)  # (..., Hq, Lq, Lk)
-        p, _, _ = self._softmax(s)
-        o = self._with_kv(p, v, call)  # (..., Hq, Lq, Ev)
-        d = (go * o).sum(axis=-1, keepdims=True)  # (..., Hq, Lq, 1)
-        d = np.where((np.arange(q.shape[-2]) % 256 >= 128)[:, None], 0.0, d)  # the slip: rows no program covers
-        ds = p * (self._with_kv(go, np.swapaxes(v, -1, -2), call) - d)  # (..., Hq, Lq, Lk)
-        dq = self._with_kv(ds, k, call) * scale  # (..., Hq, Lq, E)
-        dk = self._per_kv_head(np.swapaxes(ds, -1, -2) @ q * scale, k.shape)  # (..., Hkv, Lk, E)
-        dv = self._per_kv_head(np.swapaxes(p, -1, -2) @ go, v.shape)  # (..., Hkv, Lk, Ev)
-        return tuple(store(g, call.dtype) for g in (dq, dk, dv))
+    def _delta(self, dp, p):
+        d = super()._delta(dp, p)  # (..., Hq, Lq, 1)
+        return np.where((np.arange(d.shape[-2]) % 256 >= 128)[:, None], 0.0, d)  # the slip: rows no program covers
 
 
 class MergeTieTakesOne(VariantKernel):
@@ -134,7 +117,7 @@ class MergeTieTakesOne(VariantKernel):
     both count as the larger, and the merge returns o_b, not the mean."""
 
     name = "broken-merge-tie-takes-one"
-    capabilities = _caps("float32", features=("lse",))
+    capabilities = numpy_caps("float32", features=("lse",))
 
     def native_merge(self, o_a, lse_a, o_b, lse_b):
         a_larger, a_smaller = lse_a > lse_b, lse_a < lse_b  # (..., Lq) the slip: a tie is neither
@@ -153,7 +136,7 @@ class MergeStatesMaxSplits8(VariantKernel):
     more: the splits past the 8th are never read."""
 
     name = "broken-merge-states-max-splits-8"
-    capabilities = _caps("float64", features=("lse",))
+    capabilities = numpy_caps("float64", features=("lse",))
 
     def native_merge_states(self, o_parts, lse_parts):
         o_parts, lse_parts = o_parts[:8], lse_parts[:8]  # the slip: a fixed 8-split buffer

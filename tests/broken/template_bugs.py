@@ -10,25 +10,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnspec.backends.base import Capabilities
-
-from ._kernels import store, sum_to, widened
+from ._kernels import in_dtype, numpy_caps, store, widened
 from ._variants import VariantKernel
-
-
-def _caps(*dtypes: str, features=(), gradients: bool = False) -> Capabilities:
-    return Capabilities(dtypes=dtypes, device="cpu", gradients=gradients, features=frozenset(features))
-
-
-def _round_f16(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 
 def _f16_accumulated(a, b, step: int = 16) -> np.ndarray:
     """a @ b (float32) with a float16 accumulator rounded after each `step`-wide MMA over the reduced axis."""
     acc = np.zeros(a.shape[:-1] + b.shape[-1:], np.float32)  # (..., M, N)
     for lo in range(0, a.shape[-1], step):
-        acc = _round_f16(acc + a[..., lo:lo + step] @ b[..., lo:lo + step, :])
+        acc = in_dtype(acc + a[..., lo:lo + step] @ b[..., lo:lo + step, :], "float16")
     return acc
 
 
@@ -38,7 +28,7 @@ class MlaVRowPitch(VariantKernel):
     past its end.  Every other (E, Ev) is right."""
 
     name = "broken-mla-v-row-pitch"
-    capabilities = _caps("float32")
+    capabilities = numpy_caps("float32")
 
     def native_attention(self, q, k, v, call):
         E, (Lk, Ev) = q.shape[-1], v.shape[-2:]
@@ -55,7 +45,7 @@ class BackwardHdimDispatch(VariantKernel):
     rest stay zero).  The forward and every other head dim are right."""
 
     name = "broken-backward-hdim-dispatch"
-    capabilities = _caps("bfloat16", gradients=True)
+    capabilities = numpy_caps("bfloat16", gradients=True)
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         E, Ev = q.shape[-1], v.shape[-1]
@@ -74,27 +64,16 @@ class BackwardCausalTopLeftBound(VariantKernel):
     keys than queries past a key block, rows before that block never reach its dK, dV and dQ."""
 
     name = "broken-backward-causal-top-left-bound"
-    capabilities = _caps("float64", features=("causal_bottom_right",), gradients=True)
+    capabilities = numpy_caps("float64", features=("causal_bottom_right",), gradients=True)
     BM = BN = 128
 
-    def native_attention_backward(self, q, k, v, grad_out, call):
+    def _backward_reach(self, call, ds, p):
         if not (call.is_causal and call.causal_alignment == "bottom_right"):
-            return super().native_attention_backward(q, k, v, grad_out, call)
-        q, k, v = self._unpadded(call, *widened(q, k, v))
-        (go,) = widened(grad_out)
-        scale = q.dtype.type(1.0 / np.sqrt(q.shape[-1]) if call.scale is None else call.scale)
-        s, _, _ = self.scores(q, k, call)  # (..., Hq, Lq, Lk)
-        p, _, _ = self._softmax(s)
-        dp = self._with_kv(go, np.swapaxes(v, -1, -2), call)  # (..., Hq, Lq, Lk)
-        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-        Lq, Lk = s.shape[-2:]
+            return ds, p
+        Lq, Lk = ds.shape[-2:]
         first_row = np.arange(Lk) // self.BN * self.BN // self.BM * self.BM  # (Lk,) the slip: no + Lq - Lk
         reached = np.arange(Lq)[:, None] >= first_row  # (Lq, Lk)
-        ds, p = np.where(reached, ds, 0.0), np.where(reached, p, 0.0)
-        dq = self._with_kv(ds, k, call) * scale  # (..., Hq, Lq, E)
-        dk = self._per_kv_head(np.swapaxes(ds, -1, -2) @ q * scale, k.shape)  # (..., Hkv, Lk, E)
-        dv = self._per_kv_head(np.swapaxes(p, -1, -2) @ go, v.shape)  # (..., Hkv, Lk, Ev)
-        return tuple(store(g, call.dtype) for g in (sum_to(dq, q.shape), dk, dv))
+        return np.where(reached, ds, 0.0), np.where(reached, p, 0.0)
 
 
 class Float16Accumulator(VariantKernel):
@@ -104,7 +83,7 @@ class Float16Accumulator(VariantKernel):
     random-walks); a long row of one sign grows the accumulator past what its ulp can add."""
 
     name = "broken-float16-accumulator"
-    capabilities = _caps("float16")
+    capabilities = numpy_caps("float16")
 
     def native_attention(self, q, k, v, call):
         q, k, v = self._unpadded(call, *widened(q, k, v))
@@ -114,5 +93,5 @@ class Float16Accumulator(VariantKernel):
         m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., Lq, 1)
         p = np.exp(s - np.where(np.isfinite(m), m, 0.0))  # (..., Lq, Lk)
         total = p.sum(axis=-1, keepdims=True)  # (..., Lq, 1)
-        out = _f16_accumulated(_round_f16(p), v) / np.where(total > 0, total, 1.0)  # (..., Lq, Ev) the slip
+        out = _f16_accumulated(in_dtype(p, "float16"), v) / np.where(total > 0, total, 1.0)  # (..., Lq, Ev) the slip
         return store(out, call.dtype)
