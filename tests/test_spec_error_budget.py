@@ -338,10 +338,11 @@ def test_a_bfloat16_result_stored_in_float16_may_round_to_its_subnormal_grid():
 
 def test_a_float16_row_sum_with_the_sink_folded_after_it_is_allowed():
     """A float16 kernel that holds its row sum in the format and folds the sink after the keys' sum
-    (numpy-naive; FlashInfer folds it after its loop) rounds the sum twice.  The plain computation
-    does the same, so the row's allowance follows it (found: numpy-naive at 1.07 x the allowance when
-    the plain computation summed keys and sink at once - a row of two keys, w = 0.0025 and 0.997, a
-    sink of weight 0.00055: 1.00246 rounds up to 1.00293, then 1.00348 up to 1.00391, 1.8 u off)."""
+    rounds the sum twice: eager code writes it so (``e.sum(-1) + exp(sink - max)``: torch-math, jax-naive,
+    numpy-naive; FlashInfer folds the sink after its loop).  The plain computation does the same, so the
+    row's allowance follows it (found: all three at 1.08 x the allowance on this row when the plain
+    computation summed keys and sink at once - two keys, w = 0.0025 and 0.997, a sink of weight 0.00055:
+    1.00246 rounds up to 1.00293, then 1.00348 up to 1.00391, 1.8 u off)."""
     q, k = np.ones((1, 1, 1, 1)), np.array([-2.00390625, 4.0]).reshape(1, 1, 2, 1)  # (B, H, L, E): scores -2.004, 4
     v = np.array([[3.75, 0, 0.625, 0.375, -1.875, 0.75, 0],
                   [3.125, 1.25, -0.75, -0.625, -0.5, -0.375, 0]]).reshape(1, 1, 2, 7)  # (B, H, Lk, Ev)
