@@ -60,7 +60,8 @@ def run_suite(backend_names, json_path: str | None = None, extra_args=(), profil
               timeout: float | None = None, env: dict | None = None, pythonpath=(), cwd: str | None = None) -> SuiteResult:
     """pytest --pyargs attnspec.properties for `backend_names` (names or package.module:attr).
 
-    json_path: where the JSON results go (a temporary file when None); extra_args: more pytest
+    json_path: where the JSON results go (a temporary file when None, removed after; the failures'
+    reproducers go beside the JSON in <json>-repro/, which stays: the rows name its scripts); extra_args: more pytest
     arguments (e.g. ``["-x"]``, ``["-k", "rows_sum"]``); profile: ATTNSPEC_PROFILE (dev, ci, deep,
     thorough; default: deep for up to three backends); pythonpath: more folders to import plug-ins
     from; cwd: the folder to run in (default: the current one).

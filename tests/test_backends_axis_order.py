@@ -83,8 +83,10 @@ def test_an_output_in_the_undeclared_order_fails_clearly():
 
 
 @pytest.mark.slow
-def test_the_suite_passes_the_declared_order_and_rejects_a_kernel_that_mixes_the_axes():
+def test_the_suite_passes_the_declared_order_and_rejects_a_kernel_that_mixes_the_axes(tmp_path):
+    # the JSON (and the failures' reproducers beside it) in the test's folder, not left in the system's temp dir
     result = run_suite(["tests.plugins.length_first:LengthFirst", "tests.plugins.length_first:LengthFirstMixesAxes"],
+                       json_path=str(tmp_path / "out.json"),
                        extra_args=["-k", "float64 and (test_matches_reference or test_gradients_match_reference)"], profile="dev",
                        timeout=600, pythonpath=[ROOT])
     rows = {(r["backend"], r["property"]): r["status"] for r in result.conformance}
