@@ -181,6 +181,7 @@ class Backend:
         if not self.offers_merge(3 if as_list else len(parts)):
             raise Unsupported(f"{self.name} offers no merge" if not self.offers_merge() else
                               f"{self.name} merges pairs only (asked: {len(parts)} states{' as a list' * as_list})")
+        self.load()  # a merge may be the first call (a reproducer replays it alone)
         wide = "float64" if dtype == "float64" else "float32"
         to_base = 1 / np.log(2.0) if self.semantics.lse_base == "2" else 1.0  # a base-2 merge takes base-2 LSEs
         lses = [np.asarray(lse, dtype=np.float64) * to_base for _, lse in parts]
