@@ -27,7 +27,7 @@ import numpy as np
 from attnspec.properties.case import Case
 from attnspec.properties.draws import in_format
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import agreement
+from attnspec.properties.judge import agreement, unchanged
 from attnspec.specs import fields as F
 from attnspec.specs.problem import DTYPE_NAMES
 
@@ -52,6 +52,7 @@ WINDOWS = ((129, 0, True), (64, 64, False), (100, 0, True))
 # (576, 512), and a value head half or twice the query's (a template that reads V with K's row pitch,
 # or sizes the output by E, is right wherever Ev = E)
 UNEQUAL_HEAD_DIMS = ((192, 128), (128, 64), (64, 128))
+WIDE_HEAD_DIMS = (160, 192, 256)
 
 
 class Edge(NamedTuple):
@@ -67,7 +68,9 @@ class Edge(NamedTuple):
     masked: bool = False  # hidden keys at tile scale (`tile_mask`), as a mask or a -inf bias
     fields: dict = {}  # optional fields (specs.fields), e.g. a window; never mutated (grid_case copies it)
     scale: float | None = None  # None: the default 1/sqrt(E)
-    key_padding: bool = False  # a (B, 1, 1, Lk) bias, -inf past each sequence's length
+    # "bias": a (B, 1, 1, Lk) bias, -inf past each sequence's length; "mask": the same keys as a (B, 1, 1, Lk)
+    # boolean mask (a model's attention mask expanded over heads and queries)
+    key_padding: str | None = None
     Hkv: int | None = None  # KV heads (None: H); fewer: grouped heads (enable_gqa)
     alignment: str | None = None  # the causal alignment asked where Lq != Lk (None: Lq = Lk, none needed)
     Ev: int | None = None  # value's head dim (None: E)
@@ -78,7 +81,7 @@ class Edge(NamedTuple):
 
     def needs(self) -> set:
         """The features a backend must take to run this problem (the field table's, by field)."""
-        names = set(self.fields) | ({"bias"} if self.key_padding else set())
+        names = set(self.fields) | ({"bias"} if self.key_padding == "bias" else set())
         names |= {"enable_gqa"} if self.Hkv not in (None, self.H) else set()
         return {F.BY_NAME[n].feature for n in names}
 
@@ -114,6 +117,16 @@ def grid() -> list[Edge]:
                   fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
              Edge(f"16 queries, Lk {L}, causal bottom-right, window (600, 0)", 1, 2, 16, L, 32, causal=True,
                   alignment="bottom_right", fields={"window": (600, 0)})]
+    # the fields a split path must read too: a mask at Lq = 1, per-sequence key lengths, sinks, a bias
+    # broadcast over queries (a split path that addresses it as (..., Lq, Lk) reads past row 0)
+    rows += [Edge(f"decode, masked Lk {L}", 1, 2, 1, L, 32, masked=True),
+             Edge(f"decode Lk {L}, key lengths {L} and 617", 2, 2, 1, L, 64,
+                  fields={"kv_lengths": np.array([L, 617], dtype=np.int32)}),
+             Edge(f"decode Lk {L}, sinks", 1, 2, 1, L, 64, fields={"sinks": np.array([3.0, 7.0])}),
+             # ALiBi's distances in each alignment (a split path may take the decode's, to the last key)
+             *(Edge(f"16 queries, Lk {L}, ALiBi {a.replace('_', '-')}", 1, 2, 16, L, 64, alignment=a,
+                    fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}) for a in ("top_left", "bottom_right")),
+             Edge(f"16 queries, Lk {L}, key-padding bias (B, 1, 1, Lk)", 2, 2, 16, L, 32, key_padding="bias")]
     rows += [Edge(f"E {E}, Ev {Ev}", 1, 2, 65, 129, E, Ev=Ev) for E, Ev in UNEQUAL_HEAD_DIMS]
     rows += [Edge(f"MLA decode: E 576, Ev 512, Lk {L}, 8 query heads on 1 KV head", 1, 8, 1, L, 576, Hkv=1, Ev=512)]
     # a long row's sum in one 16-bit accumulator (allow_fp16_accumulation, tl.dot(out_dtype=float16))
@@ -128,7 +141,24 @@ def grid() -> list[Edge]:
     rows += [Edge("explicit scale 0.3", 1, 2, 9, 65, 64, scale=0.3)]
     # the padding bias models build from an attention mask: one row a sequence, broadcast over heads
     # and queries (a kernel that reads it with batch stride 0 gives every sequence the first's)
-    rows += [Edge("key-padding bias (B, 1, 1, Lk)", 3, 2, 9, 65, 32, key_padding=True)]
+    rows += [Edge("key-padding bias (B, 1, 1, Lk)", 3, 2, 9, 65, 32, key_padding="bias")]
+    # ... and as a boolean mask (B, 1, 1, Lk) (Hugging Face's key-padding mask): a kernel that expands it
+    # over heads with batch stride 0 gives every sequence the first one's keys
+    rows += [Edge("key-padding mask (B, 1, 1, Lk)", 3, 2, 9, 65, 32, key_padding="mask")]
+    # a per-head bias under grouped heads: read at the KV head's index, query heads of a group share one
+    rows += [Edge("bias (B, H, Lq, Lk), 4 query heads on 2 KV heads", 1, 4, 9, 65, 32, Hkv=2, fields={"bias": None})]
+    # the wide templates (160, 192, 256: flash-attention's instantiations of their own) each have their own
+    # causal branch, KV-head map and query tiling: causal past two 64-row tiles, and grouped heads
+    rows += [Edge(f"head dim {E}, causal L 129", 1, 2, 129, 129, E, causal=True) for E in WIDE_HEAD_DIMS]
+    rows += [Edge(f"head dim {E}, 4 query heads on 2 KV heads", 1, 4, 9, 65, E, Hkv=2) for E in WIDE_HEAD_DIMS]
+    # more queries than keys, causal bottom-right: rows 0..95 see no key, whole 64-row query tiles among them
+    # (flash-attention#1778: a tile that exits early leaves its rows unwritten, whatever was declared)
+    rows += [Edge("Lq 129, Lk 33, causal bottom-right: 96 rows see no key", 1, 2, 129, 33, 32, causal=True,
+                  alignment="bottom_right")]
+    # a long prefill's own tiling (PyTorch's CPU flash takes 256-row query tiles from Lq 768; 769: three whole
+    # tiles and one row of a fourth): causal with more keys than queries in each alignment
+    rows += [Edge(f"Lq 769, Lk 800, causal {a.replace('_', '-')}", 1, 1, 769, 800, 16, causal=True, alignment=a)
+             for a in ("top_left", "bottom_right")]
     return rows
 
 
@@ -163,9 +193,12 @@ def grid_case(edge: Edge, dtype: str, seed: int, as_bias: bool = False) -> Case:
     if edge.alignment not in (None, "top_left"):  # top-left is the field's off value: not stored
         fields["causal_alignment"] = edge.alignment
     if edge.key_padding:
-        bias = in_format(rng.standard_normal((B, 1, 1, Lk)), dtype)  # (B, 1, 1, Lk)
         lengths = [max(1, Lk - 17 * b) for b in range(B)]  # the first sequence whole, the others padded
-        bias[np.arange(Lk) >= np.array(lengths)[:, None, None, None]] = -np.inf
+        padded = np.arange(Lk) >= np.array(lengths)[:, None, None, None]  # (B, 1, 1, Lk)
+        if edge.key_padding == "mask":
+            return Case(q, k, v, ~padded, edge.causal, edge.scale, fields, label=label)
+        bias = in_format(rng.standard_normal((B, 1, 1, Lk)), dtype)  # (B, 1, 1, Lk)
+        bias[padded] = -np.inf
         fields["bias"] = bias
     if not edge.masked:
         return Case(q, k, v, None, edge.causal, edge.scale, fields, label=label)
@@ -196,6 +229,7 @@ def grid_problems(target: Target, rows: list[Edge] | None = None) -> list:
     hides = target.caps.masks or target.supports("bias")
     for i, edge in enumerate(grid() if rows is None else rows):
         if (not _mine(target, i) or (edge.causal and not target.caps.causal) or (edge.masked and not hides)
+                or (edge.key_padding == "mask" and not target.caps.masks)
                 or not all(target.supports(f) for f in edge.needs())
                 or (edge.alignment is not None and edge.alignment not in target.alignments)):
             continue
@@ -221,5 +255,7 @@ def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
     """Every grid shape (head dims, block edges of Lq and Lk, causal block edges, masked key tiles, decode,
     a few queries against long keys with each variant, value head dims other than the query's, a long
     row of one sign, many work items, windows wider than two key tiles, a non-dyadic explicit scale,
-    a key-padding bias)."""
-    agreement(target, case)
+    a key-padding bias and mask, rows that see no key)."""
+    out = agreement(target, case)
+    if target.backend.semantics.fully_masked == "zeros":  # a row that sees nothing is judged by the declaration
+        unchanged("edge_shapes_match_reference", np.zeros_like(out), out, ~case.judged_rows(), "a row that sees no key")

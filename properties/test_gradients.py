@@ -74,6 +74,9 @@ BACKWARD_EDGES = [
     edges.Edge("backward Lq 257, Lk 65", 1, 2, 257, 65, 32),
     edges.Edge("backward causal L 129", 1, 1, 129, 129, 32, causal=True),
     edges.Edge("backward Lq 129, Lk 255, 4 query heads on 2 KV heads", 2, 4, 129, 255, 32, Hkv=2),
+    # dBias of a per-head bias under grouped heads: one per query head, never the group's sum or first's
+    edges.Edge("backward bias (B, H, Lq, Lk), 4 query heads on 2 KV heads", 1, 4, 33, 65, 32, Hkv=2,
+               fields={"bias": None}),
     edges.Edge("backward Lq 65, masked Lk 129", 1, 2, 65, 129, 32, masked=True),
     # bottom-right causal with more keys than queries past a key block: a backward that starts key block
     # n's query loop at n * BN / BM (the top-left bound) leaves the rows before that block out of it

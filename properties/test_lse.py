@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties import test_edges as edges  # a module: pytest collects no property here
 from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import output_tolerance, require, rule_of, shown, verdict, with_full_index, worst
+from attnspec.properties.test_sinks import lse_as_declared
 from attnspec.specs import error_budget, reference
 from attnspec.specs import fields as F
 
@@ -27,12 +29,44 @@ if TYPE_CHECKING:
 _POSITIONAL = F.POSITIONAL  # no permutation keeps their pairs
 
 
-@prop(requires=("lse",))
-def test_lse_matches_reference(target: Target, case: Case, params: dict):
-    _, lse = target.forward(case, return_lse=True)  # (B, H, Lq, Ev), (B, H, Lq)
+def lse_agreement(target: Target, case: Case, lse=None) -> None:
+    """The backend's LSE (asked for when None) within the error budget of the reference, on the judged rows."""
+    if lse is None:
+        _, lse = target.forward(case, return_lse=True)  # (B, H, Lq, Ev), (B, H, Lq)
     rows = case.judged_rows()  # (B, H, Lq) rows with no visible key: the LSE is left open
     require(with_full_index(error_budget.check_lse(lse, case.problem, dtype=target.budget_dtype, rows=rows,
                                                    rule=rule_of(target)), rows))
+
+
+@prop(requires=("lse",))
+def test_lse_matches_reference(target: Target, case: Case, params: dict):
+    lse_agreement(target, case)
+
+
+def _edge_rows(target: Target) -> list:
+    """The edge grid's rows against 512 keys and more (a split-KV path merges its splits' LSEs into the one it
+    returns: one that returns its first split's LSE writes the right output), where draws never go; and those
+    with rows that see no key (bottom-right causal under Lq > Lk: a row loop that skips them leaves a 0)."""
+    return edges.grid_problems(target, [e for e in edges.grid() if e.Lk >= 512 or (e.causal and e.Lq > e.Lk)])
+
+
+@prop(requires=("lse",), grid=_edge_rows)
+def test_lse_edges_match_reference(target: Target, case: Case, params: dict):
+    """The LSE on the edge grid's long rows (decodes and 16 queries against 512 to 2048 keys, with each field)
+    and on its rows that see no key (the declared `empty_lse` there: -inf or +inf)."""
+    _, lse = target.forward(case, return_lse=True)  # (B, H, Lq)
+    if case.fields.get("sinks") is None:
+        lse_agreement(target, case, lse)
+    else:  # with or without the sink as the backend declares (lse_with_sinks)
+        lse_as_declared(target, case, lse, "lse_edges_match_reference")
+    declared = target.backend.semantics.empty_lse
+    if declared in ("-inf", "+inf"):
+        empty = ~case.judged_rows()  # (B, H, Lq)
+        wrong = empty & (lse != float(declared))  # (B, H, Lq)
+        where = tuple(int(i) for i in np.argwhere(wrong)[0]) if wrong.any() else None
+        require(verdict("lse_edges_match_reference", not wrong.any(), where, float(wrong.sum()),
+                        f"the LSE of a row that sees no key is {lse[where] if where else ''} at {where} (batch, head, "
+                        f"query), declared empty_lse {declared}", 0.0))
 
 
 def _split(draw, case: Case, target: Target) -> dict:

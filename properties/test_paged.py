@@ -116,6 +116,22 @@ def _full_cache(target: Target) -> list:
     fields = {"kv_lengths": np.array([5, 9]), "kv_starts": np.array([5, 2]), "positions": "per_sequence"}
     cases.append((Case(q, k, v, None, False, None, fields, label="a cache all left padding"),
                   {"seed": len(cases), "page_size": 4}))
+    # decodes past 512 keys again with grouped heads and each variant the backend takes: a multi-partition
+    # decode kernel (vLLM's paged_attention_v2) has a KV-head map and a launch of its own, which may leave
+    # a field out
+    variants = {"gqa": {}, "alibi": {"alibi_slopes": 2.0 ** -np.arange(1.0, 9.0, 2.0)}, "softcap": {"softcap": 1.0},
+                "sinks": {"sinks": np.array([3.0, 7.0, -1.0, 5.0])}}
+    H = 4 if target.supports("gqa") else 2
+    q, k, v = (in_format(rng.standard_normal((3, h, L, 8)), target.budget_dtype) for h, L in ((H, 1), (2, 1537), (2, 1537)))
+    for feature, extra in variants.items():
+        if target.supports(feature):
+            fields = {"kv_lengths": np.array([1000, 513, 1537]), "positions": "per_sequence",
+                      **({"enable_gqa": True} if H > 2 else {}),
+                      # the anchors' alignment, where the backend takes it (ALiBi's distances depend on it)
+                      **({"causal_alignment": "bottom_right"} if "bottom_right" in target.alignments else {}),
+                      **{n: x if np.ndim(x) == 0 else x[:H] for n, x in extra.items()}}  # per query head: H of them
+            label = f"decodes past 512-key splits, {feature}, {H} query heads on 2 KV heads"
+            cases.append((Case(q, k, v, None, False, None, fields, label=label), {"seed": len(cases), "page_size": 16}))
     # a decode's window whose left edge falls inside a page (key 5 of 7; key 8 of 10 starts a page)
     if target.supports("window") and "bottom_right" in target.alignments:
         q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 10, 10))
@@ -128,10 +144,11 @@ def _full_cache(target: Target) -> list:
 
 @prop(requires=S.REQUIRES, grid=_full_cache)
 def test_paged_edges(target: Target, case: Case, params: dict):
-    """Edge problems in a paged cache of 4-key pages, no spare table column: empty sequences, one key,
-    63/64/65 keys (64: a cache exactly full, its table too), more queries than keys, decodes past 512-key
-    splits, left padding past a key block and through a whole cache, a decode's window from inside a
-    page; with the LSE feature, each call's LSE too (a decode path's own LSE: the draws seldom decode)."""
+    """Edge problems in a paged cache of 4-key pages (16 for the long decodes' variants), no spare table
+    column: empty sequences, one key, 63/64/65 keys (64: a cache exactly full, its table too), more queries
+    than keys, decodes past 512-key splits (again with grouped heads and with ALiBi, a softcap or sinks where
+    the backend takes them), left padding past a key block and through a whole cache, a decode's window from
+    inside a page; with the LSE feature, each call's LSE too (a decode path's own LSE: the draws seldom decode)."""
     layout = _layout(target, {"layout": "NHD"}, case)
     with S.as_called(case):
         out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))

@@ -159,10 +159,10 @@ def test_sinks_lse_as_declared(target: Target, case: Case, params: dict):
     """The returned LSE includes the sink where declared (FA4), excludes it where declared not (gpt-oss's
     Triton kernel); undeclared, it must be one of the two (recorded: the semantics row lse_with_sinks)."""
     _, lse = target.forward(case, return_lse=True)  # (B, H, Lq)
-    _lse_as_declared(target, case, lse, "sinks_lse_as_declared", record=True)
+    lse_as_declared(target, case, lse, "sinks_lse_as_declared", record=True)
 
 
-def _lse_as_declared(target: Target, case: Case, lse, name: str, record: bool = False) -> None:
+def lse_as_declared(target: Target, case: Case, lse, name: str, record: bool = False) -> None:
     """The LSE (B, H, Lq) of a call with sinks holds the sink as declared (`lse_with_sinks`), either
     of the two when undeclared; record: the semantics row of what it held (the padded call's test)."""
     declared = target.backend.semantics.lse_with_sinks
@@ -256,7 +256,7 @@ def test_sinks_in_packed_calls(target: Target, case: Case, params: dict):
         y = S.packed(target, case, params["unused"], params["seed"], return_lse=lse)
         agreement(target, case, y[0] if lse else y)
         if lse:
-            _lse_as_declared(target, case, y[1], "sinks_in_packed_calls")
+            lse_as_declared(target, case, y[1], "sinks_in_packed_calls")
 
 
 @prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence)
@@ -275,7 +275,7 @@ def test_sinks_in_paged_calls(target: Target, case: Case, params: dict):
         y = S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"], return_lse=lse)
         agreement(target, case, y[0] if lse else y)
         if lse:
-            _lse_as_declared(target, case, y[1], "sinks_in_paged_calls")
+            lse_as_declared(target, case, y[1], "sinks_in_paged_calls")
 
 
 @prop(requires=_SINKS + S.REQUIRES, draw=S.DRAW, params=S.per_sequence, gradients=True)

@@ -124,7 +124,14 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
             start = max(start, end - q.shape[1])
         kb, vb = _sequence_keys(k_cache, v_cache, b, start, end, block_table, slip)
         shift = start if slip == "leftpad_counted_twice" else 0  # the diagonal moved back by the padding again
-        out[b], lse[b] = attend(q[b], kb, vb, scale, causal, window_size, softcap, alibi_slopes, shift=shift)
+        alibi = alibi_slopes
+        if q.shape[1] == 1 and end - start > 512:  # the multi-partition decode kernel (vLLM's v2) of its own
+            if slip == "long_decode_gqa_modulo":  # its KV head h % Hkv
+                heads = np.arange(q.shape[2]) % kb.shape[1]
+                kb, vb = kb[:, heads], vb[:, heads]  # (Lk, Hq, ·)
+            if slip == "long_decode_drops_alibi":  # launched without the slopes
+                alibi = None
+        out[b], lse[b] = attend(q[b], kb, vb, scale, causal, window_size, softcap, alibi, shift=shift)
     out = out.astype(q.dtype)
     return (out, lse) if return_softmax_lse else out
 

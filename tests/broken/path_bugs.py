@@ -168,3 +168,23 @@ class PagedLeftpadPastFirstBlock(_Twin):
     form_fn = staticmethod(flash_twins.kvcache)
     slip = "leftpad_block_mask"
     dtypes = ("bfloat16",)
+
+
+class PagedLongDecodeGqaModulo(_Twin):
+    """vLLM paged_attention_v2's shape: a decode whose cache needs more than one 512-key partition runs a
+    kernel of its own, whose KV head is h % Hkv (the short-cache kernel's h // group is right)."""
+
+    name = "broken-paged-long-decode-gqa-modulo"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "long_decode_gqa_modulo"
+    dtypes = ("float16",)
+
+
+class PagedLongDecodeDropsAlibi(_Twin):
+    """The multi-partition paged decode kernel (a cache past 512 keys) is launched without the ALiBi slopes
+    (the short-cache launch passes them)."""
+
+    name = "broken-paged-long-decode-drops-alibi"
+    form_fn = staticmethod(flash_twins.kvcache)
+    slip = "long_decode_drops_alibi"
+    dtypes = ("float64",)

@@ -521,3 +521,106 @@ def packed_head_slices(seed=0):
     """op "packed", q, k, v handed as heads 1..2 of tensors four heads wide (a fused QKV projection's views)."""
     return {**_problem(*_heads(2, 2, 2, 5, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([3, 5])),
             "op": "packed", "layout": "head_slice"}
+
+
+# ---- paths a fourth review reached (tests/broken/reach_bugs.py, path_bugs.py's long paged decodes) -------
+
+def wide_causal(seed=0):
+    """E = 192 (its own template), causal at L 6: query i sees keys 0..i only."""
+    return _problem(*_qkv(6, 6, E=192, Ev=192, seed=seed), is_causal=True)
+
+
+def wide_grouped(seed=0):
+    """E = 160, 4 query heads on 2 KV heads: head h reads KV head h // 2."""
+    return _problem(*_heads(4, 2, 5, 6, E=160, seed=seed), enable_gqa=True)
+
+
+def wide_past_64_rows(seed=0):
+    """E = 256 at Lq 129: rows 64..127 (a second 64-row tile) written too."""
+    return _problem(*_qkv(129, 9, E=256, Ev=256, seed=seed))
+
+
+def split_kv_lse(seed=0):
+    """op "lse": a decode against 1000 keys (a split-KV path): the LSE of all of them, not of the first 512."""
+    return _problem(*_heads(2, 2, 1, 1000, seed=seed), op="lse")
+
+
+def empty_query_tile(seed=0):
+    """Lq 129 against Lk 33, causal bottom-right: rows 0..95 see no key (zeros), a whole 64-row tile of them."""
+    return _problem(*_heads(1, 1, 129, 33, seed=seed), is_causal=True, causal_alignment="bottom_right")
+
+
+def empty_rows_lse(seed=0):
+    """op "lse": Lq 6 against Lk 3, causal bottom-right: rows 0..2 see no key, their LSE -inf."""
+    return _problem(*_heads(2, 2, 6, 3, seed=seed), is_causal=True, causal_alignment="bottom_right", op="lse")
+
+
+def decode_masked(seed=0):
+    """A decode against 600 keys with a mask hiding every other key."""
+    q, k, v = _heads(2, 2, 1, 600, seed=seed)
+    return _problem(q, k, v, mask=(np.arange(600) % 2 == 0)[None, :])
+
+
+def split_kv_key_lengths(seed=0):
+    """Decodes against 1000 keys, the second sequence's cache 617 long: keys 617.. are padding."""
+    return _problem(*_heads(2, 2, 1, 1000, B=2, seed=seed), kv_lengths=np.array([1000, 617]))
+
+
+def long_prefill_bottom_right(seed=0):
+    """Lq 768 against Lk 800, causal bottom-right: query i sees keys 0..i + 32."""
+    return _problem(*_heads(1, 1, 768, 800, seed=seed), is_causal=True, causal_alignment="bottom_right")
+
+
+def grouped_head_bias(seed=0):
+    """4 query heads on 2 KV heads and a per-query-head bias (B, 4, Lq, Lk): each head its own."""
+    q, k, v = _heads(4, 2, 4, 6, seed=seed)
+    return _problem(q, k, v, enable_gqa=True, bias=_grid((1, 4, 4, 6), seed + 3, spread=2.0))
+
+
+def split_kv_sinks(seed=0):
+    """A decode against 600 keys with sinks 3 and 7 (a large share of each row's mass)."""
+    return _problem(*_heads(2, 2, 1, 600, seed=seed), sinks=np.array([3.0, 7.0]))
+
+
+def split_kv_alibi_top_left(seed=0):
+    """4 queries against 600 keys, ALiBi top-left (non-causal): query i's distances are |i - j|."""
+    return _problem(*_heads(2, 2, 4, 600, seed=seed), alibi_slopes=np.array([2.0 ** -4, 2.0 ** -6]))
+
+
+def split_kv_key_padding_bias(seed=0):
+    """4 queries against 600 keys, a (B, 1, 1, Lk) bias, the second sequence padded past key 400."""
+    q, k, v = _heads(2, 2, 4, 600, B=2, seed=seed)
+    bias = _grid((2, 1, 1, 600), seed + 3)  # (B, 1, 1, Lk)
+    bias[1, ..., 400:] = -np.inf
+    return _problem(q, k, v, bias=bias)
+
+
+def head_broadcast_mask(seed=0):
+    """A (B, 1, 1, Lk) boolean mask over 2 heads, the second sequence padded past key 3."""
+    q, k, v = _heads(2, 2, 4, 6, B=2, seed=seed)
+    mask = np.ones((2, 1, 1, 6), dtype=bool)  # (B, 1, 1, Lk)
+    mask[1, ..., 4:] = False
+    return _problem(q, k, v, mask=mask)
+
+
+def grouped_head_bias_gradient(seed=0):
+    """The backward of grouped_head_bias: dBias per query head."""
+    q, k, v = _heads(4, 2, 4, 6, seed=seed)
+    return _problem(q, k, v, op="backward", enable_gqa=True, bias=_grid((1, 4, 4, 6), seed + 3, spread=2.0))
+
+
+def paged_long_decode_grouped(seed=0):
+    """op "paged": decodes of 4 query heads on 2 KV heads against caches of 600 and 513 keys."""
+    return {**_problem(*_heads(4, 2, 1, 600, B=2, seed=seed), positions="per_sequence", enable_gqa=True,
+                       kv_lengths=np.array([600, 513])), "op": "paged"}
+
+
+def paged_long_decode_alibi(seed=0):
+    """op "paged": decodes against caches of 600 and 513 keys with ALiBi."""
+    return {**_problem(*_heads(2, 2, 1, 600, B=2, seed=seed), positions="per_sequence",
+                       kv_lengths=np.array([600, 513]), alibi_slopes=np.array([2.0 ** -3, 2.0 ** -5]),
+                       causal_alignment="bottom_right"), "op": "paged"}
+
+
+# every correct implementation agrees on these too (tests/test_teeth.py)
+ALL += (wide_causal, empty_rows_lse, head_broadcast_mask, grouped_head_bias, split_kv_key_padding_bias)
