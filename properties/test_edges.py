@@ -108,7 +108,9 @@ def grid() -> list[Edge]:
              Edge(f"16 queries, Lk {L}, 10 query heads on 2 KV heads", 1, 10, 16, L, 64, Hkv=2)]
     rows += [Edge(f"16 queries, Lk {L}, causal {a.replace('_', '-')}", 1, 2, 16, L, 32, causal=True, alignment=a)
              for a in ("top_left", "bottom_right")]
-    rows += [Edge(f"16 queries, masked Lk {L}", 1, 2, 16, L, 32, masked=True)]
+    # hidden keys go in as a mask and as a -inf bias on alternate rows (a backend taking both): the long
+    # masked rows come twice, so each form meets the split path whatever their place in the grid
+    rows += [Edge(f"16 queries, masked Lk {L}{twice}", 1, 2, 16, L, 32, masked=True) for twice in ("", ", again")]
     # and the variants a decode path must carry over from prefill (a split path with no softcap, window,
     # ALiBi or bias argument drops it): a window wider than a 512-key split, ALiBi's bottom-right distances
     rows += [Edge(f"decode Lk {L}, softcap 1", 1, 2, 1, L, 64, fields={"softcap": 1.0}),
@@ -119,7 +121,7 @@ def grid() -> list[Edge]:
                   alignment="bottom_right", fields={"window": (600, 0)})]
     # the fields a split path must read too: a mask at Lq = 1, per-sequence key lengths, sinks, a bias
     # broadcast over queries (a split path that addresses it as (..., Lq, Lk) reads past row 0)
-    rows += [Edge(f"decode, masked Lk {L}", 1, 2, 1, L, 32, masked=True),
+    rows += [*(Edge(f"decode, masked Lk {L}{twice}", 1, 2, 1, L, 32, masked=True) for twice in ("", ", again")),
              Edge(f"decode Lk {L}, key lengths {L} and 617", 2, 2, 1, L, 64,
                   fields={"kv_lengths": np.array([L, 617], dtype=np.int32)}),
              Edge(f"decode Lk {L}, sinks", 1, 2, 1, L, 64, fields={"sinks": np.array([3.0, 7.0])}),
