@@ -78,6 +78,7 @@ class Edge(NamedTuple):
     # values in [1, 2), so P V sums Lk terms of one sign: an accumulator kept in a 16-bit format grows
     # to ~1.5 Lk and rounds at each step (drawn values of both signs random-walk instead)
     inputs: str = "normal"
+    empty_rows: tuple = ()  # query rows whose every key is hidden too (masked only): rows that see no key
 
     def needs(self) -> set:
         """The features a backend must take to run this problem (the field table's, by field)."""
@@ -205,9 +206,11 @@ def grid_case(edge: Edge, dtype: str, seed: int, as_bias: bool = False) -> Case:
     if not edge.masked:
         return Case(q, k, v, None, edge.causal, edge.scale, fields, label=label)
     keep = tile_mask(Lq, Lk, rng)  # (Lq, Lk)
+    keep[list(edge.empty_rows)] = False  # (Lq, Lk) these rows see no key
     if as_bias:  # a backend without boolean masks takes the same hidden keys as a -inf bias
-        return Case(q, k, v, None, edge.causal, edge.scale, {"bias": np.where(keep, 0.0, -np.inf)}, label=label)
-    return Case(q, k, v, keep, edge.causal, edge.scale, label=label)
+        return Case(q, k, v, None, edge.causal, edge.scale, {**fields, "bias": np.where(keep, 0.0, -np.inf)},
+                    label=label)
+    return Case(q, k, v, keep, edge.causal, edge.scale, fields, label=label)
 
 
 def _mine(target: Target, i: int) -> bool:

@@ -1,8 +1,10 @@
 """Family: gradients — dQ, dK, dV against the reference, and the seeds' scaling law.
 
-Seed 003: "el /sqrt(d_k) sobrevive al backward — aparece en dL/dQ y dL/dK".  Problems here
-have no fully masked row (every row sees key 0): such a row's gradient is the
-implementation's choice, and a NaN there would spread into dK and dV through the sums.
+Seed 003: "el /sqrt(d_k) sobrevive al backward — aparece en dL/dQ y dL/dK".  Drawn problems here
+have no fully masked row (every row sees key 0): such a row's output is the implementation's
+choice (`Semantics.fully_masked`), so its gradient is too - except where the output is declared
+zeros: a constant passes no gradient, and `backward_empty_rows_pass_nothing` checks exactly that
+on a fixed grid (a NaN there spreads into dK and dV through the sums over rows).
 The backward costs ~3 forwards here (reference and plain too): half the examples, and lengths
 to 65 (block edges 16, 32, 64 +-1); a fixed grid (`BACKWARD_EDGES`) takes the backward past them.
 """
@@ -93,3 +95,32 @@ def test_backward_edges_match_reference(target: Target, case: Case, params: dict
     bottom-right past a key block, grouped heads, hidden key tiles, head dims 80 to 256, Ev != E (dealt
     over the dtypes for a backend that compiles per shape, as the edge grid)."""
     check_gradients("backward_edges_match_reference", target, case, grad_out(case, target.dtype, 0))
+
+
+# Rows that see no key, under a backend that declares their output zeros: whole 16..64-row query tiles of
+# them (bottom-right causal, Lq > Lk), single rows and a 16-row tile among rows that see keys (a mask or a
+# -inf bias), and under grouped heads (the NaN of one query head's row reaches its group's dK and dV)
+BACKWARD_EMPTY_ROWS = [
+    edges.Edge("backward Lq 129, Lk 33, causal bottom-right: 96 rows see no key", 1, 2, 129, 33, 32, causal=True,
+               alignment="bottom_right"),
+    edges.Edge("backward Lq 65, masked Lk 129, rows 0, 32..47 and 64 see no key", 1, 2, 65, 129, 32, masked=True,
+               empty_rows=(0, *range(32, 48), 64)),
+    edges.Edge("backward Lq 33, masked Lk 65, 4 query heads on 2 KV heads, rows 5 and 32 see no key", 1, 4, 33, 65,
+               32, masked=True, Hkv=2, empty_rows=(5, 32)),
+]
+
+
+def _empty_row_problems(target: Target) -> list:
+    if target.backend.semantics.fully_masked != "zeros":
+        import pytest
+        pytest.skip(f"{target.name} declares fully_masked = {target.backend.semantics.fully_masked!r}: the gradient "
+                    "of a row that sees no key is judged where its output is declared zeros")
+    return edges.grid_problems(target, BACKWARD_EMPTY_ROWS)
+
+
+@prop(gradients=True, grid=_empty_row_problems)
+def test_backward_empty_rows_pass_nothing(target: Target, case: Case, params: dict):
+    """Where a row that sees no key is declared zeros, its output is a constant: dQ is zero on that row and
+    dK, dV (and dBias) are the reference's, finite (flash-attention#443: a backward that recomputes
+    exp(s - LSE) with LSE = -inf there puts NaN in the row's dQ and, through the sums, in dK and dV)."""
+    check_gradients("backward_empty_rows_pass_nothing", target, case, grad_out(case, target.dtype, 0))

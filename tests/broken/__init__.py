@@ -181,6 +181,11 @@ BROKEN = (
           "the split-KV path reads a query-broadcast bias with query stride Lk", "bias"),
     Entry("reach_bugs:MaskHeadBroadcastBatch0", ("edge_shapes",) + MASKED + REF, w.head_broadcast_mask,
           "a (B, 1, ., Lk) mask read with batch stride 0", "masking"),
+    Entry("reach_bugs:BwdEmptyRowNaN", ("backward_empty_rows",), w.backward_empty_rows,
+          "exp(S - LSE) recomputed with LSE = -inf: NaN in an empty row's dQ and its head's dK, dV "
+          "(flash-attention#443)", "gradients"),
+    Entry("reach_bugs:BwdEmptyTileDqUnwritten", ("backward_empty_rows",), w.backward_empty_query_tile,
+          "the backward skips a 64-row query tile that sees no key, its dQ left as allocated", "gradients"),
     Entry("reach_bugs:DbiasGqaFirstOfGroup", ("backward_edges",) + GRADS, w.grouped_head_bias_gradient,
           "dBias of a per-head bias under grouped heads: the group's first head's", "gradients"),
     # one instantiation of a kernel template (tests/broken/template_bugs.py)

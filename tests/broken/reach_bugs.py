@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._kernels import numpy_caps
+from ._kernels import numpy_caps, store
 from ._variants import VariantKernel
 from .path_bugs import _split_kv
 from .sink_bugs import SinkKernel
@@ -253,3 +253,39 @@ class DbiasGqaFirstOfGroup(VariantKernel):
             return grads
         first = (np.arange(Hq) // (Hq // Hkv)) * (Hq // Hkv)  # each head's group's first head
         return (*grads[:3], np.take(grads[3], first, axis=-3))  # the slip
+
+
+class BwdEmptyRowNaN(VariantKernel):
+    """The backward recomputes P = exp(S - LSE) with LSE = -inf stored for a row that sees no key (FA3's
+    convention) and no guard (FA2 stores +inf there for this reason): exp(-inf + inf) = NaN across that
+    row, so its dQ and, through the sums over rows, its head's dK and dV are NaN (flash-attention#443's
+    class).  The forward (zeros there, as declared) and every problem whose rows all see a key: right."""
+
+    name = "broken-bwd-empty-row-nan"
+    capabilities = numpy_caps("float32", gradients=True, features=("gqa",))
+
+    def _backward_reach(self, call, ds, p):
+        ds, p = super()._backward_reach(call, ds, p)
+        empty = ~(p > 0).any(axis=-1, keepdims=True)  # (..., Hq, Lq, 1) a row's largest weight is > 0
+        return np.where(empty, np.nan, ds), np.where(empty, np.nan, p)  # the slip
+
+
+class BwdEmptyTileDqUnwritten(VariantKernel):
+    """The backward skips a 64-row query tile whose rows see no key and leaves its dQ rows as allocated
+    (torch.empty: NaN here): the backward twin of a forward tile that exits early (flash-attention#1778).
+    dK and dV, single empty rows and every other tile: right."""
+
+    name = "broken-bwd-empty-tile-dq-unwritten"
+    capabilities = numpy_caps("bfloat16", gradients=True, features=("causal_bottom_right",))
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        grads = super().native_attention_backward(q, k, v, grad_out, call)
+        _, lse = super().native_attention(q, k, v, replace(call, return_lse=True))  # (..., Hq, Lq)
+        empty = np.all(~np.isfinite(np.asarray(lse, np.float64)), axis=tuple(range(np.ndim(lse) - 1)))  # (Lq,)
+        tiles = [t for t in range(0, empty.shape[0], 64) if empty[t:t + 64].all()]
+        if not tiles:
+            return grads
+        dq = np.array(grads[0], dtype=np.float64)  # (..., Hq, Lq, E)
+        for t in tiles:
+            dq[..., t:t + 64, :] = np.nan  # the slip: never written
+        return (store(dq, call.dtype), *grads[1:])

@@ -624,3 +624,17 @@ def paged_long_decode_alibi(seed=0):
 
 # every correct implementation agrees on these too (tests/test_teeth.py)
 ALL += (wide_causal, empty_rows_lse, head_broadcast_mask, grouped_head_bias, split_kv_key_padding_bias)
+
+
+def backward_empty_rows(seed=0):
+    """The backward of a problem whose query 2 sees no key (a mask), 4 query heads on 2 KV heads."""
+    q, k, v = _heads(4, 2, 5, 6, seed=seed)
+    mask = _random_mask(5, 6)  # (Lq, Lk)
+    mask[2] = False  # (Lq, Lk) query 2 sees nothing
+    return _problem(q, k, v, mask=mask, op="backward", enable_gqa=True)
+
+
+def backward_empty_query_tile(seed=0):
+    """The backward of empty_query_tile: rows 0..95 see no key, a whole 64-row tile of them."""
+    return _problem(*_heads(1, 1, 129, 33, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    op="backward")
