@@ -66,7 +66,9 @@ class Edge(NamedTuple):
     E: int
     causal: bool = False
     masked: bool = False  # hidden keys at tile scale (`tile_mask`), as a mask or a -inf bias
-    fields: dict = {}  # optional fields (specs.fields), e.g. a window; never mutated (grid_case copies it)
+    # optional fields (specs.fields), e.g. a window; never mutated (grid_case copies it); "bias": None draws a
+    # (B, H, Lq, Lk) bias, a shape draws one of that shape (broadcast over the axes of size 1)
+    fields: dict = {}
     scale: float | None = None  # None: the default 1/sqrt(E)
     # "bias": a (B, 1, 1, Lk) bias, -inf past each sequence's length; "mask": the same keys as a (B, 1, 1, Lk)
     # boolean mask (a model's attention mask expanded over heads and queries)
@@ -130,6 +132,19 @@ def grid() -> list[Edge]:
              *(Edge(f"16 queries, Lk {L}, ALiBi {a.replace('_', '-')}", 1, 2, 16, L, 64, alignment=a,
                     fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}) for a in ("top_left", "bottom_right")),
              Edge(f"16 queries, Lk {L}, key-padding bias (B, 1, 1, Lk)", 2, 2, 16, L, 32, key_padding="bias")]
+    # two fields at once on the split path (each alone above): a softcap with ALiBi (the order: cap, then
+    # ALiBi), a window under grouped heads (a pack-GQA row index is no query position), sinks under grouped
+    # heads (one sink a query head, not a KV head's)
+    rows += [Edge(f"decode Lk {L}, causal bottom-right, softcap 1 and ALiBi", 1, 2, 1, L, 64, causal=True,
+                  alignment="bottom_right", fields={"softcap": 1.0, "alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
+             Edge(f"16 queries, Lk {L}, 8 query heads on 2 KV heads, causal bottom-right, window (2, 0)", 1, 8, 16, L,
+                  32, causal=True, alignment="bottom_right", Hkv=2, fields={"window": (2, 0)}),
+             Edge(f"decode Lk {L}, 4 query heads on 2 KV heads, sinks", 1, 4, 1, L, 64, Hkv=2,
+                  fields={"sinks": np.array([4.0, -2.0, 1.0, 6.0])})]
+    # a sink under a window whose query tiles start past key block 0 (a kernel that folds the sink in at
+    # block 0 leaves those tiles' rows without it)
+    rows += [Edge("window (100, 0) causal L 257, sinks", 1, 2, 257, 257, 32, causal=True,
+                  fields={"window": (100, 0), "sinks": np.array([1.0, 3.0])})]
     rows += [Edge(f"E {E}, Ev {Ev}", 1, 2, 65, 129, E, Ev=Ev) for E, Ev in UNEQUAL_HEAD_DIMS]
     rows += [Edge(f"MLA decode: E 576, Ev 512, Lk {L}, 8 query heads on 1 KV head", 1, 8, 1, L, 576, Hkv=1, Ev=512)]
     # a long row's sum in one 16-bit accumulator (allow_fp16_accumulation, tl.dot(out_dtype=float16))
@@ -189,8 +204,8 @@ def grid_case(edge: Edge, dtype: str, seed: int, as_bias: bool = False) -> Case:
     if edge.inputs == "uniform positive":
         q, v = np.zeros_like(q), in_format(1.0 + rng.random(v.shape), dtype)  # (B, H, Lq, E), (B, Hkv, Lk, Ev)
     fields = dict(edge.fields)
-    if "bias" in fields:  # drawn here, per dtype and seed
-        fields["bias"] = in_format(rng.standard_normal((B, H, Lq, Lk)), dtype)  # (B, H, Lq, Lk)
+    if "bias" in fields:  # drawn here, per dtype and seed, (B, H, Lq, Lk) or the shape the edge gives
+        fields["bias"] = in_format(rng.standard_normal(fields["bias"] or (B, H, Lq, Lk)), dtype)  # (B, H, Lq, Lk)
     if Hkv != H:
         fields["enable_gqa"] = True
     if edge.alignment not in (None, "top_left"):  # top-left is the field's off value: not stored

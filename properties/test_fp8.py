@@ -185,3 +185,36 @@ def test_p_rounding(target: Target, case: Case, params: dict):
         if gap[where] <= 0:  # within the declared emulation's budget: the nearest is a near tie
             observed = declared
     _answer(target, "p_dtype", observed, declared, "p_rounding")
+
+
+def _split_kv_descales(target: Target) -> list:
+    """A decode and 16 queries against 1000 keys (a split-KV path), descales that differ per (batch element,
+    KV head) where the backend takes them so (one a tensor otherwise), grouped heads where it takes them."""
+    if not is_fp8(target.dtype):
+        return [(None, {})]
+    per_head = target.caps.descale_granularity == "head"
+    H, Hkv, E, Lk = (4 if target.supports("gqa") else 2), 2, 64, 1000
+    rng = np.random.default_rng(34)
+    out = []
+    for label, B, Lq in (("decode", 2, 1), ("16 queries", 1, 16)):
+        if target.caps.outside(E, E, Lq, Lk, False):
+            continue
+        q, k, v = (8 * rng.standard_normal(s) for s in ((B, H, Lq, E), (B, Hkv, Lk, E), (B, Hkv, Lk, E)))
+        fields = {f"{x}_descale": rng.uniform(0.02, 0.2, (B, Hkv) if per_head else ()).astype(np.float32).astype(float)
+                  for x in "qkv" if x != "q" or is_fp8(target.query_dtype)}  # a 16-bit query has no descale
+        if H != Hkv:
+            fields["enable_gqa"] = True
+        out.append((target.exact(Case(q, k, v, None, False, None, fields, label=f"{label} against {Lk} keys, descales "
+                                      f"per {'(batch, KV head)' if per_head else 'tensor'}")), {}))
+    return out or [(None, {})]
+
+
+@prop(requires=_DESCALE, grid=_split_kv_descales)
+def test_descales_on_split_kv_paths(target: Target, case: Case, params: dict):
+    """The descales on a split-KV path (few queries against long keys: a kernel of its own that may apply
+    v_descale to each split and again after the combine, or drop one): the output against the reference."""
+    _fp8_only(target)
+    if case is None:
+        import pytest
+        pytest.skip(f"{target.name} declares limits that leave out 1000 keys")
+    agreement(target, case)

@@ -13,14 +13,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties import test_edges as edges  # a module: pytest collects no property here
 from attnspec.properties.distribution import cases
 from attnspec.properties.draws import SEEDS
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import check_gradients, grad_out, require, rule_of
-from attnspec.specs import error_budget
+from attnspec.properties.judge import check_gradients, grad_out, require, rule_of, verdict
+from attnspec.specs import error_budget, sink_budget
 from attnspec.specs.invariants import gradient_scaling
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ def test_gradient_scaling_law(target: Target, case: Case, params: dict):
     require(gradient_scaling(grads, scaled, c, atol=tol))
 
 
+SEGMENTS_257 = np.repeat(np.arange(3, dtype=np.int32), (100, 120, 37))[None]  # (1, 257) across 128-key blocks
+
 # The backward's own tiling, where the draws (lengths to ~129) seldom or never go: query rows past 128
 # (a pre-pass computing D = rowsum(dO * O) in blocks its launch grid does not cover leaves rows 128..255
 # of every 256 at zero, and dQ and dK wrong there), key tails past two tiles, causal, grouped heads and
@@ -86,15 +89,42 @@ BACKWARD_EDGES = [
     # the backward's head-dim templates (a dispatch sending 65..128 to the 64 kernel) and unequal value heads
     *(edges.Edge(f"backward E {E}", 1, 2, 33, 65, E) for E in (80, 128, 256)),
     edges.Edge("backward E 192, Ev 128", 1, 2, 33, 65, 192, Ev=128),
+    # each variant a backward recomputes past its first 128-key block and 128-row query tile (the draws'
+    # lengths stop near 65): a window's key-block range in the dK/dV pass and its rows in a pack-GQA dQ pass,
+    # ALiBi's distance in later key blocks, the softcap's tanh' on every block, segments across block
+    # edges, dSink summed over every query tile, padded keys' dK = dV = 0, and dBias summed over the axes a
+    # bias is broadcast on (queries, batch)
+    edges.Edge("backward window (100, 0) causal L 257", 1, 2, 257, 257, 32, causal=True, fields={"window": (100, 0)}),
+    edges.Edge("backward window (64, 64) L 257", 1, 2, 257, 257, 32, fields={"window": (64, 64)}),
+    edges.Edge("backward window (100, 0) causal L 257, 4 query heads on 2 KV heads", 1, 4, 257, 257, 32, causal=True,
+               Hkv=2, fields={"window": (100, 0)}),
+    edges.Edge("backward Lq 129, Lk 257, causal bottom-right, ALiBi", 1, 2, 129, 257, 32, causal=True,
+               alignment="bottom_right", fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
+    edges.Edge("backward Lq 129, Lk 257, ALiBi", 1, 2, 129, 257, 32,
+               fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
+    edges.Edge("backward Lq 129, Lk 257, softcap 1", 1, 2, 129, 257, 32, fields={"softcap": 1.0}),
+    edges.Edge("backward L 257, segments 100, 120 and 37 long", 1, 2, 257, 257, 32,
+               fields={"q_segment_ids": SEGMENTS_257, "kv_segment_ids": SEGMENTS_257}),
+    edges.Edge("backward Lq 257, Lk 129, sinks", 1, 2, 257, 129, 32, fields={"sinks": np.array([1.0, -2.0])}),
+    edges.Edge("backward key lengths 257, 200 and 100", 3, 2, 65, 257, 32,
+               fields={"kv_lengths": np.array([257, 200, 100], dtype=np.int32)}),
+    edges.Edge("backward Lq 257, key-padding bias (B, 1, 1, Lk)", 2, 2, 257, 65, 32, key_padding="bias"),
+    edges.Edge("backward bias (1, H, Lq, Lk) over 2 sequences", 2, 2, 129, 65, 32, fields={"bias": (1, 2, 129, 65)}),
 ]
 
 
 @prop(gradients=True, grid=lambda target: edges.grid_problems(target, BACKWARD_EDGES))
 def test_backward_edges_match_reference(target: Target, case: Case, params: dict):
-    """dQ, dK, dV against the reference on a fixed grid: 257 query rows, 255 keys, causal at 129 and
-    bottom-right past a key block, grouped heads, hidden key tiles, head dims 80 to 256, Ev != E (dealt
-    over the dtypes for a backend that compiles per shape, as the edge grid)."""
-    check_gradients("backward_edges_match_reference", target, case, grad_out(case, target.dtype, 0))
+    """dQ, dK, dV (dBias, dSink) against the reference on a fixed grid: 257 query rows, 255 keys, causal at 129
+    and bottom-right past a key block, grouped heads, hidden key tiles, head dims 80 to 256, Ev != E, and each
+    variant past a 128-key block: windows, ALiBi, a softcap, segments, sinks, key lengths, broadcast biases
+    (dealt over the dtypes for a backend that compiles per shape, as the edge grid)."""
+    g = grad_out(case, target.dtype, 0)
+    if case.fields.get("sinks") is not None:  # dSink_h: a sum over every query tile of every sequence
+        _, dsink = target.backward(case, g, return_dsink=True)
+        v = sink_budget.check_dsink(dsink, case.problem, grad_out=g, dtype=target.budget_dtype, rule=rule_of(target))
+        require(verdict("backward_edges_match_reference", bool(v), v.where, v.amount, f"dsink: {v.message}", v.limit))
+    check_gradients("backward_edges_match_reference", target, case, g)
 
 
 # Rows that see no key, under a backend that declares their output zeros: whole 16..64-row query tiles of

@@ -132,6 +132,19 @@ def _full_cache(target: Target) -> list:
                       **{n: x if np.ndim(x) == 0 else x[:H] for n, x in extra.items()}}  # per query head: H of them
             label = f"decodes past 512-key splits, {feature}, {H} query heads on 2 KV heads"
             cases.append((Case(q, k, v, None, False, None, fields, label=label), {"seed": len(cases), "page_size": 16}))
+    # a long decode's window (a partition the window ends inside is masked too, not only the last) and ALiBi
+    # under left padding (distances from the query's own position, the padding counted in neither)
+    rng = np.random.default_rng(32)
+    q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 1000, 1000))
+    long_decodes = {"window": {"window": (100, 0)},
+                    "alibi": {"alibi_slopes": np.array([2.0 ** -1, 2.0 ** -5]), "kv_starts": np.array([3, 40])}}
+    for feature, extra in long_decodes.items():
+        if target.supports(feature) and "bottom_right" in target.alignments:
+            fields = {"kv_lengths": np.array([1000, 700]), "positions": "per_sequence",
+                      "causal_alignment": "bottom_right", **extra}
+            cases.append((Case(q, k, v, None, True, None, fields, label=f"decodes past 512 keys, causal, {feature}"
+                               + (", left padding 3 and 40" if "kv_starts" in extra else "")),
+                          {"seed": len(cases), "page_size": 16}))
     # a decode's window whose left edge falls inside a page (key 5 of 7; key 8 of 10 starts a page)
     if target.supports("window") and "bottom_right" in target.alignments:
         q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 10, 10))
@@ -147,8 +160,9 @@ def test_paged_edges(target: Target, case: Case, params: dict):
     """Edge problems in a paged cache of 4-key pages (16 for the long decodes' variants), no spare table
     column: empty sequences, one key, 63/64/65 keys (64: a cache exactly full, its table too), more queries
     than keys, decodes past 512-key splits (again with grouped heads and with ALiBi, a softcap or sinks where
-    the backend takes them), left padding past a key block and through a whole cache, a decode's window from
-    inside a page; with the LSE feature, each call's LSE too (a decode path's own LSE: the draws seldom decode)."""
+    the backend takes them, and causal with a window or with ALiBi under left padding), 3..6 queries against
+    keys past 512, left padding past a key block and through a whole cache, a decode's window from inside a page;
+    with the LSE feature, each call's LSE too (a decode path's own LSE: the draws seldom decode)."""
     layout = _layout(target, {"layout": "NHD"}, case)
     with S.as_called(case):
         out = agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], spare_columns=0))

@@ -26,7 +26,7 @@ import pytest
 
 from attnspec.backends.base import Unsupported  # noqa: E402
 from attnspec.backends.registry import resolve  # noqa: E402
-from attnspec.specs import error_budget, reference  # noqa: E402
+from attnspec.specs import error_budget, reference, sink_budget  # noqa: E402
 from tests import teeth_conventions as conventions  # noqa: E402
 from tests import teeth_report as teeth  # noqa: E402
 from tests.broken import BROKEN, CORRECT, FAMILIES, FP8_FAMILIES  # noqa: E402
@@ -90,6 +90,11 @@ def _verdicts(backend, p, dtype: str) -> list:
             return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, budget, rows=~empty, **fields),
                     conventions.empty_lse_verdict(backend, lse, empty)]
         return [error_budget.check_forward(out, q, k, v, mask, causal, scale, budget, **fields)]
+    if p["op"] == "dsink":  # the sinks' gradient too
+        grads, dsink = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype,
+                                        return_dsink=True, **fields)
+        return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields) + [
+            sink_budget.check_dsink(dsink, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields)]
     grads = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
     return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields)
 

@@ -638,3 +638,116 @@ def backward_empty_query_tile(seed=0):
     """The backward of empty_query_tile: rows 0..95 see no key, a whole 64-row tile of them."""
     return _problem(*_heads(1, 1, 129, 33, seed=seed), is_causal=True, causal_alignment="bottom_right",
                     op="backward")
+
+
+# a fifth review's paths (tests/broken/backward_block_bugs.py, split_path_bugs.py): past a 128-key block or tile
+SEGMENTS_257 = np.repeat(np.arange(3), (100, 120, 37))[None]  # (1, 257) segments across 128-key blocks
+
+
+def backward_window_257(seed=0):
+    """The backward of a causal window (100, 0) at L 257: dK, dV of a key block's last keys need the next tile."""
+    return _problem(*_heads(2, 2, 257, 257, seed=seed), is_causal=True, window=(100, 0), op="backward")
+
+
+def backward_window_grouped(seed=0):
+    """The backward of a causal window (8, 0) at L 130 with 4 query heads on 2 KV heads."""
+    return _problem(*_heads(4, 2, 130, 130, seed=seed), is_causal=True, window=(8, 0), enable_gqa=True, op="backward")
+
+
+def backward_query_broadcast_bias(seed=0):
+    """The backward of a (1, 1, 1, Lk) bias under 257 queries: dBias sums every query tile's rows."""
+    return _problem(*_heads(2, 2, 257, 65, seed=seed), bias=_grid((1, 1, 1, 65), seed + 3, spread=2.0), op="backward")
+
+
+def backward_batch_broadcast_bias(seed=0):
+    """The backward of a (1, H, Lq, Lk) bias over 2 sequences: dBias sums the batch."""
+    return _problem(*_heads(2, 2, 9, 17, B=2, seed=seed), bias=_grid((1, 2, 9, 17), seed + 3, spread=2.0),
+                    op="backward")
+
+
+def backward_key_lengths_tail(seed=0):
+    """The backward with key lengths 257 and 200: keys 200..255 of sequence 1 are padding in a tail block."""
+    return _problem(*_heads(2, 2, 9, 257, B=2, seed=seed), kv_lengths=np.array([257, 200]), op="backward")
+
+
+def backward_alibi_long(seed=0):
+    """The backward with ALiBi against 257 keys (distances past key 127)."""
+    return _problem(*_heads(2, 2, 33, 257, seed=seed), alibi_slopes=np.array([2.0 ** -1, 2.0 ** -4]), op="backward")
+
+
+def backward_segments_long(seed=0):
+    """The backward with segments 100, 120 and 37 long at L 257 (boundaries inside 128-row tiles)."""
+    return _problem(*_heads(2, 2, 257, 257, seed=seed), q_segment_ids=SEGMENTS_257, kv_segment_ids=SEGMENTS_257,
+                    op="backward")
+
+
+def backward_softcap_long(seed=0):
+    """The backward with a softcap of 1 against 257 keys (tanh' on every key block)."""
+    return _problem(*_heads(2, 2, 20, 257, seed=seed), softcap=1.0, op="backward")
+
+
+def dsink_long(seed=0):
+    """op "dsink": dSink with 200 queries (two 128-row tiles) against 30 keys."""
+    return {**_problem(*_heads(2, 2, 200, 30, seed=seed), sinks=np.array([1.0, 3.0]), op="backward"), "op": "dsink"}
+
+
+def packed_split_kv_ragged(seed=0):
+    """op "packed": 6, 3 and 5 queries against 600, 520 and 100 keys (a split-KV path), LSE too."""
+    return {**_problem(*_heads(2, 2, 6, 600, B=3, seed=seed), q_lengths=np.array([6, 3, 5]),
+                       kv_lengths=np.array([600, 520, 100]), positions="per_sequence"), "op": "packed"}
+
+
+def paged_chunk_long_cache(seed=0):
+    """op "paged": 4 queries a sequence, causal bottom-right, against caches of 600 and 530 keys."""
+    return {**_problem(*_heads(2, 2, 4, 600, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                       positions="per_sequence", kv_lengths=np.array([600, 530])), "op": "paged"}
+
+
+def paged_long_decode_window(seed=0):
+    """op "paged": causal decodes with a window (100, 0) against caches of 1000 and 700 keys."""
+    return {**_problem(*_heads(2, 2, 1, 1000, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                       positions="per_sequence", kv_lengths=np.array([1000, 700]), window=(100, 0)), "op": "paged"}
+
+
+def paged_long_decode_alibi_left_padded(seed=0):
+    """op "paged": causal decodes with ALiBi against caches of 1000 and 700 keys, left-padded by 3 and 40."""
+    return {**_problem(*_heads(2, 2, 1, 1000, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                       positions="per_sequence", kv_lengths=np.array([1000, 700]), kv_starts=np.array([3, 40]),
+                       alibi_slopes=np.array([2.0 ** -1, 2.0 ** -5])), "op": "paged"}
+
+
+def sinks_window_257(seed=0):
+    """Sinks under a causal window (100, 0) at L 257: query tiles past key block 0 keep their sink."""
+    return _problem(*_heads(2, 2, 257, 257, seed=seed), is_causal=True, window=(100, 0), sinks=np.array([1.0, 3.0]))
+
+
+def split_kv_softcap_alibi(seed=0):
+    """A causal bottom-right decode against 1000 keys with a softcap of 1 and ALiBi."""
+    return _problem(*_heads(2, 2, 1, 1000, seed=seed), is_causal=True, causal_alignment="bottom_right", softcap=1.0,
+                    alibi_slopes=np.array([2.0 ** -4, 2.0 ** -8]))
+
+
+def split_kv_grouped_window(seed=0):
+    """16 queries against 1000 keys, 8 query heads on 2 KV heads, causal bottom-right, window (2, 0)."""
+    return _problem(*_heads(8, 2, 16, 1000, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    enable_gqa=True, window=(2, 0))
+
+
+def split_kv_grouped_sinks(seed=0):
+    """A decode against 1000 keys, 4 query heads on 2 KV heads, one sink a query head."""
+    return _problem(*_heads(4, 2, 1, 1000, seed=seed), enable_gqa=True, sinks=np.array([4.0, -2.0, 1.0, 6.0]))
+
+
+def fp8_split_kv_descales(seed=0):
+    """fp8 decodes against 600 keys (a split-KV path), 4 query heads on 2 KV heads, descales per (batch, KV head)."""
+    q, k, v = _heads(4, 2, 1, 600, B=2, seed=seed)
+    q, k = q * 8, k * 8  # on the k/8 grid: fp8 rounds them, the descales bring the scores back
+    qd = np.array([[0.11, 0.23], [0.17, 0.05]], dtype=np.float32).astype(np.float64)  # (B, Hkv)
+    kd = np.array([[0.07, 0.19], [0.13, 0.29]], dtype=np.float32).astype(np.float64)
+    vd = np.array([[1.3, 0.7], [0.45, 2.1]], dtype=np.float32).astype(np.float64)
+    return _problem(q, k, v, enable_gqa=True, q_descale=qd, k_descale=kd, v_descale=vd)
+
+
+ALL += (backward_window_257, backward_key_lengths_tail, backward_alibi_long, backward_segments_long,
+        backward_softcap_long, dsink_long, backward_query_broadcast_bias, sinks_window_257, split_kv_softcap_alibi,
+        split_kv_grouped_window, split_kv_grouped_sinks, fp8_split_kv_descales)
