@@ -81,6 +81,9 @@ class Edge(NamedTuple):
     # to ~1.5 Lk and rounds at each step (drawn values of both signs random-walk instead)
     inputs: str = "normal"
     empty_rows: tuple = ()  # query rows whose every key is hidden too (masked only): rows that see no key
+    # masked only: the hidden keys' shape, broadcast over its axes of size 1 (None: (Lq, Lk), `tile_mask`'s);
+    # e.g. (B, 1, Lq, Lk), a model's mask expanded over heads, or (B, H, 1, Lk), a key mask per head
+    mask_shape: tuple | None = None
 
     def needs(self) -> set:
         """The features a backend must take to run this problem (the field table's, by field)."""
@@ -141,6 +144,17 @@ def grid() -> list[Edge]:
                   32, causal=True, alignment="bottom_right", Hkv=2, fields={"window": (2, 0)}),
              Edge(f"decode Lk {L}, 4 query heads on 2 KV heads, sinks", 1, 4, 1, L, 64, Hkv=2,
                   fields={"sinks": np.array([4.0, -2.0, 1.0, 6.0])})]
+    # broadcast shapes of a boolean mask (or the same -inf bias) and a bias a kernel must address by their own
+    # strides: over heads (a model's expanded mask), over the batch, over queries (a key mask per head)
+    rows += [Edge(f"masked (B, H, Lq, Lk) as {shape}", 2, 2, 9, 65, 32, masked=True, mask_shape=dims)
+             for shape, dims in (("(B, 1, Lq, Lk)", (2, 1, 9, 65)), ("(1, H, Lq, Lk)", (1, 2, 9, 65)),
+                                 ("(B, H, 1, Lk)", (2, 2, 1, 65)))]
+    rows += [Edge("bias (B, H, 1, Lk)", 2, 2, 9, 65, 32, fields={"bias": (2, 2, 1, 65)})]
+    # decodes under grouped heads a decode kernel maps on its own: a group of 3 (no power of two: a shift is
+    # no division), a group of 16 (more than an 8-row tile packs) on one KV head over two sequences (MQA: a
+    # KV cache read with batch stride 0 gives every sequence the first's)
+    rows += [Edge("decode, 6 query heads on 2 KV heads", 2, 6, 1, 65, 64, Hkv=2),
+             Edge("decode, 16 query heads on 1 KV head, 2 sequences", 2, 16, 1, 65, 64, Hkv=1)]
     # a sink under a window whose query tiles start past key block 0 (a kernel that folds the sink in at
     # block 0 leaves those tiles' rows without it)
     rows += [Edge("window (100, 0) causal L 257, sinks", 1, 2, 257, 257, 32, causal=True,
@@ -222,6 +236,9 @@ def grid_case(edge: Edge, dtype: str, seed: int, as_bias: bool = False) -> Case:
         return Case(q, k, v, None, edge.causal, edge.scale, fields, label=label)
     keep = tile_mask(Lq, Lk, rng)  # (Lq, Lk)
     keep[list(edge.empty_rows)] = False  # (Lq, Lk) these rows see no key
+    if edge.mask_shape is not None:  # every slice its own half of the keys hidden, each row its last key seen
+        keep = rng.random(edge.mask_shape) < 0.5  # (b, h, lq, Lk) broadcast over the axes of size 1
+        keep[..., -1] = True
     if as_bias:  # a backend without boolean masks takes the same hidden keys as a -inf bias
         return Case(q, k, v, None, edge.causal, edge.scale, {**fields, "bias": np.where(keep, 0.0, -np.inf)},
                     label=label)

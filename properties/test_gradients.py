@@ -110,6 +110,12 @@ BACKWARD_EDGES = [
                fields={"kv_lengths": np.array([257, 200, 100], dtype=np.int32)}),
     edges.Edge("backward Lq 257, key-padding bias (B, 1, 1, Lk)", 2, 2, 257, 65, 32, key_padding="bias"),
     edges.Edge("backward bias (1, H, Lq, Lk) over 2 sequences", 2, 2, 129, 65, 32, fields={"bias": (1, 2, 129, 65)}),
+    # head dims no multiple of 8 (a vectorised store's tail columns), causal top-left with more queries than
+    # keys (the dK/dV pass's query loop bounded by the keys' length), a group of 16 query heads on one KV head
+    # (a pack-GQA backward in tiles of 8 heads that stores each tile's dK, dV instead of adding them)
+    *(edges.Edge(f"backward E {E}", 1, 2, 9, 65, E) for E in (59, 111)),
+    edges.Edge("backward Lq 129, Lk 65, causal top-left", 1, 2, 129, 65, 32, causal=True, alignment="top_left"),
+    edges.Edge("backward 16 query heads on 1 KV head", 1, 16, 9, 65, 16, Hkv=1),
 ]
 
 

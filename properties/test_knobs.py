@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties.case import Case
+from attnspec.properties.draws import in_format
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import close_outputs, unchanged
 
 if TYPE_CHECKING:
-    from attnspec.properties.case import Case
     from attnspec.properties.target import Target
 
 
@@ -31,16 +33,46 @@ def _setting(draw, case: Case, target: Target) -> dict:
     return {"knobs": setting}
 
 
-@prop(params=_setting)
-def test_knob_setting_changes_nothing(target: Target, case: Case, params: dict):
-    """The output at a drawn knob setting equals the default's: within both budgets (bitwise if knob_exact)."""
+def _knobbed(target: Target) -> None:
     if not target.backend.knobs:
         import pytest
         pytest.skip(f"{target.name} declares no tuning knobs (Backend.knobs)")
+
+
+def _same_answer(name: str, target: Target, case: Case, setting: dict) -> None:
     default = target.forward(case)  # (B, H, Lq, Ev)
-    tuned = target.forward(case, knobs=params["knobs"])  # (B, H, Lq, Ev)
-    what = f"knobs {params['knobs']} against the default"
+    tuned = target.forward(case, knobs=setting)  # (B, H, Lq, Ev)
+    what = f"knobs {setting} against the default"
     if target.backend.semantics.knob_exact:  # declared: every setting the same program up to its schedule
-        unchanged("knob_setting_changes_nothing", default, tuned, case.judged_rows(), what)
+        unchanged(name, default, tuned, case.judged_rows(), what)
     else:
-        close_outputs("knob_setting_changes_nothing", target, case, default, tuned, case, what)
+        close_outputs(name, target, case, default, tuned, case, what)
+
+
+@prop(params=_setting)
+def test_knob_setting_changes_nothing(target: Target, case: Case, params: dict):
+    """The output at a drawn knob setting equals the default's: within both budgets (bitwise if knob_exact)."""
+    _knobbed(target)
+    _same_answer("knob_setting_changes_nothing", target, case, params["knobs"])
+
+
+def _split_path_settings(target: Target) -> list:
+    """4 queries against 600 keys (a split-KV path, where a num_splits acts; the draws stop near 300 keys) at
+    every setting of each knob off its default, the others at theirs."""
+    knobs = target.backend.knobs
+    if not knobs:
+        return [(None, {})]
+    rng = np.random.default_rng(35)
+    q, k, v = (in_format(rng.standard_normal((1, 2, L, 32)), target.budget_dtype) for L in (4, 600, 600))
+    case = target.exact(Case(q, k, v, label="4 queries against 600 keys"))
+    defaults = {name: tuple(domain)[0] for name, domain in knobs.items()}
+    return [(case, {"knobs": {**defaults, name: value}}) for name, domain in knobs.items()
+            for value in tuple(domain)[1:]] or [(case, {"knobs": defaults})]
+
+
+@prop(grid=_split_path_settings)
+def test_knob_settings_on_a_split_path(target: Target, case: Case, params: dict):
+    """Each knob's every setting on a few queries against long keys (a split count that drops the last
+    Lk mod n keys acts only there): the default's output, within both budgets (bitwise if knob_exact)."""
+    _knobbed(target)
+    _same_answer("knob_settings_on_a_split_path", target, case, params["knobs"])

@@ -751,3 +751,66 @@ def fp8_split_kv_descales(seed=0):
 ALL += (backward_window_257, backward_key_lengths_tail, backward_alibi_long, backward_segments_long,
         backward_softcap_long, dsink_long, backward_query_broadcast_bias, sinks_window_257, split_kv_softcap_alibi,
         split_kv_grouped_window, split_kv_grouped_sinks, fp8_split_kv_descales)
+
+
+# a sixth review's strides and ratios (tests/broken/stride_bugs.py)
+def decode_group_of_3(seed=0):
+    """Decodes of 6 query heads on 2 KV heads (a group of 3: no power of two)."""
+    return _problem(*_heads(6, 2, 1, 20, B=2, seed=seed), enable_gqa=True)
+
+
+def mqa_decode_group_of_16(seed=0):
+    """Decodes of 16 query heads on 1 KV head over two sequences (MQA; a group past an 8-row tile)."""
+    return _problem(*_heads(16, 1, 1, 20, B=2, seed=seed), enable_gqa=True)
+
+
+def _broadcast_mask(shape, seed):
+    keep = np.random.default_rng(seed).random(shape) < 0.5  # (b, h, lq, Lk)
+    keep[..., -1] = True  # every row sees its last key
+    return keep
+
+
+def mask_over_heads(seed=0):
+    """A (B, 1, Lq, Lk) boolean mask (a model's mask expanded over heads)."""
+    return _problem(*_heads(2, 2, 9, 20, B=2, seed=seed), mask=_broadcast_mask((2, 1, 9, 20), seed + 5))
+
+
+def mask_over_batch(seed=0):
+    """A (1, H, Lq, Lk) boolean mask over two sequences."""
+    return _problem(*_heads(2, 2, 9, 20, B=2, seed=seed), mask=_broadcast_mask((1, 2, 9, 20), seed + 5))
+
+
+def mask_over_queries(seed=0):
+    """A (B, H, 1, Lk) boolean mask (a key mask per head) under 9 queries."""
+    return _problem(*_heads(2, 2, 9, 20, B=2, seed=seed), mask=_broadcast_mask((2, 2, 1, 20), seed + 5))
+
+
+def bias_over_queries(seed=0):
+    """A (B, H, 1, Lk) bias under 9 queries, two sequences."""
+    return _problem(*_heads(2, 2, 9, 20, B=2, seed=seed), bias=_grid((2, 2, 1, 20), seed + 3, spread=2.0))
+
+
+def backward_head_dim_59(seed=0):
+    """The backward at head dim 59 (no multiple of 8)."""
+    return _problem(*_heads(2, 2, 9, 20, E=59, seed=seed), op="backward")
+
+
+def backward_causal_more_queries(seed=0):
+    """The causal top-left backward of 200 queries against 65 keys."""
+    return _problem(*_heads(2, 2, 200, 65, seed=seed), is_causal=True, op="backward")
+
+
+def backward_group_of_16(seed=0):
+    """The backward of 16 query heads on 1 KV head."""
+    return _problem(*_heads(16, 1, 9, 20, seed=seed), enable_gqa=True, op="backward")
+
+
+def knob_splits_long(seed=0):
+    """op "knobs": 4 queries against 600 keys at num_splits 7 (600 mod 7 = 5 keys in no whole split)."""
+    kw = _problem(*_heads(2, 2, 4, 600, seed=seed), op="knobs")
+    kw["knobs"] = {"num_splits": 7}
+    return kw
+
+
+ALL += (decode_group_of_3, mqa_decode_group_of_16, mask_over_heads, mask_over_batch, mask_over_queries,
+        bias_over_queries, backward_head_dim_59, backward_causal_more_queries, backward_group_of_16)
