@@ -23,8 +23,8 @@ PLANTED = "tests.broken.convention_bugs:KnobDropsTail"  # block sizes that do no
 def test_a_knob_bugs_reproducer_fails_at_its_knob_and_passes_at_the_defaults(tmp_path):
     work = tmp_path / "run"
     result = run_suite([PLANTED], json_path=str(work / "out.json"), profile="dev", cwd=str(tmp_path),
-                       extra_args=["-n", "0", "-k", "test_knob_setting", "--hypothesis-seed=0"], pythonpath=[ROOT],
-                       timeout=600)
+                       extra_args=["-n", "0", "-k", "test_knob_setting_changes_nothing", "--hypothesis-seed=0"],
+                       pythonpath=[ROOT], timeout=600)
     (row,) = [r for r in result.conformance if r["status"] == "failed"]
     text = Path(row["reproducer"]).read_text(encoding="utf-8")
     knobs = re.search(r"^KNOBS = (\{.*?\})  #", text, re.M)
