@@ -107,6 +107,7 @@ import numpy as np
 from attnspec.specs import budget_terms as terms
 from attnspec.specs import fp8
 from attnspec.specs.invariants import Verdict, worst_offender
+from attnspec.specs.memo import ContentMemo
 from attnspec.specs.plain import Plain as _Plain  # noqa: F401
 from attnspec.specs.plain import (  # noqa: F401 - public names
     _problem,
@@ -204,6 +205,10 @@ def fp8_budget(name: str) -> Budget:
                   "float32", p_roundoff=u_p, p_normal_min=tau_p, out_roundoff=u_out, out_normal_min=tau_out)
 
 
+# the row budgets of recent problems: a fixed grid's problem recurs once a backend (specs/memo.py)
+_MEMO = ContentMemo(max_bytes=256 << 20)
+
+
 def _budget(dtype) -> Budget:
     name = dtype_name(dtype)
     return fp8_budget(name) if fp8.is_fp8(name) else BUDGETS[name]
@@ -254,6 +259,10 @@ def forward_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=No
                          **fields):
     """(allowed (..., Lq), reference output (..., Lq, Ev), plain output (..., Lq, Ev))."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
+    return _MEMO(lambda: _forward_rows(p, dtype, rule), "forward", p, dtype, rule)
+
+
+def _forward_rows(p: Problem, dtype, rule: str) -> tuple:
     f = run_forward(p)
     plain = run_forward(p, arithmetic(dtype)).output  # (..., Lq, Ev)
     b, n = _budget(dtype), _reduction(p)
@@ -278,6 +287,10 @@ def lse_allowed_rows(q, k=None, v=None, mask=None, is_causal=False, scale=None, 
     keys, m + log l): d = shift - max_j s_j past it moves each exp(s_j - m) by u d and the sum's log by
     d more before m + log l cancels them, so the row's terms grow by 2 d."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
+    return _MEMO(lambda: _lse_rows(p, dtype, rule, shift), "lse", p, dtype, rule, shift)
+
+
+def _lse_rows(p: Problem, dtype, rule: str, shift) -> tuple:
     f = run_forward(p)
     plain = run_forward(p, arithmetic(dtype)).lse  # (..., Lq)
     seen = np.isfinite(f.lse)
@@ -329,6 +342,10 @@ def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=N
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     if fp8.is_fp8(dtype_name(dtype)):
         raise ValueError(f"dtype {dtype}: fp8 inputs are forward-only here (FA3, FA4, PyTorch's quantised SDPA)")
+    return _MEMO(lambda: _backward_rows(p, grad_out, dtype, rule), "backward", p, grad_out, dtype, rule)
+
+
+def _backward_rows(p: Problem, grad_out, dtype, rule: str) -> list:
     f = run_forward(p)
     refs = run_backward(p, grad_out)
     plains = run_backward(p, grad_out, _Plain(dtype))
