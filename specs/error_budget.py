@@ -337,7 +337,7 @@ def weight_sum_rounding(q, k=None, v=None, mask=None, is_causal=False, scale=Non
 
 def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float32", *,
                           rule="attnspec", **fields):
-    """[(allowed, reference, plain)] for dq, dk, dv (and dbias with a bias); allowed is per row,
+    """((allowed, reference, plain), ...) for dq, dk, dv (and dbias with a bias); allowed is per row,
     shaped like the gradient without its last axis."""
     p = _problem(q, k, v, mask, is_causal, scale, fields)
     if fp8.is_fp8(dtype_name(dtype)):
@@ -345,14 +345,14 @@ def backward_allowed_rows(q, k, v, grad_out, mask=None, is_causal=False, scale=N
     return _MEMO(lambda: _backward_rows(p, grad_out, dtype, rule), "backward", p, grad_out, dtype, rule)
 
 
-def _backward_rows(p: Problem, grad_out, dtype, rule: str) -> list:
+def _backward_rows(p: Problem, grad_out, dtype, rule: str) -> tuple:
     f = run_forward(p)
     refs = run_backward(p, grad_out)
     plains = run_backward(p, grad_out, _Plain(dtype))
     b, n = _budget(dtype), _reduction(p)
     acc = b.accumulate_roundoff / b.sigma(n)  # u_acc in units of sigma
     phis = terms.backward_terms(p, _as_f64(grad_out, "grad_out"), f, b.weight_tau(n), acc, _tanh_share(dtype, p))
-    return [(_rows(r, pl, phi, dtype, n, rule=rule), r, pl) for r, pl, phi in zip(refs, plains, phis, strict=True)]
+    return tuple((_rows(r, pl, phi, dtype, n, rule=rule), r, pl) for r, pl, phi in zip(refs, plains, phis, strict=True))
 
 
 # ---- tensor-wide views (the maxima of the row budgets) ---------------------------------

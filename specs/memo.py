@@ -3,10 +3,11 @@
 `specs.error_budget`'s row budgets are pure functions of a problem's numbers (its arrays, fields, the
 dtype and the rule), and the shape grids (`properties/test_edges.py`) give each backend of a run, in
 each dtype, the same problems: one process checking several backends computed each budget once a
-backend.  The key is the content itself - every array's shape, dtype and bytes (a SHA-256), every
-scalar's repr (so -0.0 and 0.0, NaN and NaN, stay apart and equal as the arithmetic sees them) - so a
-hit returns what the same call would compute, never a neighbour's answer.  Values are stored
-read-only; what cannot be keyed (an object array, an unknown type) is computed every time.
+backend.  The key is the content itself - every array's shape, dtype and bytes, every scalar's repr
+(so -0.0 and 0.0 stay apart, and NaN meets NaN, as the arithmetic sees them), all of it one SHA-256 -
+so a hit returns what the same call would compute, never a neighbour's answer.  Values are stored
+read-only (lists as tuples); what cannot be keyed (an object array, an ndarray subclass, an unknown
+type) is computed every time.
 """
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ class Unkeyable(Exception):
 def content_key(x):
     """A hashable key that two values share only if the budget functions read them alike."""
     if isinstance(x, np.ndarray):
-        if x.dtype.hasobject:
+        if type(x) is not np.ndarray or x.dtype.hasobject:
             raise Unkeyable(type(x))
         digest = hashlib.sha256(np.ascontiguousarray(x).view(np.uint8)).digest()
-        return ("array", x.shape, x.dtype.str, digest)
+        # the dtype itself, not its .str: ml_dtypes' float8 formats all read '<V1', bfloat16 '<V2'
+        return ("array", x.shape, x.dtype, digest)
     if isinstance(x, _SCALARS):
         return (type(x).__name__, repr(x))
     if isinstance(x, (list, tuple)):
@@ -42,13 +44,17 @@ def content_key(x):
 
 
 def _frozen(value):
-    """The value with its arrays read-only (a caller that writes into a shared result fails loudly)."""
+    """The value with its arrays read-only and its lists tuples (a caller that writes into a shared
+    result fails loudly)."""
     if isinstance(value, np.ndarray):
         value.setflags(write=False)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _frozen(item)
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(item) for item in value)
     return value
+
+
+ENTRY_BYTES = 1024  # what an entry holds besides its arrays (its digest, tuples, array headers), charged generously
 
 
 def _size(value) -> int:
@@ -56,11 +62,11 @@ def _size(value) -> int:
         return value.nbytes
     if isinstance(value, (list, tuple)):
         return sum(_size(i) for i in value)
-    return 64
+    return 0
 
 
 class ContentMemo:
-    """Least recently used results, up to `max_bytes` of arrays held."""
+    """Least recently used results, up to `max_bytes` held (their arrays, plus ENTRY_BYTES an entry)."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.held = max_bytes, 0
@@ -70,7 +76,7 @@ class ContentMemo:
     def __call__(self, fn, *key_parts):
         """fn() for this content, computed once while it stays held."""
         try:
-            key = content_key(key_parts)
+            key = hashlib.sha256(repr(content_key(key_parts)).encode()).digest()  # 32 bytes held, not the parts
         except Unkeyable:
             return fn()
         if key in self._items:
@@ -79,7 +85,7 @@ class ContentMemo:
             return self._items[key][0]
         self.misses += 1
         value = _frozen(fn())
-        size = _size(value)
+        size = _size(value) + ENTRY_BYTES
         if size <= self.max_bytes:
             self._items[key] = (value, size)
             self.held += size

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from attnspec.specs import error_budget as eb
-from attnspec.specs.memo import ContentMemo, Unkeyable, content_key
+from attnspec.specs.memo import ENTRY_BYTES, ContentMemo, Unkeyable, content_key
 from tests._helpers import qkv
 
 
@@ -19,26 +19,37 @@ def test_key_tells_apart_what_the_arithmetic_tells_apart():
     assert content_key(np.arange(6)[::2]) == content_key(np.array([0, 2, 4]))  # a view keys by what it holds
 
 
+def test_key_tells_apart_formats_that_share_a_dtype_string():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    raw = np.arange(8, dtype=np.uint8)
+    fn, fnuz = raw.view(ml_dtypes.float8_e4m3fn), raw.view(ml_dtypes.float8_e4m3fnuz)
+    assert fn.dtype.str == fnuz.dtype.str  # both '<V1': the string alone would give one key to two problems
+    assert content_key(fn) != content_key(fnuz)
+
+
 def test_unkeyable_values_are_computed_every_time():
     memo, calls = ContentMemo(1 << 20), []
     with pytest.raises(Unkeyable):
         content_key(object())
+    with pytest.raises(Unkeyable):
+        content_key(np.ma.masked_array([1.0, 2.0], mask=[False, True]))  # a subclass reads more than its bytes
     for _ in range(2):
         memo(lambda: calls.append(1) or np.zeros(2), np.array([object()], dtype=object))
     assert len(calls) == 2 and memo.hits == 0
 
 
 def test_a_hit_is_shared_read_only_and_the_oldest_is_dropped_past_the_bound():
-    memo, calls = ContentMemo(max_bytes=2 * 80), []
+    memo, calls = ContentMemo(max_bytes=2 * (80 + ENTRY_BYTES)), []
 
     def compute(n):
         calls.append(n)
-        return np.full(10, float(n))  # 80 bytes
+        return [np.full(10, float(n))]  # 80 bytes, and a list
 
     first = memo(lambda: compute(1), 1)
     assert memo(lambda: compute(1), 1) is first and calls == [1]
+    assert isinstance(first, tuple)  # a list would let one caller drop an entry under the next one's feet
     with pytest.raises(ValueError):
-        first[0] = 5.0  # a caller writing into a shared result fails, never corrupts the next caller's
+        first[0][0] = 5.0  # a caller writing into a shared result fails, never corrupts the next caller's
     memo(lambda: compute(2), 2)
     memo(lambda: compute(3), 3)  # 240 bytes held would pass the bound: 1, the least recent, goes
     memo(lambda: compute(1), 1)
