@@ -144,6 +144,12 @@ def grid() -> list[Edge]:
                   32, causal=True, alignment="bottom_right", Hkv=2, fields={"window": (2, 0)}),
              Edge(f"decode Lk {L}, 4 query heads on 2 KV heads, sinks", 1, 4, 1, L, 64, Hkv=2,
                   fields={"sinks": np.array([4.0, -2.0, 1.0, 6.0])})]
+    # what a split path's own launcher must pass on: a value head wider than the query's (an accumulator
+    # sized by E drops columns), an explicit scale beside a softcap (a launcher that folds 1/sqrt(E) into
+    # the cap), a non-causal window's right bound (a decode kernel that takes only the left)
+    rows += [Edge(f"16 queries, Lk {L}, E 64, Ev 128", 1, 2, 16, L, 64, Ev=128),
+             Edge(f"decode Lk {L}, softcap 1, explicit scale 0.3", 1, 2, 1, L, 64, scale=0.3, fields={"softcap": 1.0}),
+             Edge(f"16 queries, Lk {L}, window (300, 200)", 1, 2, 16, L, 32, fields={"window": (300, 200)})]
     # broadcast shapes of a boolean mask (or the same -inf bias) and a bias a kernel must address by their own
     # strides: over heads (a model's expanded mask), over the batch, over queries (a key mask per head)
     rows += [Edge(f"masked (B, H, Lq, Lk) as {shape}", 2, 2, 9, 65, 32, masked=True, mask_shape=dims)
@@ -197,13 +203,17 @@ def grid() -> list[Edge]:
 def tile_mask(Lq: int, Lk: int, rng) -> np.ndarray:
     """(Lq, Lk) hidden-key structures at tile scale, every row seeing its last key: row 0 sees only
     past its first 128 keys (or only its last key) - a first key block fully hidden -; row 1 a
-    block of 64 hidden in the middle; the others a random half hidden.  Kernels that skip, drop or
+    block of 64 hidden in the middle; past 512 keys, rows 2 and 3 see nothing in whole split-KV chunks
+    (a chunk whose row sum is 0 must merge as nothing, never as an LSE of +inf); the others a random
+    half hidden.  Kernels that skip, drop or
     mis-rescale a masked block (a dispatcher's mask-less long path; a running max of -inf over a
     hidden first block) fail here every run, not by the chance of a draw."""
     keep = rng.random((Lq, Lk)) < 0.5  # (Lq, Lk)
     keep[0] = np.arange(Lk) >= min(128, Lk - 1)
     if Lq > 1:
         keep[1] = ~((np.arange(Lk) >= 64) & (np.arange(Lk) < 128)) if Lk > 128 else np.arange(Lk) % 2 == 1
+    if Lq > 3 and Lk > 512:  # past a split-KV chunk: row 2 sees only its last key, row 3 its first 64 and last
+        keep[2], keep[3] = False, np.arange(Lk) < 64  # (Lk,) each: whole chunks of the row see nothing
     keep[:, -1] = True
     return keep
 

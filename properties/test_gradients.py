@@ -17,15 +17,15 @@ import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties import test_edges as edges  # a module: pytest collects no property here
+from attnspec.properties.case import Case
 from attnspec.properties.distribution import cases
 from attnspec.properties.draws import SEEDS
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import check_gradients, grad_out, require, rule_of, verdict
+from attnspec.properties.judge import Failed, check_gradients, grad_out, require, rule_of, verdict
 from attnspec.specs import error_budget, sink_budget
 from attnspec.specs.invariants import gradient_scaling
 
 if TYPE_CHECKING:
-    from attnspec.properties.case import Case
     from attnspec.properties.target import Target
 
 # whole rows only: bottom-right causal with Lq > Lk, lengths and windows can hide every key of a row
@@ -96,6 +96,10 @@ BACKWARD_EDGES = [
     # bias is broadcast on (queries, batch)
     edges.Edge("backward window (100, 0) causal L 257", 1, 2, 257, 257, 32, causal=True, fields={"window": (100, 0)}),
     edges.Edge("backward window (64, 64) L 257", 1, 2, 257, 257, 32, fields={"window": (64, 64)}),
+    # a window with left != right (a dK/dV pass whose query-tile range swaps them), and one unbounded on the
+    # left (flash-attention's -1 taken as a width: dQ of a later query tile skips the key blocks before it)
+    edges.Edge("backward window (200, 10) L 257", 1, 2, 257, 257, 32, fields={"window": (200, 10)}),
+    edges.Edge("backward window (None, 20) L 257", 1, 2, 257, 257, 32, fields={"window": (None, 20)}),
     edges.Edge("backward window (100, 0) causal L 257, 4 query heads on 2 KV heads", 1, 4, 257, 257, 32, causal=True,
                Hkv=2, fields={"window": (100, 0)}),
     edges.Edge("backward Lq 129, Lk 257, causal bottom-right, ALiBi", 1, 2, 129, 257, 32, causal=True,
@@ -160,3 +164,42 @@ def test_backward_empty_rows_pass_nothing(target: Target, case: Case, params: di
     dK, dV (and dBias) are the reference's, finite (flash-attention#443: a backward that recomputes
     exp(s - LSE) with LSE = -inf there puts NaN in the row's dQ and, through the sums, in dK and dV)."""
     check_gradients("backward_empty_rows_pass_nothing", target, case, grad_out(case, target.dtype, 0))
+
+
+# (B, H, Lq, Lk) with nothing to compute: no query, no key, no sequence
+BACKWARD_EMPTY_SIZES = (("Lq=0", (1, 2, 0, 129)), ("Lk=0", (1, 2, 9, 0)), ("batch 0", (0, 2, 9, 129)))
+
+
+def _empty_size_problems(target: Target) -> list:
+    rng, E = np.random.default_rng(0), -(-4 // target.caps.head_dim_multiple) * target.caps.head_dim_multiple
+    out = []
+    for label, (B, H, Lq, Lk) in BACKWARD_EMPTY_SIZES:
+        q, k, v = (np.round(rng.standard_normal((B, H, n, E)) * 8) / 8 for n in (Lq, Lk, Lk))  # (B, H, L, E)
+        out.append((target.exact(Case(q, k, v, label=label)), {}))
+    return out
+
+
+@prop(gradients=True, grid=_empty_size_problems)
+def test_backward_empty_sizes_pass_nothing(target: Target, case: Case, params: dict):
+    """The backward with no query (dK = dV = 0: nothing flows back), no key (dQ = 0 where a row that sees
+    nothing is declared zeros: its output is a constant) or no sequence: the inputs' shapes back, and those
+    zeros - or an error, an answer the forward's empty_sizes question judges.  A backward that returns early
+    on an empty grid hands back uninitialised (torch.empty) gradients."""
+    g = grad_out(case, target.dtype, 0)  # (B, H, Lq, Ev)
+    try:
+        grads = target.backward(case, g)  # (dq, dk, dv[, dbias])
+    except Failed as f:
+        if f.verdict.name == "backend_raised":
+            return
+        raise
+    zeros = {"dq": target.backend.semantics.fully_masked == "zeros", "dk": True, "dv": True}
+    for name, grad, x in zip(("dq", "dk", "dv"), grads, (case.q, case.k, case.v), strict=False):
+        got = np.asarray(grad, dtype=np.float64)
+        require(verdict("backward_empty_sizes_pass_nothing", got.shape == x.shape, None, float("nan"),
+                        f"{case.label}: {name} has shape {got.shape}; the input's is {x.shape}"))
+        if zeros[name] and got.size:
+            where = tuple(int(i) for i in np.argwhere(got != 0)[0]) if np.any(got != 0) else None
+            require(verdict("backward_empty_sizes_pass_nothing", where is None, where,
+                            float("inf") if where is None or not np.isfinite(got[where]) else abs(got[where]),
+                            f"{case.label}: {name} at {where} is {got[where] if where else 0}; nothing flows back "
+                            "there, it must be 0", 0.0))

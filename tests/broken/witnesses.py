@@ -814,3 +814,45 @@ def knob_splits_long(seed=0):
 
 ALL += (decode_group_of_3, mqa_decode_group_of_16, mask_over_heads, mask_over_batch, mask_over_queries,
         bias_over_queries, backward_head_dim_59, backward_causal_more_queries, backward_group_of_16)
+
+
+def split_kv_wide_values(seed=0):
+    """16 queries against 600 keys (a split-KV path) with a value head twice the query's (E 8, Ev 16)."""
+    q, k, _ = _heads(2, 2, 16, 600, seed=seed)
+    return _problem(q, k, _grid((1, 2, 600, 16), seed + 2))
+
+
+def split_kv_softcap_scale(seed=0):
+    """A decode against 600 keys with a softcap of 1 and an explicit scale of 0.3."""
+    return _problem(*_heads(2, 2, 1, 600, seed=seed), scale=0.3, softcap=1.0)
+
+
+def split_kv_window_right(seed=0):
+    """16 queries against 600 keys, a non-causal window (300, 200): keys past query i + 200 hidden."""
+    return _problem(*_heads(2, 2, 16, 600, seed=seed), window=(300, 200))
+
+
+def split_kv_empty_split_row(seed=0):
+    """16 queries against 600 keys, row 2 sees only its last key (two 256-key splits see nothing of it)."""
+    mask = np.ones((16, 600), dtype=bool)
+    mask[2, :-1] = False
+    return _problem(*_heads(2, 2, 16, 600, seed=seed), mask=mask)
+
+
+def backward_window_asymmetric(seed=0):
+    """The backward at L 257 under a non-causal window (200, 10): row 256 sees keys 56.. of key block 0."""
+    return _problem(*_heads(2, 2, 257, 257, seed=seed), op="backward", window=(200, 10))
+
+
+def backward_window_left_unbounded(seed=0):
+    """The backward at L 257 under a window unbounded on the left, (None, 20)."""
+    return _problem(*_heads(2, 2, 257, 257, seed=seed), op="backward", window=(None, 20))
+
+
+def backward_no_queries(seed=0):
+    """The backward with no query (Lq = 0) against 20 keys: dK = dV = 0."""
+    return _problem(*_heads(2, 2, 0, 20, seed=seed), op="backward")
+
+
+ALL += (split_kv_wide_values, split_kv_softcap_scale, split_kv_window_right, split_kv_empty_split_row,
+        backward_window_asymmetric, backward_window_left_unbounded, backward_no_queries)
