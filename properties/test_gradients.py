@@ -120,6 +120,11 @@ BACKWARD_EDGES = [
     *(edges.Edge(f"backward E {E}", 1, 2, 9, 65, E) for E in (59, 111)),
     edges.Edge("backward Lq 129, Lk 65, causal top-left", 1, 2, 129, 65, 32, causal=True, alignment="top_left"),
     edges.Edge("backward 16 query heads on 1 KV head", 1, 16, 9, 65, 16, Hkv=1),
+    # a group of 3 (a backward mapping query heads by a shift), and sinks under grouped heads (dSink a query
+    # head's, never added at its KV head's index)
+    edges.Edge("backward 6 query heads on 2 KV heads", 1, 6, 33, 65, 32, Hkv=2),
+    edges.Edge("backward sinks, 4 query heads on 2 KV heads", 1, 4, 33, 65, 32, Hkv=2,
+               fields={"sinks": np.array([1.0, -2.0, 0.5, 3.0])}),
 ]
 
 

@@ -268,6 +268,11 @@ BROKEN = (
           "a window unbounded on the left (-1) taken as a width in the dQ pass's key-block range", "gradients"),
     Entry("launch_bugs:BwdZeroSizesUnwritten", ("backward_empty_sizes",) + GRADS, w.backward_no_queries,
           "the backward returns on an empty grid with its gradients unwritten (torch.empty)", "gradients"),
+    Entry("launch_bugs:BwdGqaShiftGroup", ("backward_edges",) + GRADS, w.backward_group_of_3,
+          "the backward's KV head h >> ceil(log2 g): wrong for groups of 3 (onnxruntime#29046's, in a backward)",
+          "gradients"),
+    Entry("launch_bugs:BwdSinksDsinkByKvHead", ("backward_edges", "dsink"), w.dsink_grouped,
+          "dSink added at the KV head's index under grouped heads", "gradients"),
     # one instantiation of a kernel template (tests/broken/template_bugs.py)
     Entry("template_bugs:MlaVRowPitch", ("edge_shapes",) + REF, w.mla_prefill,
           "the (192, 128) template reads V with K's row pitch (FA3's MLA prefill instantiation)", "online kernel"),

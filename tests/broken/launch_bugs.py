@@ -2,9 +2,10 @@
 grids did not vary: the split path's partial outputs sized by the query's head dim (Ev > E lost), its softcap
 folded with 1/sqrt(E) over an explicit scale, its window's right bound dropped, an empty split's LSE written
 +inf; the backward's query-tile range with a window's left and right swapped, a window unbounded on the left
-taken as a width of -1, and gradients left unwritten at zero sizes.  Each is a correct kernel with one slip;
-the suite reaches each by construction (properties/test_edges.py's split rows and `tile_mask`,
-test_gradients.py's window rows and `backward_empty_sizes_pass_nothing`).
+taken as a width of -1, and gradients left unwritten at zero sizes; under grouped heads, a backward that maps
+a query head to its KV head by a shift (groups of 3) and one that adds dSink at the KV head's index.  Each is
+a correct kernel with one slip; the suite reaches each by construction (properties/test_edges.py's split rows and `tile_mask`,
+test_gradients.py's window, group-of-3 and grouped-sinks rows and `backward_empty_sizes_pass_nothing`).
 """
 from __future__ import annotations
 
@@ -170,3 +171,49 @@ class BwdZeroSizesUnwritten(VariantKernel):
         if k.shape[-2] == 0:
             dq[...] = np.nan  # the slip
         return (dq, dk, dv) + tuple(grads[3:])
+
+
+def _gradient_caps(features) -> object:
+    return replace(_naive(features), gradients=True)
+
+
+class BwdGqaShiftGroup(NumpyNaive):
+    """The backward under grouped heads maps query head h to KV head h >> ceil(log2(group)) (the group rounded
+    up to its power-of-two tile): right for groups of 2, 4, 8; groups of 3, 5, 6, 7 recompute P with another
+    head's K, V and add dK, dV into it.  The forward right.  Class: onnxruntime#29046's dispatch, in a backward."""
+
+    name = "broken-bwd-gqa-shift-group"
+    capabilities = _gradient_caps({"gqa", "lse"})
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        Hq, Hkv = q.shape[-3], k.shape[-3]
+        group = Hq // Hkv
+        if not (call.enable_gqa and Hkv > 1 and group > 1 and group & (group - 1)):
+            return super().native_attention_backward(q, k, v, grad_out, call)
+        heads = np.minimum(np.arange(Hq) >> int(np.ceil(np.log2(group))), Hkv - 1)  # the slip: (Hq,)
+        ke, ve = np.take(k, heads, axis=-3), np.take(v, heads, axis=-3)  # (..., Hq, Lk, E)
+        dq, dke, dve = super().native_attention_backward(q, ke, ve, grad_out, replace(call, enable_gqa=False))[:3]
+        dk, dv = np.zeros(k.shape, dke.dtype), np.zeros(v.shape, dve.dtype)  # (..., Hkv, Lk, E)
+        for h in range(Hq):
+            dk[..., heads[h], :, :] += dke[..., h, :, :]
+            dv[..., heads[h], :, :] += dve[..., h, :, :]
+        return dq, dk, dv
+
+
+class BwdSinksDsinkByKvHead(NumpyNaive):
+    """The sinks' backward under grouped heads adds dSink at the index of the KV head its program works on:
+    the first Hkv entries hold the groups' sums, the rest stay 0.  One head a KV head right; dQ, dK, dV right.
+    Class: an attention-sink backward (gpt-oss; FA3's and FlashInfer's learnable sink) under GQA."""
+
+    name = "broken-bwd-sinks-dsink-by-kv-head"
+    capabilities = _gradient_caps({"gqa", "sinks", "lse"})
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        grads = super().native_attention_backward(q, k, v, grad_out, call)
+        Hq, Hkv = q.shape[-3], k.shape[-3]
+        if call.sinks is None or not call.enable_gqa or Hq == Hkv:
+            return grads
+        dsink = np.asarray(grads[-1])  # (Hq,)
+        wrong = np.zeros_like(dsink)
+        np.add.at(wrong, np.arange(Hq) // (Hq // Hkv), dsink)  # the slip: at the KV head's index
+        return grads[:-1] + (wrong,)

@@ -856,3 +856,17 @@ def backward_no_queries(seed=0):
 
 ALL += (split_kv_wide_values, split_kv_softcap_scale, split_kv_window_right, split_kv_empty_split_row,
         backward_window_asymmetric, backward_window_left_unbounded, backward_no_queries)
+
+
+def backward_group_of_3(seed=0):
+    """The backward of 6 query heads on 2 KV heads (a group of 3: no shift divides by it)."""
+    return _problem(*_heads(6, 2, 9, 20, seed=seed), enable_gqa=True, op="backward")
+
+
+def dsink_grouped(seed=0):
+    """op "dsink": dSink of 4 query heads on 2 KV heads, one sink a query head."""
+    return {**_problem(*_heads(4, 2, 9, 20, seed=seed), enable_gqa=True, sinks=np.array([1.0, -2.0, 0.5, 3.0]),
+                       op="backward"), "op": "dsink"}
+
+
+ALL += (backward_group_of_3, dsink_grouped)
