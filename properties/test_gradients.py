@@ -21,9 +21,9 @@ from attnspec.properties.case import Case
 from attnspec.properties.distribution import cases
 from attnspec.properties.draws import SEEDS
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import Failed, check_gradients, grad_out, require, rule_of, verdict
+from attnspec.properties.judge import Failed, check_gradients, grad_out, require, rule_of, verdict, worst
 from attnspec.specs import error_budget, sink_budget
-from attnspec.specs.invariants import gradient_scaling
+from attnspec.specs.invariants import gradient_scaling, shown
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -202,9 +202,8 @@ def test_backward_empty_sizes_pass_nothing(target: Target, case: Case, params: d
         got = np.asarray(grad, dtype=np.float64)
         require(verdict("backward_empty_sizes_pass_nothing", got.shape == x.shape, None, float("nan"),
                         f"{case.label}: {name} has shape {got.shape}; the input's is {x.shape}"))
-        if zeros[name] and got.size:
-            where = tuple(int(i) for i in np.argwhere(got != 0)[0]) if np.any(got != 0) else None
-            require(verdict("backward_empty_sizes_pass_nothing", where is None, where,
-                            float("inf") if where is None or not np.isfinite(got[where]) else abs(got[where]),
-                            f"{case.label}: {name} at {where} is {got[where] if where else 0}; nothing flows back "
+        if zeros[name]:
+            where, amount = worst(np.abs(got), np.ones(got.shape, dtype=bool))  # NaN counts as infinite
+            require(verdict("backward_empty_sizes_pass_nothing", amount == 0.0, where if amount else None, amount,
+                            f"{case.label}: {name} at {where} is {shown(got, where, amount)}; nothing flows back "
                             "there, it must be 0", 0.0))
