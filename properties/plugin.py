@@ -276,4 +276,10 @@ def skip_reason(prop, target) -> str:
     missing = [f for f in prop.requires if not target.supports(f)]
     if missing:
         return f"{target.name} does not support {', '.join(FEATURE_TEXT[f] for f in missing)} natively"
+    if prop.grid is None:
+        from attnspec.properties.draws import drawable_kinds
+
+        drawn = prop.constraints(target)
+        if not drawable_kinds(target, drawn.kinds, drawn.allow_empty_rows, drawn.avoid):
+            return f"{target.name} takes none of the mask kinds it draws ({', '.join(drawn.kinds)})"
     return ""

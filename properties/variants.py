@@ -219,12 +219,18 @@ def _lengths(draw, B: int, L: int, lo: int, allow_empty: bool, label: str) -> np
 
 def draw_lengths(draw, env: Drawing) -> dict:
     B, _, _, Lq, Lk = env.shape[:5]
-    return {"q_lengths": _lengths(draw, B, Lq, 0 if env.allow_empty_rows else Lq, env.allow_empty_rows, "q_lengths"),
-            "kv_lengths": _lengths(draw, B, Lk, 1, env.allow_empty_rows, "kv_lengths")}
+    out = {"q_lengths": _lengths(draw, B, Lq, 0 if env.allow_empty_rows else Lq, env.allow_empty_rows, "q_lengths"),
+           "kv_lengths": _lengths(draw, B, Lk, 1, env.allow_empty_rows, "kv_lengths")}
+    # key lengths alone a quarter of the time (a batch of queries against caches of their own lengths): the
+    # diagonal stays the padded one, so a kernel that aligns each sequence at its own key length (a call
+    # routed to flash_attn_with_kvcache's cache_seqlens) shows under causal, windows and ALiBi
+    if draw(st.integers(0, 3), label="key lengths alone (0 = no query lengths)") == 0:
+        del out["q_lengths"]
+    return out
 
 
 def draw_segments(draw, env: Drawing) -> dict:
-    """Packed sequences: sorted segment ids per sequence, each its own; the same segments on both sides."""
+    """Packed sequences: runs of segment ids per sequence, each its own; the same segments on both sides."""
     B, _, _, Lq, Lk = env.shape[:5]
     most = min(3, max(2, min(Lq, Lk) // 2)) if min(Lq, Lk) >= 2 else 1  # two segments show a boundary
     choices = tuple(dict.fromkeys((min(2, most), most, 1)))
@@ -239,7 +245,10 @@ def draw_segments(draw, env: Drawing) -> dict:
         raw = np.frombuffer(draw(st.binary(min_size=B * L, max_size=B * L), label=f"{side} segment ids"),
                             dtype=np.uint8).reshape(B, L).astype(np.int64)
         out[f"{side}_segment_ids"] = np.sort((raw + np.arange(B)[:, None]) % n, axis=-1)
-    return out
+    # the ids relabelled by one permutation on both sides: equal ids still meet, but the runs need not be in
+    # increasing order (a kernel that finds a segment's keys by binary search assumes sorted ids)
+    labels = np.array(draw(st.permutations(range(3)), label="segment labels (a permutation of 0, 1, 2)"))
+    return {name: labels[ids] for name, ids in out.items()}
 
 
 def draw_softcap(draw, env: Drawing) -> dict:
