@@ -130,7 +130,15 @@ def grid() -> list[Edge]:
     rows += [*(Edge(f"decode, masked Lk {L}{twice}", 1, 2, 1, L, 32, masked=True) for twice in ("", ", again")),
              Edge(f"decode Lk {L}, key lengths {L} and 617", 2, 2, 1, L, 64,
                   fields={"kv_lengths": np.array([L, 617], dtype=np.int32)}),
+             # key lengths with no query lengths, causal bottom-right: the diagonal stays the padded one (a call
+             # routed to a KV-cache kernel aligns each sequence at its own cache length, 617 - 16 here)
+             Edge(f"16 queries, Lk {L}, causal bottom-right, key lengths {L} and 617", 2, 2, 16, L, 32, causal=True,
+                  alignment="bottom_right", fields={"kv_lengths": np.array([L, 617], dtype=np.int32)}),
              Edge(f"decode Lk {L}, sinks", 1, 2, 1, L, 64, fields={"sinks": np.array([3.0, 7.0])}),
+             # ... on equal scores and values of one sign: the sinks take 2 % and 52 % of each row's weight
+             # whatever the draw, so a dropped sink moves the output by most of its size even in bfloat16
+             Edge(f"decode Lk {L}, sinks, uniform scores, positive values", 1, 2, 1, L, 64, inputs="uniform positive",
+                  fields={"sinks": np.array([3.0, 7.0])}),
              # ALiBi's distances in each alignment (a split path may take the decode's, to the last key)
              *(Edge(f"16 queries, Lk {L}, ALiBi {a.replace('_', '-')}", 1, 2, 16, L, 64, alignment=a,
                     fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}) for a in ("top_left", "bottom_right")),
@@ -193,6 +201,17 @@ def grid() -> list[Edge]:
     # (flash-attention#1778: a tile that exits early leaves its rows unwritten, whatever was declared)
     rows += [Edge("Lq 129, Lk 33, causal bottom-right: 96 rows see no key", 1, 2, 129, 33, 32, causal=True,
                   alignment="bottom_right")]
+    # ... under a window: its diagonal offset Lk - Lq is negative (a kernel that clamps it at 0, or keeps it
+    # unsigned, hides every key of the window's rows)
+    rows += [Edge("Lq 129, Lk 33, causal bottom-right, window (4, 4)", 1, 2, 129, 33, 32, causal=True,
+                  alignment="bottom_right", fields={"window": (4, 4)})]
+    # packed documents under a window: the window is measured on the padded diagonal, not from each segment's
+    # start (position ids that restart per document), here where the query and key segments start apart;
+    # the ids' runs are not in increasing order (a kernel that finds a segment's keys by binary search)
+    runs = {"q_segment_ids": ((7, 100), (2, 100), (5, 57)), "kv_segment_ids": ((7, 90), (2, 120), (5, 47))}
+    rows += [Edge("segments 7, 2, 5 starting apart, window (8, 0) causal L 257", 1, 2, 257, 257, 32, causal=True,
+                  fields={"window": (8, 0), **{name: np.repeat([i for i, _ in r], [n for _, n in r])[None]
+                                              for name, r in runs.items()}})]
     # a long prefill's own tiling (PyTorch's CPU flash takes 256-row query tiles from Lq 768; 769: three whole
     # tiles and one row of a fourth): causal with more keys than queries in each alignment
     rows += [Edge(f"Lq 769, Lk 800, causal {a.replace('_', '-')}", 1, 1, 769, 800, 16, causal=True, alignment=a)

@@ -17,6 +17,7 @@ import numpy as np
 
 from attnspec.backends import serving
 from attnspec.properties import serving_calls as S
+from attnspec.properties.distribution import cases
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, close_outputs, require, unchanged, verdict
 
@@ -29,12 +30,37 @@ if TYPE_CHECKING:
 def test_per_sequence_positions(target: Target, case: Case, params: dict):
     """A padded batch that declares per-sequence positions: each sequence aligned at its own lengths
     (and left padding), not at the padded Lk - Lq."""
+    _padded_agrees(target, case, params)
+
+
+def _padded_agrees(target: Target, case: Case, params: dict) -> None:
+    """The case with per-sequence positions (and drawn left padding), as a padded call, within the budget."""
     if "padded" not in target.caps.formats:
         import pytest
         pytest.skip(f"{target.name} takes no padded call (its format's own properties check it)")
     case = S.problem_of(case, params)
     with S.as_called(case):
         agreement(target, case)
+
+
+# What a padded call takes and the formats do not: a mask (or its keys as a -inf bias), a bias, segment ids.
+# An adapter that routes per-sequence problems to a varlen kernel (no mask, bias or segment argument) drops them.
+@prop(requires=S.REQUIRES, draw=cases(kinds=("mask", "causal_mask")), params=S.per_sequence)
+def test_per_sequence_positions_keep_the_mask(target: Target, case: Case, params: dict):
+    """Per-sequence positions beside hidden keys (a boolean mask, or the same keys as a -inf bias)."""
+    _padded_agrees(target, case, params)
+
+
+@prop(requires=S.REQUIRES + ("bias",), draw=cases(kinds=("none", "causal")), params=S.per_sequence)
+def test_per_sequence_positions_keep_the_bias(target: Target, case: Case, params: dict):
+    """Per-sequence positions beside an additive bias."""
+    _padded_agrees(target, case, params)
+
+
+@prop(requires=S.REQUIRES + ("segment_ids",), draw=cases(kinds=("none", "causal")), params=S.per_sequence)
+def test_per_sequence_positions_keep_segment_ids(target: Target, case: Case, params: dict):
+    """Per-sequence positions beside segment ids (packed documents within each sequence)."""
+    _padded_agrees(target, case, params)
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=S.per_sequence)

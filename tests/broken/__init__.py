@@ -273,6 +273,21 @@ BROKEN = (
           "gradients"),
     Entry("launch_bugs:BwdSinksDsinkByKvHead", ("backward_edges", "dsink"), w.dsink_grouped,
           "dSink added at the KV head's index under grouped heads", "gradients"),
+    # positions, lengths and segment ids beside the other fields, an eighth review (tests/broken/position_bugs.py)
+    Entry("position_bugs:PerSequenceDropsMaskBiasSegments", ("per_sequence_positions_keep",) + SERVING,
+          w.per_sequence_with_mask, "per-sequence positions routed to a varlen kernel: mask, bias, segment ids dropped",
+          "serving"),
+    Entry("position_bugs:SegmentsFoundBySearch", ("other_segment_changes_nothing", "edge_shapes") + SEGMENTS,
+          w.segments_out_of_order, "a segment's keys found by binary search: sorted segment ids assumed", "sequences"),
+    Entry("position_bugs:KeyLengthsAsCacheLengths", ("edge_shapes", "lse_edges") + ALIGNMENT + REF,
+          w.key_lengths_causal_bottom_right, "key lengths alone sent as a KV cache's cache_seqlens: each sequence "
+          "aligned at its own length", "sequences"),
+    Entry("position_bugs:WindowOffsetClampedAtZero", ("edge_shapes", "lse_edges") + WINDOW,
+          w.window_more_queries_than_keys, "a window's diagonal offset clamped at 0 where Lq > Lk bottom-right",
+          "window"),
+    Entry("position_bugs:WindowFromSegmentStart", ("edge_shapes", "lse_edges") + WINDOW + SEGMENTS,
+          w.window_with_segments_apart, "a window measured from each segment's start (per-document position ids)",
+          "window"),
     # one instantiation of a kernel template (tests/broken/template_bugs.py)
     Entry("template_bugs:MlaVRowPitch", ("edge_shapes",) + REF, w.mla_prefill,
           "the (192, 128) template reads V with K's row pitch (FA3's MLA prefill instantiation)", "online kernel"),

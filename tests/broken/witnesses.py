@@ -870,3 +870,39 @@ def dsink_grouped(seed=0):
 
 
 ALL += (backward_group_of_3, dsink_grouped)
+
+
+def per_sequence_with_mask(seed=0):
+    """Positions per sequence (causal bottom-right, key lengths 6 and 4) beside a mask that hides scattered keys."""
+    mask = _random_mask(3, 6)  # (Lq, Lk)
+    return _problem(*_heads(2, 2, 3, 6, B=2, seed=seed), mask=mask, is_causal=True, causal_alignment="bottom_right",
+                    positions="per_sequence", kv_lengths=np.array([6, 4]))
+
+
+def segments_out_of_order(seed=0):
+    """Segment ids whose runs are not in increasing order (2, 2, 0, 0, 1, 1): a binary search finds no key."""
+    ids = np.array([[2, 2, 0, 0, 1, 1]])
+    return _problem(*_heads(2, 2, 6, 6, seed=seed), q_segment_ids=ids, kv_segment_ids=ids)
+
+
+def key_lengths_causal_bottom_right(seed=0):
+    """Key lengths 7 and 4 with no query lengths, 3 queries, causal bottom-right: the padded diagonal (o = 4),
+    so the second sequence's rows see all of its 4 keys; aligned at its own length (o = 1) row 0 sees 2."""
+    return _problem(*_heads(2, 2, 3, 7, B=2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    kv_lengths=np.array([7, 4]))
+
+
+def window_more_queries_than_keys(seed=0):
+    """12 queries against 5 keys, causal bottom-right (o = -7), window (2, 2): row 9 sees keys 0..2."""
+    return _problem(*_heads(2, 2, 12, 5, seed=seed), is_causal=True, causal_alignment="bottom_right", window=(2, 2))
+
+
+def window_with_segments_apart(seed=0):
+    """Segments whose query and key runs start apart (queries 0 0 0 1 1 1 1, keys 0 0 1 1 1 1 1), causal window
+    (2, 0): query 3 sees keys 2 and 3 on the diagonal, only key 2 from its segment's start."""
+    return _problem(*_heads(2, 2, 7, 7, seed=seed), is_causal=True, window=(2, 0),
+                    q_segment_ids=np.array([[0, 0, 0, 1, 1, 1, 1]]), kv_segment_ids=np.array([[0, 0, 1, 1, 1, 1, 1]]))
+
+
+ALL += (per_sequence_with_mask, segments_out_of_order, key_lengths_causal_bottom_right, window_more_queries_than_keys,
+        window_with_segments_apart)
