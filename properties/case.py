@@ -76,6 +76,12 @@ class Case:
         """(B, H, Lq, Lk) bool: the pairs that take part (every field counted)."""
         return visible(self.problem)
 
+    def lengths(self, side: str) -> np.ndarray:
+        """(B,) each sequence's lengths on one side ("q" or "kv"): its q_lengths / kv_lengths field, else Lq / Lk
+        (a side without the field is whole)."""
+        d = self.dims
+        return np.broadcast_to(self.fields.get(f"{side}_lengths", d["Lq" if side == "q" else "Lk"]), (d["B"],))
+
     def judged_rows(self) -> np.ndarray:
         """(B, H, Lq) bool: rows with at least one visible key (the only rows the spec judges)."""
         return self.visible().any(axis=-1)

@@ -52,7 +52,7 @@ def paged_layouts(target: Target, case: Case | None = None) -> tuple:
 def per_sequence(draw, case: Case, target: Target) -> dict:
     """params: the case's per-sequence form - each sequence's left padding (half the draws, where the
     backend's alignment allows it) - and the format's own choices."""
-    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
+    ends = case.lengths("kv")
     starts = np.zeros_like(ends)
     if draw(st.booleans(), label="left padding (kv_starts)"):
         raw = np.frombuffer(draw(st.binary(min_size=len(ends), max_size=len(ends)), label="kv_starts bytes"),
@@ -85,7 +85,7 @@ def bottom_right(target: Target, why: str) -> None:
 def ends_and_starts(case: Case) -> tuple:
     """(B,) each sequence's key end (kv_lengths, else Lk) and start (kv_starts, else 0)."""
     B = case.dims["B"]
-    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (B,)).astype(np.int64)
+    ends = case.lengths("kv").astype(np.int64)
     return ends, np.broadcast_to(case.fields.get("kv_starts", 0), (B,)).astype(np.int64)
 
 

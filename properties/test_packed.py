@@ -172,7 +172,7 @@ def test_packed_mixed_batch_equals_each_alone(target: Target, case: Case, params
     if "bottom_right" in target.alignments:  # a decode's query after its cache, as the anchors place it
         case = case.replace(causal_alignment="bottom_right")
     B, Lq = case.dims["B"], case.dims["Lq"]
-    lengths = np.broadcast_to(case.fields.get("q_lengths", Lq), (B,)).copy()
+    lengths = case.lengths("q").copy()
     lengths[0] = min(1, Lq)
     assume(B >= 2 and (lengths[1:] > 1).any())
     case = case.replace(q_lengths=lengths)

@@ -201,7 +201,7 @@ def test_append_writes_its_slots_only(target: Target, case: Case, params: dict):
     _appending(target)
     layout = _layout(target, params, case)
     case = S.problem_of(case, params, queries=False)
-    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
+    ends = case.lengths("kv")
     room = int((ends - case.fields.get("kv_starts", 0)).min())
     n = min(1 if params["seed"] % 2 else case.dims["Lq"], room)  # a decode step, or a chunk of Lq
     assume(n > 0)

@@ -36,23 +36,17 @@ def test_other_segment_changes_nothing(target: Target, case: Case, params: dict)
               f"segment {seg}'s tokens changed; a row of another segment")
 
 
-def _lengths(case, side: str) -> np.ndarray:
-    """(B,) the drawn lengths of one side ("q" or "kv"); every row or key where that side has none."""
-    d = case.dims
-    return np.broadcast_to(case.fields.get(f"{side}_lengths", d["Lq" if side == "q" else "Lk"]), (d["B"],))
-
-
 def _some_padding(case) -> bool:
     d = case.dims
-    return min(_lengths(case, "kv")) < d["Lk"] or min(_lengths(case, "q")) < d["Lq"]
+    return min(case.lengths("kv")) < d["Lk"] or min(case.lengths("q")) < d["Lq"]
 
 
 @prop(requires=("seq_lengths",), keep=_some_padding)
 def test_nan_in_padding_changes_nothing(target: Target, case: Case, params: dict):
     """NaN in the padding (keys past kv_lengths, queries past q_lengths) changes no real row."""
     before = agreement(target, case)  # (B, H, Lq, Ev)
-    pad_k = np.arange(case.dims["Lk"]) >= _lengths(case, "kv")[:, None, None]  # (B, 1, Lk)
-    pad_q = np.arange(case.dims["Lq"]) >= _lengths(case, "q")[:, None, None]  # (B, 1, Lq)
+    pad_k = np.arange(case.dims["Lk"]) >= case.lengths("kv")[:, None, None]  # (B, 1, Lk)
+    pad_q = np.arange(case.dims["Lq"]) >= case.lengths("q")[:, None, None]  # (B, 1, Lq)
     padded = case.replace(k=np.where(pad_k[..., None], np.nan, case.k), v=np.where(pad_k[..., None], np.nan, case.v),
                           q=np.where(pad_q[..., None], np.nan, case.q))  # NaN in every padded position
     unchanged("nan_in_padding_changes_nothing", before, target.forward(padded), case.judged_rows(),

@@ -300,7 +300,7 @@ def test_sinks_in_append_calls(target: Target, case: Case, params: dict):
     fit = S.paged_layouts(target, case) or S.paged_layouts(target) or ("NHD",)
     layout = params["layout"] if params["layout"] in fit else fit[0]
     case = S.problem_of(case, params, queries=False)
-    ends = np.broadcast_to(case.fields.get("kv_lengths", case.dims["Lk"]), (case.dims["B"],))
+    ends = case.lengths("kv")
     n = min(1 if params["seed"] % 2 else case.dims["Lq"], int((ends - case.fields.get("kv_starts", 0)).min()))
     assume(n > 0)  # a decode step, or a chunk of Lq, within every sequence's keys
     out, _, _ = S.append(target, case, n, params["page_size"], layout, params["seed"])
