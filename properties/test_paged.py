@@ -99,19 +99,20 @@ def _full_cache(target: Target) -> list:
     of 129 and 256 keys (past a 128-key block: a kernel that skips the padding's whole blocks and masks the
     rest with an offset not made block-relative hides the first real keys)."""
     from attnspec.properties.case import Case
-    from attnspec.properties.draws import in_format
+    from attnspec.properties.draws import in_format, row_seed
 
     cases = []
     for case, params in S.edge_cases(target):
         case = case.replace(q_lengths=None)
         cases.append((case, {**params, "page_size": 4}))
-    rng = np.random.default_rng(31)
+    rng = np.random.default_rng(row_seed("left padding past a key block"))  # each row's data by its label
     q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (2, 300, 300))
     fields = {"kv_lengths": np.array([300, 290]), "kv_starts": np.array([129, 256]), "positions": "per_sequence"}
     cases.append((Case(q, k, v, None, False, None, fields, label="left padding past a key block"),
                   {"seed": len(cases), "page_size": 4}))
     # a cache that is left padding all through (kv_starts = kv_lengths): an empty-sequence guard on
     # cache_seqlens alone lets its rows through as NaN
+    rng = np.random.default_rng(row_seed("a cache all left padding"))
     q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 9, 9))
     fields = {"kv_lengths": np.array([5, 9]), "kv_starts": np.array([5, 2]), "positions": "per_sequence"}
     cases.append((Case(q, k, v, None, False, None, fields, label="a cache all left padding"),
@@ -122,6 +123,7 @@ def _full_cache(target: Target) -> list:
     variants = {"gqa": {}, "alibi": {"alibi_slopes": 2.0 ** -np.arange(1.0, 9.0, 2.0)}, "softcap": {"softcap": 1.0},
                 "sinks": {"sinks": np.array([3.0, 7.0, -1.0, 5.0])}}
     H = 4 if target.supports("gqa") else 2
+    rng = np.random.default_rng(row_seed("decodes past 512-key splits"))
     q, k, v = (in_format(rng.standard_normal((3, h, L, 8)), target.budget_dtype) for h, L in ((H, 1), (2, 1537), (2, 1537)))
     for feature, extra in variants.items():
         if target.supports(feature):
@@ -134,7 +136,7 @@ def _full_cache(target: Target) -> list:
             cases.append((Case(q, k, v, None, False, None, fields, label=label), {"seed": len(cases), "page_size": 16}))
     # a long decode's window (a partition the window ends inside is masked too, not only the last) and ALiBi
     # under left padding (distances from the query's own position, the padding counted in neither)
-    rng = np.random.default_rng(32)
+    rng = np.random.default_rng(row_seed("decodes past 512 keys, causal"))
     q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 1000, 1000))
     long_decodes = {"window": {"window": (100, 0)},
                     "alibi": {"alibi_slopes": np.array([2.0 ** -1, 2.0 ** -5]), "kv_starts": np.array([3, 40])}}
@@ -147,6 +149,7 @@ def _full_cache(target: Target) -> list:
                           {"seed": len(cases), "page_size": 16}))
     # a decode's window whose left edge falls inside a page (key 5 of 7; key 8 of 10 starts a page)
     if target.supports("window") and "bottom_right" in target.alignments:
+        rng = np.random.default_rng(row_seed("decode window (1, 0) from inside a page"))
         q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (1, 10, 10))
         fields = {"kv_lengths": np.array([7, 10]), "positions": "per_sequence", "window": (1, 0),
                   "causal_alignment": "bottom_right"}
