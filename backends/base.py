@@ -165,11 +165,13 @@ class Backend:
         """What `describe` says of the merge: "any number" of states, "pairs", or "" (none)."""
         return "any number" if self.offers_merge(3) else "pairs" if self.offers_merge() else ""
 
-    def merge(self, parts, dtype: str = "float64", *, as_list: bool = False):
+    def merge(self, parts, dtype: str = "float64", *, as_list: bool = False, layout: str = "contiguous"):
         """Attention states over disjoint key sets merged, like `specs.reference.merge(parts)`: parts
         [(o_c (..., Lq, Ev), lse_c (..., Lq))], NumPy float64 holding dtype's values, LSEs natural (-inf: an
         empty state; +inf where the backend declares empty_lse "+inf").  Two parts go to `native_merge`
         when the backend implements it (unless as_list), else every count to `native_merge_states`.
+        `layout` (one the backend declares, `relayout`'s "transposed", "offset" or "permuted"): every
+        native array handed in that layout (vllm-project/vllm#22003: an LSE that is a transposed view).
         Returns (o as NumPy, lse float64, natural)."""
         parts = list(parts)
         if not parts or any(not isinstance(p, (tuple, list)) or len(p) != 2 for p in parts):
@@ -181,16 +183,21 @@ class Backend:
         if not self.offers_merge(3 if as_list else len(parts)):
             raise Unsupported(f"{self.name} offers no merge" if not self.offers_merge() else
                               f"{self.name} merges pairs only (asked: {len(parts)} states{' as a list' * as_list})")
+        if layout not in ("contiguous", "transposed", "offset", "permuted") or (
+                layout != "contiguous" and layout not in self.capabilities.layouts):
+            raise Unsupported(f"{self.name} cannot be handed {layout} merge states (declares {self.capabilities.layouts})")
         self.load()  # a merge may be the first call (a reproducer replays it alone)
         wide = "float64" if dtype == "float64" else "float32"
         to_base = 1 / np.log(2.0) if self.semantics.lse_base == "2" else 1.0  # a base-2 merge takes base-2 LSEs
         lses = [np.asarray(lse, dtype=np.float64) * to_base for _, lse in parts]
         if len(parts) == 2 and not as_list and _overrides(self, "native_merge"):
             (oa, ob), (la, lb) = self._natives(dtype, parts[0][0], parts[1][0]), self._natives(wide, *lses)
+            oa, la, ob, lb = (self.relayout(x, layout) for x in (oa, la, ob, lb))
             y = self._call("merge", self.native_merge, oa, la, ob, lb)
         else:  # stacked as FA3's flash_attn_combine takes them
             (o_parts,), (lse_parts,) = (self._natives(dtype, np.stack([o for o, _ in parts])),  # (C, ..., Lq, Ev)
                                         self._natives(wide, np.stack(lses)))  # (C, ..., Lq)
+            o_parts, lse_parts = self.relayout(o_parts, layout), self.relayout(lse_parts, layout)
             y = self._call("merge", self.native_merge_states, o_parts, lse_parts)
         if not isinstance(y, (tuple, list)) or len(y) != 2:
             raise BackendFailure(self.name, f"merge returned {type(y).__name__}, expected (o, lse)")

@@ -83,6 +83,35 @@ def close_outputs(name: str, target: Target, case: Case, a, b, other, what: str)
                     f"(allowed {atol:.3g}: both budgets)", atol))
 
 
+def lse_tolerance(case: Case, target: Target) -> np.ndarray:
+    """The LSE's error budget per row (B, H, Lq) (specs.error_budget); with sinks, the wider of the LSE with the
+    sink and the one over the real keys from a running maximum started at the sink (`lse_with_sinks`: either)."""
+    rule = rule_of(target)
+    allowed = error_budget.lse_allowed_rows(case.problem, dtype=target.budget_dtype, rule=rule)[0]  # (B, H, Lq)
+    sinks = case.fields.get("sinks")
+    if sinks is None:
+        return allowed
+    shift = np.asarray(sinks, dtype=np.float64)[:, None]  # (Hq, 1) against (B, Hq, Lq)
+    real = error_budget.lse_allowed_rows(case.without("sinks").problem, dtype=target.budget_dtype, rule=rule,
+                                         shift=shift)[0]  # (B, H, Lq)
+    return np.maximum(allowed, real)
+
+
+def close_lses(name: str, target: Target, case: Case, a, b, what: str) -> None:
+    """Two LSEs (B, H, Lq) of one problem (another layout, another knob setting), on the rows that see a key:
+    each within the row's budget, so twice it apart at most."""
+    rows = case.judged_rows()  # (B, H, Lq)
+    atol = 2 * lse_tolerance(case, target)  # (B, H, Lq)
+    diff = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))  # (B, H, Lq)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        over = np.where(diff <= atol, 0.0, np.where(atol > 0, diff / atol, np.inf))  # (B, H, Lq) > 1: past it
+    where, amount = worst(np.where(np.isnan(diff), np.inf, over), rows)
+    require(verdict(name, amount == 0.0, where if amount else None, float(diff[where]) if amount else 0.0,
+                    f"{what}: the LSE at {where} (batch, head, query) differs by {shown(diff, where, amount)} "
+                    f"(allowed {atol[where] if amount else 0.0:.3g}: both budgets)",
+                    float(atol[where]) if amount else None))
+
+
 def unchanged(name: str, before, after, rows, what: str) -> None:
     """Rows that must not change at all: bit for bit (the same program on the same numbers)."""
     where, amount = worst(diff := np.abs(after - before), np.broadcast_to(rows[..., None], np.shape(before)))

@@ -17,6 +17,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from attnspec.properties.case import Case
+from attnspec.properties.draws import row_seed
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, output_tolerance, require, shown, verdict, worst
 from attnspec.properties.test_semantics import _answer
@@ -217,4 +218,43 @@ def test_descales_on_split_kv_paths(target: Target, case: Case, params: dict):
     if case is None:
         import pytest
         pytest.skip(f"{target.name} declares limits that leave out 1000 keys")
+    agreement(target, case)
+
+
+# the forms of a per-head descale that broadcast to (B, Hkv), the values each holds: one a batch element,
+# one a KV head (shared by the batch), the same with the batch axis kept at 1
+_COMPACT_DESCALES = {"(B, 1)": (2, 1), "(1, Hkv)": (1, 2), "(Hkv,)": (2,)}
+
+
+def _compact_descales(target: Target) -> list:
+    """Descales in each form that broadcasts to (B, Hkv) = (2, 2) - (B, 1), (1, Hkv), (Hkv,) - entries a factor
+    of 2 to 10 apart: a kernel that reads any descale with dense (B, Hkv) strides reads the wrong entry (or
+    past the end) wherever the form is not (B, Hkv), and the draws' calibrated descales differ too little
+    between batch elements to show it."""
+    if not is_fp8(target.dtype) or target.caps.descale_granularity != "head":
+        return [(None, {})]
+    H, Hkv, B = (4 if target.supports("gqa") else 2), 2, 2
+    out = []
+    for form, shape in _COMPACT_DESCALES.items():
+        label = f"descales shaped {form}, B 2, {H} query heads on 2 KV heads"
+        rng = np.random.default_rng(row_seed(label))
+        q, k, v = (8 * rng.standard_normal(s) for s in ((B, H, 5, 16), (B, Hkv, 37, 16), (B, Hkv, 37, 16)))
+        firsts = rng.uniform(0.02, 0.05, 3)  # each descale's entries: its first, then 2 to 10 times it
+        fields = {f"{x}_descale": (first * np.array([1.0, rng.uniform(2.0, 10.0)]).reshape(shape))
+                  .astype(np.float32).astype(float) for x, first in zip("qkv", firsts, strict=True)
+                  if x != "q" or is_fp8(target.query_dtype)}  # a 16-bit query has no descale
+        if H != Hkv:
+            fields["enable_gqa"] = True
+        out.append((target.exact(Case(q, k, v, None, False, None, fields, label=label)), {}))
+    return out
+
+
+@prop(requires=_DESCALE, grid=_compact_descales)
+def test_descale_shapes_broadcast(target: Target, case: Case, params: dict):
+    """A per-head descale in a form that broadcasts to (B, Hkv) - (B, 1), (1, Hkv), (Hkv,) - means what its
+    broadcast does (specs.fields): the output against the reference."""
+    _fp8_only(target)
+    if case is None:
+        import pytest
+        pytest.skip(f"{target.name} takes one descale per tensor (Capabilities.descale_granularity)")
     agreement(target, case)

@@ -3,7 +3,8 @@
 A backend declares its knobs and their domains (`Backend.knobs`, default first: numpy-tiled's block
 size; FA3's num_splits and pack_gqa, which FA3's own tests loop over at one tolerance).  Each drawn
 problem runs at the default and at a drawn setting: the two outputs within both error budgets of
-the reference, bitwise where `Semantics.knob_exact` is declared.  A block size that drops the last
+the reference, bitwise where `Semantics.knob_exact` is declared; the LSEs within both budgets where the
+backend returns one.  A block size that drops the last
 partial block, or a split count that counts a split twice, changes the answer and fails here.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from attnspec.properties.case import Case
 from attnspec.properties.draws import in_format
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import close_outputs, unchanged
+from attnspec.properties.judge import close_lses, close_outputs, unchanged
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -47,6 +48,10 @@ def _same_answer(name: str, target: Target, case: Case, setting: dict) -> None:
         unchanged(name, default, tuned, case.judged_rows(), what)
     else:
         close_outputs(name, target, case, default, tuned, case, what)
+    if target.supports("lse"):  # a split count's combine may merge the outputs right and return one split's LSE
+        _, lse = target.forward(case, return_lse=True)  # (B, H, Lq)
+        _, tuned_lse = target.forward(case, knobs=setting, return_lse=True)  # (B, H, Lq)
+        close_lses(name, target, case, lse, tuned_lse, what)
 
 
 @prop(params=_setting)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import close_outputs
+from attnspec.properties.judge import close_lses, close_outputs
 
 if TYPE_CHECKING:
     from attnspec.properties.case import Case
@@ -26,13 +26,21 @@ _OTHER_LAYOUTS = ("transposed", "offset", "permuted", "head_slice", "expanded") 
 @prop(needs=("layouts",))
 def test_layout_independence(target: Target, case: Case, params: dict):
     """Every declared layout on every example: one drawn layout an example missed a strides bug
-    in a CI run (a transposed view of E = 1, or a permuted one of H = 1, reads the same bytes)."""
+    in a CI run (a transposed view of E = 1, or a permuted one of H = 1, reads the same bytes).  Where the
+    backend returns the LSE, its LSE too: a kernel may write it in q's own (L, H) order and read it back
+    as (H, L), its output right."""
+    with_lse = target.supports("lse")
     contiguous = target.forward(case)  # (B, H, Lq, Ev)
+    lse = target.forward(case, return_lse=True)[1] if with_lse else None  # (B, H, Lq)
     for layout in (x for x in _OTHER_LAYOUTS if x in target.caps.layouts):
         if layout == "expanded":  # stride-0 batch: every batch element the same values
             case = case.replace(**{n: np.broadcast_to(x[:1], x.shape).copy() for n, x in
                                    (("q", case.q), ("k", case.k), ("v", case.v))})
             contiguous = target.forward(case)  # (B, H, Lq, Ev)
+            lse = target.forward(case, return_lse=True)[1] if with_lse else None  # (B, H, Lq)
+        what = f"contiguous inputs vs the same values in the {layout} layout"
         strided = target.forward(case, layout=layout)  # (B, H, Lq, Ev)
-        close_outputs("layout_independence", target, case, contiguous, strided, case,
-                      f"contiguous inputs vs the same values in the {layout} layout")
+        close_outputs("layout_independence", target, case, contiguous, strided, case, what)
+        if with_lse:
+            close_lses("layout_independence", target, case, lse, target.forward(case, layout=layout,
+                                                                                return_lse=True)[1], what)

@@ -12,7 +12,8 @@ recursive attention) within both groupings' budgets; two empty states exactly (0
 states at once, and on 8, 9, 17 and 64 (past a combine's fixed split count): permuted, regrouped
 (merge([merge(a, b), c]) and merge([a, merge(b, c)]), a list split anywhere), every state empty
 exactly (0, -inf): a combine that drops the last split, or shifts by the first split's LSE rather than
-the largest, fails here.
+the largest, fails here.  Both hooks again with the states handed as strided views (a transposed LSE:
+vllm-project/vllm#22003).
 """
 from __future__ import annotations
 
@@ -89,11 +90,11 @@ def _list(draw, case: Case, target: Target) -> dict:
     return found
 
 
-def _merge(target: Target, *parts, as_list: bool = False):
+def _merge(target: Target, *parts, as_list: bool = False, layout: str = "contiguous"):
     """The backend's merge of parts [(o, lse)], empty states given in its declared convention; as_list: through
-    its list hook whatever the count."""
+    its list hook whatever the count; layout: its native arrays handed with those strides (Backend.merge)."""
     o, lse = target.call_backend("merge", target.backend.merge, [(o, _as_given(target, lse)) for o, lse in parts],
-                                 target.dtype, as_list=as_list)
+                                 target.dtype, as_list=as_list, layout=layout)
     empty_given = np.inf if target.backend.semantics.empty_lse == "+inf" else -np.inf
     return o, np.where(lse == empty_given, -np.inf, lse)  # (B, H, Lq, Ev), (B, H, Lq): empty as -inf
 
@@ -128,6 +129,29 @@ def test_merge_matches_reference(target: Target, case: Case, params: dict):
     _offered(target)
     a, b, _ = params["states"]
     _judge("merge_matches_reference", target, _merge(target, a, b), [a, b], "merge(a, b)")
+
+
+# the states' layouts a merge is handed (Backend.merge): an LSE that is a transposed view of a (Lq, H) buffer
+# (vllm-project/vllm#22003: a cascade's output corrupted by a non-contiguous LSE), an offset view, a permuted one
+MERGE_LAYOUTS = ("transposed", "offset", "permuted")
+
+
+@prop(draw=_SMALL, params=_states)
+def test_merge_layouts_agree(target: Target, case: Case, params: dict):
+    """The states handed with other strides (each layout of MERGE_LAYOUTS the backend declares): merge(a, b),
+    and merge([a, b, c]) where it merges lists, each the reference merge within its budget - a combine that
+    reads its LSEs (or outputs) as dense arrays reads other rows' values."""
+    _offered(target)
+    layouts = [x for x in MERGE_LAYOUTS if x in target.caps.layouts]
+    if not layouts:
+        import pytest
+        pytest.skip(f"{target.name} declares none of the layouts {MERGE_LAYOUTS} (Capabilities.layouts)")
+    a, b, c = params["states"]
+    for layout in layouts:
+        _judge("merge_layouts_agree", target, _merge(target, a, b, layout=layout), [a, b], f"merge(a, b), {layout}")
+        if target.backend.offers_merge(3):
+            _judge("merge_layouts_agree", target, _merge(target, a, b, c, as_list=True, layout=layout), [a, b, c],
+                   f"merge([a, b, c]), {layout}")
 
 
 @prop(draw=_SMALL, params=_states)

@@ -117,6 +117,13 @@ def _full_cache(target: Target) -> list:
     fields = {"kv_lengths": np.array([5, 9]), "kv_starts": np.array([5, 2]), "positions": "per_sequence"}
     cases.append((Case(q, k, v, None, False, None, fields, label="a cache all left padding"),
                   {"seed": len(cases), "page_size": 4}))
+    # pages over 128 keys (a kernel whose in-page slot index is a 128-key tile's misreads slots 128 and up:
+    # flashinfer#4347); the draws give 256-key pages a cache that long only by chance
+    rng = np.random.default_rng(row_seed("3 queries against 300 and 200 keys in 256-key pages"))
+    q, k, v = (in_format(rng.standard_normal((2, 2, L, 8)), target.budget_dtype) for L in (3, 300, 300))
+    fields = {"kv_lengths": np.array([300, 200]), "positions": "per_sequence"}
+    cases.append((Case(q, k, v, None, False, None, fields, label="3 queries against 300 and 200 keys in 256-key pages"),
+                  {"seed": len(cases), "page_size": 256}))
     # decodes past 512 keys again with grouped heads and each variant the backend takes: a multi-partition
     # decode kernel (vLLM's paged_attention_v2) has a KV-head map and a launch of its own, which may leave
     # a field out

@@ -58,7 +58,7 @@ def verdicts(backend, p: dict, dtype: str) -> list:
         parts = [(np.asarray(error_budget.round_to(o, dtype), dtype=np.float64), lse) for o, lse in p["states"]]
         plus = backend.semantics.empty_lse == "+inf"  # the states in its declared convention
         given = [(o, np.where(lse == -np.inf, np.inf, lse) if plus else lse) for o, lse in parts]
-        o, lse = backend.merge(given, dtype, as_list=len(parts) != 2)
+        o, lse = backend.merge(given, dtype, as_list=len(parts) != 2, layout=p.get("layout", "contiguous"))
         lse = np.where(lse == (np.inf if plus else -np.inf), -np.inf, lse)
         want_o, want_lse = reference.merge(parts)
         o_tol, l_tol = merge_allowed(parts, dtype)
@@ -71,7 +71,7 @@ def verdicts(backend, p: dict, dtype: str) -> list:
     if p["op"] in ("paged", "packed"):  # a backend without the format declines (Unsupported)
         from attnspec.backends import serving
         lse = p.get("return_lse", False)
-        y = (serving.forward_paged(backend, q, k, v, page_size=PAGE_SIZE, rng=0, return_lse=lse, **kw)
+        y = (serving.forward_paged(backend, q, k, v, page_size=p.get("page_size", PAGE_SIZE), rng=0, return_lse=lse, **kw)
              if p["op"] == "paged" else serving.forward_packed(backend, q, k, v, rng=0, return_lse=lse,
                                                                layout=p.get("layout", "contiguous"), **kw))
         out, lse = y if lse else (y, None)
@@ -82,8 +82,14 @@ def verdicts(backend, p: dict, dtype: str) -> list:
     if p["op"] == "knobs":
         if set(p["knobs"]) - set(backend.knobs):
             raise Unsupported(f"{backend.name} has no knob {sorted(p['knobs'])}")
-        out = backend.forward(q, k, v, knobs=p["knobs"], **kw)
-        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
+        if not p.get("return_lse"):
+            out = backend.forward(q, k, v, knobs=p["knobs"], **kw)
+            return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
+        if not backend.supports("lse"):
+            raise Unsupported(f"{backend.name} returns no LSE")
+        out, lse = backend.forward(q, k, v, knobs=p["knobs"], return_lse=True, **kw)
+        return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields),
+                error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, **fields)]
     if p["op"] == "repeat_backward":
         if not backend.semantics.deterministic:
             raise Unsupported(f"{backend.name} declares no deterministic backward")

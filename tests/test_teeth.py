@@ -77,7 +77,7 @@ def _verdicts(backend, p, dtype: str) -> list:
         return conventions.verdicts(backend, p, dtype)
     if p["op"] in ("forward", "lse"):
         out, lse = backend.forward(q, k, v, mask=mask, is_causal=causal, scale=scale, dtype=dtype, return_lse=True,
-                                   **fields) if p["op"] == "lse" else (
+                                   layout=p.get("layout", "contiguous"), **fields) if p["op"] == "lse" else (
             backend.forward(q, k, v, mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields), None)
         empty = reference.forward(q, k, v, mask, causal, scale, **fields).empty_rows  # (..., Lq)
         if backend.semantics.fully_masked == "nan":  # its declared choice: judge real rows only

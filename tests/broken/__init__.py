@@ -130,6 +130,13 @@ BROKEN = (
           "a window's first key block found from the query tile's last row", "window"),
     Entry("path_bugs:BackwardDeltaGridGap", ("backward_edges",) + GRADS, w.backward_past_128_rows,
           "the backward pre-pass rowsum(dO * O) launched over 256-row steps of a 128-row kernel", "gradients"),
+    # what travels beside the output, a ninth review (tests/broken/companion_bugs.py)
+    Entry("companion_bugs:LsePermutedLayout", ("layout_independence",) + LSE, w.lse_permuted_layout,
+          "handed q stored (B, L, H, E), the LSE written in q's (L, H) order, read as (H, L)", "lse"),
+    Entry("companion_bugs:KnobSplitLseOfLargest", ("knob_",) + LSE, w.knob_splits_lse,
+          "a num_splits combine returns the largest split's LSE, + log(sum) forgotten", "conventions"),
+    Entry("companion_bugs:MergeLseReadDense", ("merge_",), w.merge_transposed,
+          "a list merge reads its LSEs as a dense array, vllm-project/vllm#22003", "conventions"),
     Entry("path_bugs:MergeTieTakesOne", ("merge_",), w.merge_tied,
           "a pair merge by strict comparisons: tied LSEs give one state, not the mean", "conventions"),
     Entry("path_bugs:MergeStatesMaxSplits8", ("merge_states",), w.merge_nine,
@@ -144,6 +151,8 @@ BROKEN = (
           "the paged decode path's LSE in base 2 (a base-2 combine), natural declared", "serving"),
     Entry("serving_edge_bugs:PagedDecodeWindowFromPageStart", SERVING, w.paged_decode_window,
           "the paged decode's window edge rounded down to its page's start", "serving"),
+    Entry("serving_edge_bugs:PagedSlotsPast128Wrap", SERVING, w.paged_large_pages,
+          "a page's slot index cut to 7 bits: pages over 128 keys misread, flashinfer#4347", "serving"),
     Entry("serving_edge_bugs:PackedDenseTokenStride", ("packed_head_slices",) + SERVING, w.packed_head_slices,
           "q's token stride assumed Hq * E: a fused QKV projection's slice misread, TransformerEngine#1195", "serving"),
     Entry("path_bugs:PagedLeftpadPastFirstBlock", SERVING, w.deep_leftpad,
@@ -399,6 +408,8 @@ BROKEN = (
     Entry("fp8_bugs:DescaleWrongHead", FP8, w.fp8_descales, "a KV head reads its neighbour's descale", "fp8"),
     Entry("fp8_bugs:DescaleFirstBatch", FP8, w.fp8_descales,
           "the first batch element's descales for all, sgl-project/sglang#37785", "fp8"),
+    Entry("fp8_bugs:DescaleReadDense", ("descale_shapes",) + FP8, w.fp8_compact_descales,
+          "a (B, 1), (1, Hkv) or (Hkv,) descale read with dense (B, Hkv) strides", "fp8"),
     Entry("fp8_bugs:PNotRounded", ("p_rounding",), w.fp8_p_rounding, "P kept in float32, e4m3 declared (FA3)", "fp8"),
 )
 

@@ -8,7 +8,8 @@ P V (the row sum from P before rounding), V's descale on the output, bfloat16 ou
 reference path would.  The planted ones each change one line of the first: the descales dropped
 (vllm-project/vllm#51363), k's applied twice, one descale for every head where per-head ones are
 declared, a KV head reading its neighbour's, every batch element reading the first's
-(sgl-project/sglang#37785: the descales' batch axis off), and P kept in float32 where e4m3 is declared.
+(sgl-project/sglang#37785: the descales' batch axis off), a descale of a compact shape ((B, 1), (1, Hkv),
+(Hkv,)) read with dense (B, Hkv) strides, and P kept in float32 where e4m3 is declared.
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ class Fp8Kernel(NumpyBackend):
         """(B, Hkv) float32 of a descale as the kernel reads it (ones without)."""
         if d is None or self.bug == "dropped":
             return np.ones((B, Hkv), dtype=np.float32)
+        if self.bug == "dense" and np.size(d) > 1:  # entry (b, g) at b * Hkv + g of whatever it was handed
+            flat = np.asarray(d, dtype=np.float32).ravel()
+            return flat[(np.arange(B)[:, None] * Hkv + np.arange(Hkv)) % flat.size]
         d = np.broadcast_to(np.asarray(d, dtype=np.float32), (B, Hkv))
         if self.bug == "per_tensor":
             return np.full((B, Hkv), d[0, 0], dtype=np.float32)
@@ -121,7 +125,9 @@ DescaleWrongHead = _planted("wrong_head", "DescaleWrongHead", "KV head g reads h
 DescaleFirstBatch = _planted("first_batch", "DescaleFirstBatch",
                              "every batch element reads the first's descales (sgl-project/sglang#37785).",
                              ("float8_e5m2",))
+DescaleReadDense = _planted("dense", "DescaleReadDense",
+                            "a descale of any shape read with dense (B, Hkv) strides: (B, 1), (1, Hkv), (Hkv,) misread.")
 PNotRounded = _planted("p_float32", "PNotRounded", "P kept in float32 before P V, e4m3 declared (FA3's rounding).")
 
-__all__ = ["DescaleFirstBatch", "DescalePerTensor", "DescaleWrongHead", "DescalesDropped", "Fp8Dequantised", "Fp8Kernel",
-           "KDescaleTwice", "PNotRounded"]
+__all__ = ["DescaleFirstBatch", "DescalePerTensor", "DescaleReadDense", "DescaleWrongHead", "DescalesDropped",
+           "Fp8Dequantised", "Fp8Kernel", "KDescaleTwice", "PNotRounded"]

@@ -12,6 +12,7 @@ import numpy as np
 
 from attnspec.backends import numpy_formats
 from attnspec.backends.numpy_backends import NumpyNaive
+from attnspec.specs.formats import split_layout
 
 
 def _caps(*dtypes: str):
@@ -94,3 +95,20 @@ class PackedDenseTokenStride(NumpyNaive):
         dense = (q.shape[1] * q.shape[2] * q.itemsize, q.shape[2] * q.itemsize, q.itemsize)
         q = np.lib.stride_tricks.as_strided(q, q.shape, dense).copy()  # the slip: q's strides not read
         return numpy_formats.gathered_packed(self, q, k, v, args, call)
+
+
+class PagedSlotsPast128Wrap(NumpyNaive):
+    """A paged kernel whose in-page slot index is 7 bits wide (its tile of 128 keys taken for the page):
+    at pages over 128 keys, slot s is read at s mod 128 (flashinfer#4347: paged kernels wrong for page
+    sizes > 128).  Right wherever a page holds 128 keys or fewer, or a cache ends before slot 128."""
+
+    name = "broken-paged-slots-past-128-wrap"
+    capabilities = _caps("float32")
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        stacked, base = split_layout(args.layout)
+        axis = (1 if base == "NHD" else 2) + stacked  # the slot axis of (pages, [2,] P, Hkv, D) or (pages, [2,] Hkv, P, D)
+        wrapped = np.arange(args.page_size) % 128  # (P,) the slip: the slot index cut to 7 bits
+        k_cache = np.take(k_cache, wrapped, axis=axis)
+        v_cache = None if stacked else np.take(v_cache, wrapped, axis=axis)
+        return numpy_formats.gathered_paged(self, q, k_cache, v_cache, args, call)

@@ -517,6 +517,12 @@ def paged_decode_window(seed=0):
                        positions="per_sequence", kv_lengths=np.array([7, 6]), window=(2, 0)), "op": "paged"}
 
 
+def paged_large_pages(seed=0):
+    """op "paged" in 256-key pages: a decode against 300 and 200 keys, slots 128 and up of a page read."""
+    return {**_problem(*_heads(2, 2, 1, 300, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([300, 200])),
+            "op": "paged", "page_size": 256}
+
+
 def packed_head_slices(seed=0):
     """op "packed", q, k, v handed as heads 1..2 of tensors four heads wide (a fused QKV projection's views)."""
     return {**_problem(*_heads(2, 2, 2, 5, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([3, 5])),
@@ -906,3 +912,43 @@ def window_with_segments_apart(seed=0):
 
 ALL += (per_sequence_with_mask, segments_out_of_order, key_lengths_causal_bottom_right, window_more_queries_than_keys,
         window_with_segments_apart)
+
+
+# ---- what travels beside the output, a ninth review (tests/broken/companion_bugs.py, fp8_bugs.py) -----------
+
+def lse_permuted_layout(seed=0):
+    """op "lse", q, k, v handed stored (B, L, H, E) (the permuted layout): 3 heads, 5 queries - the LSE read
+    in another order lands on other rows."""
+    return {**_problem(*_heads(3, 3, 5, 9, seed=seed), op="lse"), "layout": "permuted"}
+
+
+def knob_splits_lse(seed=0):
+    """op "knobs" with the LSE: 4 queries against 12 keys at num_splits 3, output and LSE against the reference."""
+    kw = _problem(*_heads(2, 2, 4, 12, seed=seed), op="knobs")
+    kw["knobs"], kw["return_lse"] = {"num_splits": 3}, True
+    return kw
+
+
+def merge_transposed(seed=0):
+    """op "merge" of three states (B, H, Lq, Ev) = (1, 3, 4, 8) handed as transposed views: each row's LSEs
+    apart, a dense read takes another row's."""
+    rng = np.random.default_rng(seed)
+    outs = np.round(rng.standard_normal((3, 1, 3, 4, 8)) * 8) / 8  # each (B, H, Lq, Ev)
+    lses = np.round(rng.standard_normal((3, 1, 3, 4)) * 16) / 8  # (3, B, H, Lq)
+    kw = _problem(*_heads(3, 3, 4, 6, seed=seed), op="merge")
+    kw["states"], kw["layout"] = tuple(zip(outs, lses, strict=True)), "transposed"
+    return kw
+
+
+def fp8_compact_descales(seed=0):
+    """fp8 inputs, 4 query heads on 2 KV heads, a batch of 2: descales shaped (B, 1), (1, Hkv) and (Hkv,) (each
+    broadcast to (B, Hkv)), entries 2 to 10 times apart."""
+    q, k, v = _heads(4, 2, 5, 9, B=2, seed=seed)
+    q, k = q * 8, k * 8  # on the k/8 grid: fp8 rounds them, the descales bring the scores back
+    qd = np.array([[0.11], [0.03]], dtype=np.float32).astype(np.float64)  # (B, 1)
+    kd = np.array([[0.07, 0.29]], dtype=np.float32).astype(np.float64)  # (1, Hkv)
+    vd = np.array([0.45, 2.1], dtype=np.float32).astype(np.float64)  # (Hkv,)
+    return _problem(q, k, v, enable_gqa=True, q_descale=qd, k_descale=kd, v_descale=vd)
+
+
+ALL += (lse_permuted_layout, knob_splits_lse, merge_transposed, fp8_compact_descales)
