@@ -57,9 +57,10 @@ def _offered(target: Target, parts: int = 2) -> None:
         pytest.skip("merge states are attention outputs, not fp8 inputs: the merge is judged at the float dtypes")
 
 
-def _states(draw, case: Case, target: Target, count: int = 3) -> dict:
-    """`count` states shaped like the case's output, exact in the dtype; LSEs exact in float32."""
-    B, H, Lq, Ev = case.q.shape[:-1] + case.v.shape[-1:]
+def _states(draw, case: Case, target: Target, count: int = 3, least: tuple = (0, 0, 0, 0)) -> dict:
+    """`count` states shaped like the case's output (each axis at least `least`'s), exact in the dtype; LSEs
+    exact in float32."""
+    B, H, Lq, Ev = (max(n, m) for n, m in zip(case.q.shape[:-1] + case.v.shape[-1:], least, strict=True))
     seed = draw(st.integers(0, 2**16), label="states seed")
     gap, empty = draw(st.sampled_from(GAPS), label="LSE gap"), draw(st.sampled_from(EMPTY), label="empty share")
     tied_share = draw(st.sampled_from(TIED), label="tied share")
@@ -136,7 +137,13 @@ def test_merge_matches_reference(target: Target, case: Case, params: dict):
 MERGE_LAYOUTS = ("transposed", "offset", "permuted")
 
 
-@prop(draw=_SMALL, params=_states)
+def _strided_states(draw, case: Case, target: Target) -> dict:
+    """Three states with at least 2 batch elements and heads, 3 rows and 2 columns: a view that swaps two axes
+    of length 1 reads the same bytes, so a strides bug needs two of each."""
+    return _states(draw, case, target, 3, least=(2, 2, 3, 2))
+
+
+@prop(draw=_SMALL, params=_strided_states)
 def test_merge_layouts_agree(target: Target, case: Case, params: dict):
     """The states handed with other strides (each layout of MERGE_LAYOUTS the backend declares): merge(a, b),
     and merge([a, b, c]) where it merges lists, each the reference merge within its budget - a combine that
