@@ -221,8 +221,10 @@ class NumpyNaive(Backend):
             lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1)), -np.inf)  # (..., Lq)
         w = w / np.where(total > 0, total, 1)  # (C, ..., Lq)
         wide = np.promote_types(o_parts.dtype, np.float32)  # 16-bit states weighed in float32
-        out = (o_parts.astype(wide) * w[..., None].astype(wide)).sum(axis=0)  # (..., Lq, Ev)
-        return out.astype(o_parts.dtype), lse
+        terms = o_parts.astype(wide) * w[..., None].astype(wide)  # (C, ..., Lq, Ev)
+        # an empty split's output is never read (specs.reference.merge): 0 x NaN of one never written stays 0
+        terms = np.where(np.isfinite(lse_parts)[..., None], terms, 0)  # (C, ..., Lq, Ev)
+        return terms.sum(axis=0).astype(o_parts.dtype), lse
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         sc = _scale(q, call.scale)
