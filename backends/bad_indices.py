@@ -29,6 +29,9 @@ BAD_INPUTS = {
     "cu_seqlens_decreasing": ("packed", "cu_seqlens_k not monotone (sequence 1's keys end before they start)"),
     "cu_seqlens_past_tokens": ("packed", f"cu_seqlens_k[-1] {GUARD} tokens beyond the key tensor"),
     "seqused_k_over_sequence": ("packed", f"seqused_k {GUARD} over the last sequence's keys (into NaN tokens)"),
+    "cu_seqlens_q_decreasing": ("packed", "cu_seqlens_q not monotone (sequence 1's queries end before they start)"),
+    "max_seqlen_q_short": ("packed", "max_seqlen_q one below the longest sequence's queries (a grid that many rows "
+                                     "tall leaves its last row unwritten)"),
     "page_id_past_pool": ("paged", "a page id read = num_pages, one past the pool"),
     "page_id_negative": ("paged", "a page id read = -1"),
     "table_too_short": ("paged", "cache_seqlens one key past what sequence 1's block table holds"),
@@ -73,21 +76,27 @@ def _packed_calls(backend, kind: str, dtype: str, p, call):
     pk = Fm.to_packed(p, tail=0 if kind == "cu_seqlens_past_tokens" else 2)  # the NaN tail: tokens no sequence owns
     cu_k, used = pk.cu_seqlens_k.astype(np.int64), np.diff(pk.cu_seqlens_k).astype(np.int64)  # (B+1,), (B,)
     bad_cu, bad_used = cu_k.copy(), used.copy()
-    if kind == "cu_seqlens_decreasing":
+    cu_q, bad_cu_q, max_q = pk.cu_seqlens_q.astype(np.int64), pk.cu_seqlens_q.astype(np.int64).copy(), pk.max_seqlen_q
+    if kind == "cu_seqlens_q_decreasing":
+        bad_cu_q[1], bad_cu_q[2] = cu_q[2], cu_q[1]
+    elif kind == "max_seqlen_q_short":
+        max_q = pk.max_seqlen_q - 1
+    elif kind == "cu_seqlens_decreasing":
         bad_cu[1], bad_cu[2] = cu_k[2], cu_k[1]
     elif kind == "cu_seqlens_past_tokens":  # every bad read stays inside the guarded allocation
         bad_cu[-1] += GUARD
-    else:
+    elif kind == "seqused_k_over_sequence":
         bad_used[-1] += GUARD
     q, k, v = (_guarded(backend, dtype, x) for x in (pk.q, pk.k, pk.v))
 
-    def args(cu, seqused):  # seqused_k only where it is the bad argument: not every kernel takes it
+    def args(cu, seqused, cu_queries, max_queries):  # seqused_k only where it is the bad argument
         given = kind == "seqused_k_over_sequence"
-        return PackedArgs(_guarded(backend, dtype, pk.cu_seqlens_q, 0, "int32"), _guarded(backend, dtype, cu, 0, "int32"),
-                          pk.max_seqlen_q, int(max(np.diff(cu).max(), seqused.max() if given else 0)),
+        return PackedArgs(_guarded(backend, dtype, cu_queries, 0, "int32"), _guarded(backend, dtype, cu, 0, "int32"),
+                          max_queries, int(max(np.diff(cu).max(), seqused.max() if given else 0)),
                           _guarded(backend, dtype, seqused, 0, "int32") if given else None)
     call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
-    return backend.native_packed, (q, k, v, args(cu_k, used), call), (q, k, v, args(bad_cu, bad_used), call)
+    return backend.native_packed, (q, k, v, args(cu_k, used, cu_q, pk.max_seqlen_q), call), (
+        q, k, v, args(bad_cu, bad_used, bad_cu_q, max_q), call)
 
 
 def _paged_calls(backend, kind: str, dtype: str, p, call, layout: str):

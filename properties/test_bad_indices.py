@@ -2,7 +2,8 @@
 
 The harness validates what it lowers (`specs.formats.validate_*`: a ValueError naming the argument);
 a kernel called by a serving engine gets whatever the engine computed.  One question per bad input -
-non-monotone cu_seqlens, cu_seqlens[-1] beyond the tensor, seqused_k over its sequence, a
+non-monotone cu_seqlens (keys or queries), cu_seqlens[-1] beyond the tensor, seqused_k over its sequence,
+max_seqlen_q below a sequence's queries (a grid sized by it leaves rows unwritten), a
 page id past the pool or negative, a block table too short for cache_seqlens - asks what the hook
 does when handed it directly (`backends/bad_indices.py`: NaN guard memory around every tensor, so a
 stray read shows).  Like the semantics profile: the answer (refused, or silently read out of bounds,
@@ -75,6 +76,8 @@ def _question(kind: str):
 test_bad_index_cu_seqlens_decreasing = _question("cu_seqlens_decreasing")
 test_bad_index_cu_seqlens_past_tokens = _question("cu_seqlens_past_tokens")
 test_bad_index_seqused_k_over_sequence = _question("seqused_k_over_sequence")
+test_bad_index_cu_seqlens_q_decreasing = _question("cu_seqlens_q_decreasing")
+test_bad_index_max_seqlen_q_short = _question("max_seqlen_q_short")
 test_bad_index_page_id_past_pool = _question("page_id_past_pool")
 test_bad_index_page_id_negative = _question("page_id_negative")
 test_bad_index_table_too_short = _question("table_too_short")

@@ -106,6 +106,12 @@ BACKWARD_EDGES = [
                alignment="bottom_right", fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
     edges.Edge("backward Lq 129, Lk 257, ALiBi", 1, 2, 129, 257, 32,
                fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
+    # ALiBi's distances without causal, bottom-right asked (a backward that measures them top-left where no
+    # causal flag says which); sinks under a window (dSink's p_sink from the windowed row's LSE)
+    edges.Edge("backward Lq 129, Lk 257, ALiBi, bottom-right", 1, 2, 129, 257, 32, alignment="bottom_right",
+               fields={"alibi_slopes": np.array([2.0 ** -4, 2.0 ** -8])}),
+    edges.Edge("backward L 257, sinks, window (64, 0) causal", 1, 2, 257, 257, 32, causal=True,
+               fields={"sinks": np.array([1.0, -2.0]), "window": (64, 0)}),
     edges.Edge("backward Lq 129, Lk 257, softcap 1", 1, 2, 129, 257, 32, fields={"softcap": 1.0}),
     edges.Edge("backward L 257, segments 100, 120 and 37 long", 1, 2, 257, 257, 32,
                fields={"q_segment_ids": SEGMENTS_257, "kv_segment_ids": SEGMENTS_257}),
@@ -114,6 +120,9 @@ BACKWARD_EDGES = [
                fields={"kv_lengths": np.array([257, 200, 100], dtype=np.int32)}),
     edges.Edge("backward Lq 257, key-padding bias (B, 1, 1, Lk)", 2, 2, 257, 65, 32, key_padding="bias"),
     edges.Edge("backward bias (1, H, Lq, Lk) over 2 sequences", 2, 2, 129, 65, 32, fields={"bias": (1, 2, 129, 65)}),
+    # a per-head key bias broadcast over queries (T5-style relative position, a per-head padding bias): dBias
+    # is the sum of dS over every query row, never one row's
+    edges.Edge("backward bias (B, H, 1, Lk) over 2 sequences", 2, 2, 129, 65, 32, fields={"bias": (2, 2, 1, 65)}),
     # head dims no multiple of 8 (a vectorised store's tail columns), causal top-left with more queries than
     # keys (the dK/dV pass's query loop bounded by the keys' length), a group of 16 query heads on one KV head
     # (a pack-GQA backward in tiles of 8 heads that stores each tile's dK, dV instead of adding them)

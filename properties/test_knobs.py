@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.properties.case import Case
-from attnspec.properties.draws import in_format
+from attnspec.properties.draws import in_format, row_seed
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import close_lses, close_outputs, unchanged
 
@@ -62,17 +62,22 @@ def test_knob_setting_changes_nothing(target: Target, case: Case, params: dict):
 
 
 def _split_path_settings(target: Target) -> list:
-    """4 queries against 600 keys (a split-KV path, where a num_splits acts; the draws stop near 300 keys) at
-    every setting of each knob off its default, the others at theirs."""
+    """4 queries against 600 and 2000 keys (a split-KV path, where a num_splits acts; the draws stop near 300
+    keys; a heuristic may split only past 1024) at every setting of each knob off its default, the others at
+    theirs."""
     knobs = target.backend.knobs
     if not knobs:
         return [(None, {})]
-    rng = np.random.default_rng(35)
-    q, k, v = (in_format(rng.standard_normal((1, 2, L, 32)), target.budget_dtype) for L in (4, 600, 600))
-    case = target.exact(Case(q, k, v, label="4 queries against 600 keys"))
     defaults = {name: tuple(domain)[0] for name, domain in knobs.items()}
-    return [(case, {"knobs": {**defaults, name: value}}) for name, domain in knobs.items()
-            for value in tuple(domain)[1:]] or [(case, {"knobs": defaults})]
+    out = []
+    for Lk in (600, 2000):
+        label = f"4 queries against {Lk} keys"
+        rng = np.random.default_rng(row_seed(label))
+        q, k, v = (in_format(rng.standard_normal((1, 2, L, 32)), target.budget_dtype) for L in (4, Lk, Lk))
+        case = target.exact(Case(q, k, v, label=label))
+        out += [(case, {"knobs": {**defaults, name: value}}) for name, domain in knobs.items()
+                for value in tuple(domain)[1:]] or [(case, {"knobs": defaults})]
+    return out
 
 
 @prop(grid=_split_path_settings)

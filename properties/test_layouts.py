@@ -2,7 +2,8 @@
 
 A transposed (non-contiguous innermost axis), offset, permuted ((B, L, H, E) storage), head-slice
 (heads 1..H of a wider heads axis: a fused QKV projection's q, k or v) or expanded (stride-0 batch)
-view of the same values must give the contiguous result.  Adapters
+view of the same values must give the contiguous result, and the contiguous LSE where the backend
+returns one (a kernel may write it in q's own order).  Adapters
 declare the layouts they can hand their kernel (`Capabilities.layouts`).  Bugs this catches:
 pytorch/pytorch#187506 (CPU flash kernel, non-contiguous innermost dim), #191937 (stride-0
 K/V), Dao-AILab/flash-attention#2666.

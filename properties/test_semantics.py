@@ -316,17 +316,25 @@ def _empty_probe(target: Target):
 
 @prop(grid=_probe(_empty_probe))
 def test_empty_sizes(target: Target, case: Case, params: dict):
-    """Lk = 0, Lq = 0 and batch 0: the right (empty) shape back, and for Lk = 0 the rows that see
-    nothing - or an error, which is an answer too (recorded when undeclared, judged when declared)."""
-    answers = {}
+    """Lk = 0, Lq = 0 and batch 0: the right (empty) shape back, in the dtype a call with rows returns, and for
+    Lk = 0 the rows that see nothing - or an error, which is an answer too (recorded when undeclared, judged
+    when declared)."""
+    answers, wrong_dtype = {}, {}
+    _, usual = _run(target, _problem(target))  # the dtype of a call with rows (test_output_dtype's probe)
     for label, shape in EMPTY_SIZES:
-        out, _ = _run(target, _problem(target, shape=shape))  # a wrong shape is a failure, not an answer
+        out, returned = _run(target, _problem(target, shape=shape))  # a wrong shape is a failure, not an answer
         if isinstance(out, str):
             answers[label] = out
-        elif label != "Lk=0" or out.size == 0:
+            continue
+        if usual is not None and returned != usual:  # an early return that allocates its own (empty) output
+            wrong_dtype[label] = returned
+        if label != "Lk=0" or out.size == 0:
             answers[label] = "empty"
         else:
             answers[label] = "nan" if np.isnan(out).all() else "zeros" if np.all(out == 0) else "other"
     observed, agrees = empty_answer(answers, target.backend.semantics.fully_masked)
     _answer(target, "empty_sizes", observed, target.backend.semantics.fully_masked, "empty_sizes", agrees,
             declaration="fully_masked")
+    require(verdict("empty_sizes", not wrong_dtype, None, float("nan"),
+                    f"the output at {', '.join(wrong_dtype)} came back as {', '.join(sorted(set(wrong_dtype.values())))}; "
+                    f"a call with rows returns {usual}"))

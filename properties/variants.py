@@ -34,7 +34,7 @@ GQA_HEADS = ((4, 2), (6, 3), (2, 1), (4, 1), (6, 2), (10, 2))
 # head counts that are not powers of two, where ALiBi's standard slopes interpolate
 ODD_HEADS, ODD_GQA_HEADS = (3, 6, 5, 12), ((6, 3), (6, 2), (12, 4), (3, 1), (14, 2))
 # (B, 1, 1, Lk): a key-padding bias, one row per sequence (a batch stride of 0 gives every sequence the first's)
-BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)", "(B, 1, 1, Lk)")
+BIAS_SHAPES = ("(Lq, Lk)", "(B, H, Lq, Lk)", "(1, H, 1, Lk)", "(B, 1, Lq, Lk)", "(B, 1, 1, Lk)", "(B, H, 1, Lk)")
 # hidden_pairs' structures; leading runs half of them
 HIDDEN_STRUCTURES = ("leading run", "scattered", "leading run", "middle block", "leading run", "whole rows")
 SOFTCAP_STEPS = (-2, -1, 0, 1)  # log2 of the cap against the largest score: below, near, above it
@@ -184,7 +184,7 @@ def draw_bias(draw, env: Drawing) -> dict:
     room = min(env.cap / 4, env.cap - env.score)
     shape = BIAS_SHAPES[draw(st.integers(0, len(BIAS_SHAPES) - 1), label="bias shape")]
     dims = {"(Lq, Lk)": (Lq, Lk), "(B, H, Lq, Lk)": (B, H, Lq, Lk), "(1, H, 1, Lk)": (1, H, 1, Lk),
-            "(B, 1, Lq, Lk)": (B, 1, Lq, Lk), "(B, 1, 1, Lk)": (B, 1, 1, Lk)}[shape]
+            "(B, 1, Lq, Lk)": (B, 1, Lq, Lk), "(B, 1, 1, Lk)": (B, 1, 1, Lk), "(B, H, 1, Lk)": (B, H, 1, Lk)}[shape]
     bias = _grid_values(draw, dims, env.fmt, float(2.0 ** np.floor(np.log2(max(room, 0.25)))), "bias")
     if env.hides and draw(st.booleans(), label="bias hides keys (-inf)"):
         hidden = hidden_pairs(draw, dims, "bias")

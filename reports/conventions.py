@@ -15,8 +15,9 @@ from attnspec.reports.verdicts import text, tri
 
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "float8_e4m3fn": "e4m3",
                "float8_e5m2": "e5m2"}
-_BAD_INDICES = ("cu_seqlens_decreasing", "cu_seqlens_past_tokens", "seqused_k_over_sequence", "page_id_past_pool",
-                "page_id_negative", "table_too_short")  # backends/bad_indices.BAD_INPUTS (tests check)
+_BAD_INDICES = ("cu_seqlens_decreasing", "cu_seqlens_past_tokens", "seqused_k_over_sequence", "cu_seqlens_q_decreasing",
+                "max_seqlen_q_short", "page_id_past_pool", "page_id_negative", "table_too_short")
+# (backends/bad_indices.BAD_INPUTS, which reports may not import: tests check they agree)
 COLUMNS = ("backend", "convention", "declared", "observed", "agrees", "source")
 
 # convention -> where the suite observes it: ("semantics", questions) or ("conformance", property-name prefixes)

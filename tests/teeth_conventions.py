@@ -15,7 +15,7 @@ from attnspec.specs import error_budget, reference
 from attnspec.specs.invariants import Verdict
 from attnspec.specs.merge_budget import merge_allowed
 
-CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "paged", "packed", "bad_index")
+CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "paged", "packed", "bad_index", "empty_sizes")
 PAGE_SIZE = 2  # the paged witness's pages: several a sequence
 
 
@@ -82,6 +82,11 @@ def verdicts(backend, p: dict, dtype: str) -> list:
     if p["op"] == "knobs":
         if set(p["knobs"]) - set(backend.knobs):
             raise Unsupported(f"{backend.name} has no knob {sorted(p['knobs'])}")
+        if backend.semantics.knob_exact:  # declared: bitwise the default's output
+            out, default = backend.forward(q, k, v, knobs=p["knobs"], **kw), backend.forward(q, k, v, **kw)
+            return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields),
+                    Verdict("knob_exact", _bitwise(out, default), None, float("nan"),
+                            f"knobs {p['knobs']} change the output's bits, knob_exact declared")]
         if not p.get("return_lse"):
             out = backend.forward(q, k, v, knobs=p["knobs"], **kw)
             return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)]
@@ -90,6 +95,12 @@ def verdicts(backend, p: dict, dtype: str) -> list:
         out, lse = backend.forward(q, k, v, knobs=p["knobs"], return_lse=True, **kw)
         return [error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields),
                 error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, **fields)]
+    if p["op"] == "empty_sizes":  # the output of an empty launch in the dtype of a call with rows
+        _, usual = backend.forward_as_returned(q, k, v, **kw)
+        found = {"Lq=0": backend.forward_as_returned(q[..., :0, :], k, v, **kw)[1],
+                 "Lk=0": backend.forward_as_returned(q, k[..., :0, :], v[..., :0, :], **kw)[1]}
+        return [Verdict("empty_sizes", all(d == usual for d in found.values()), None, float("nan"),
+                        f"empty launches return {found}, a call with rows {usual}")]
     if p["op"] == "repeat_backward":
         if not backend.semantics.deterministic:
             raise Unsupported(f"{backend.name} declares no deterministic backward")

@@ -952,3 +952,35 @@ def fp8_compact_descales(seed=0):
 
 
 ALL += (lse_permuted_layout, knob_splits_lse, merge_transposed, fp8_compact_descales)
+
+
+# ---- declarations past the first probes' regimes, a tenth review (tests/broken/declaration_bugs.py) -------
+
+def batch_of_four(seed=0):
+    """op "batch": four sequences of 2 heads (8 work items), each alone (2) and together, bitwise."""
+    return _problem(*_heads(2, 2, 4, 9, B=4, seed=seed), op="batch")
+
+
+def repeated_backward_300_keys(seed=0):
+    """op "repeat_backward" against 300 keys (past two 128-key blocks), four times, bitwise."""
+    return {**_problem(*_heads(2, 2, 6, 300, seed=seed), op="backward"), "op": "repeat_backward"}
+
+
+def knob_splits_1100_keys(seed=0):
+    """op "knobs": 4 queries against 1100 keys at num_splits 2 (bitwise the default's where knob_exact is declared)."""
+    kw = _problem(*_heads(2, 2, 4, 1100, seed=seed), op="knobs")
+    kw["knobs"] = {"num_splits": 2}
+    return kw
+
+
+def backward_key_bias_per_head(seed=0):
+    """The backward with a (B, H, 1, Lk) bias under 9 queries, two sequences: dBias sums dS over the queries."""
+    return _problem(*_heads(2, 2, 9, 20, B=2, seed=seed), op="backward", bias=_grid((2, 2, 1, 20), seed + 3, spread=2.0))
+
+
+def empty_launches(seed=0):
+    """op "empty_sizes": Lq = 0 and Lk = 0 against a call with rows: the output's dtype the same."""
+    return _problem(*_heads(2, 2, 3, 5, seed=seed), op="empty_sizes")
+
+
+ALL += (batch_of_four, repeated_backward_300_keys, knob_splits_1100_keys, backward_key_bias_per_head, empty_launches)
