@@ -2,11 +2,14 @@
 batch invariance broken by a split heuristic only on a grid too small to fill the machine, a backward's
 atomic dQ adds past one 128-key block, a bitwise-declared num_splits that acts only past 1024 keys,
 bad query-side varlen arguments taken silently (a non-monotone cu_seqlens_q, a max_seqlen_q too short),
-a per-head key bias's dBias taken from one query row, and an empty launch's output in float64.  Each is
+a per-head key bias's dBias taken from one query row, an empty launch's output in float64; and two in the
+backward it reached only at the deep profile: ALiBi's bottom-right offset dropped without causal, dSink's
+p_sink from a row pass without the window.  Each is
 numpy-naive (correct in every format it declares) with one slip; the suite reaches each by construction
 (properties/test_conventions.py's probes at 300 keys and a batch of 64, test_knobs.py's 2000-key
 setting, test_bad_indices.py's query-side questions, the backward grid's (B, H, 1, Lk) bias,
-test_semantics.py's empty sizes against a call with rows).
+test_semantics.py's empty sizes against a call with rows, the backward grid's non-causal bottom-right ALiBi
+row and sinks under a window).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnspec.backends.numpy_backends import NumpyNaive, _batch, _expand, _reduce, _sink, _unpadded, tile_scores
+from attnspec.backends.numpy_backends import NumpyNaive, _batch, _dsink, _expand, _reduce, _sink, _unpadded, tile_scores
 
 
 def _caps(*dtypes: str):
@@ -191,3 +194,35 @@ class BadIndicesQueryUnchecked(NumpyNaive):
             if lb is not None:
                 lse[:, r0:r1] = lb[0]
         return (out, lse) if call.return_lse else out
+
+
+class AlibiBackwardTopLeftWithoutCausal(NumpyNaive):
+    """The backward's recompute applies ALiBi's bottom-right offset Lk - Lq only in its causal branch: a
+    non-causal call that asks for bottom-right recomputes P with top-left distances (the forward right)."""
+
+    name = "broken-alibi-backward-top-left-without-causal"
+    capabilities = _caps("float64")
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        if call.alibi_slopes is not None and not call.is_causal and call.positions != "per_sequence" \
+                and call.causal_alignment == "bottom_right":
+            call = replace(call, causal_alignment="top_left")  # the slip: no causal flag, no offset
+        return super().native_attention_backward(q, k, v, grad_out, call)
+
+
+class DsinkWithoutWindow(NumpyNaive):
+    """dSink's pass recomputes p_sink = exp(sink - LSE) from a row pass that has no window argument: under a
+    sliding window p_sink is too small (the LSE of every key); dQ, dK and dV right."""
+
+    name = "broken-dsink-without-window"
+    capabilities = _caps("float64")
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        grads = super().native_attention_backward(q, k, v, grad_out, call)
+        if call.sinks is None or call.window is None:
+            return grads
+        ku, vu = _unpadded(k, call), _unpadded(v, call)
+        a = self._weights(q, ku, call)[0]  # (..., Hq, Lq, Lk) the windowed weights: the output is right
+        a_sink = self._weights(q, ku, replace(call, window=None))[2]  # the slip: p_sink of the unwindowed row
+        out = a @ (_expand(vu, a.shape[-3]) if call.enable_gqa else vu)  # (..., Hq, Lq, Ev)
+        return grads[:-1] + (_dsink(call, a_sink, grad_out, out),)

@@ -984,3 +984,20 @@ def empty_launches(seed=0):
 
 
 ALL += (batch_of_four, repeated_backward_300_keys, knob_splits_1100_keys, backward_key_bias_per_head, empty_launches)
+
+
+def backward_alibi_bottom_right(seed=0):
+    """The backward with ALiBi, bottom-right, no causal: 3 queries against 7 keys (distances offset by 4)."""
+    return _problem(*_heads(2, 2, 3, 7, seed=seed), op="backward", causal_alignment="bottom_right",
+                    alibi_slopes=np.array([0.5, 0.25]))
+
+
+def dsink_window(seed=0):
+    """op "dsink": sinks under a causal window (2, 0) at L 9: p_sink of each row from its three keys."""
+    kw = _problem(*_heads(2, 2, 9, 9, seed=seed), is_causal=True, op="backward", sinks=np.array([1.0, -0.5]),
+                  window=(2, 0))
+    kw["op"] = "dsink"
+    return kw
+
+
+ALL += (backward_alibi_bottom_right, dsink_window)
