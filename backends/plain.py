@@ -57,6 +57,18 @@ _PARAM_FEATURES = {**{f.name: (f.feature,) for f in FIELDS if f.name != "bias"},
 ALIASES = {"learnable_sink": "sinks", "k_scale": "k_descale", "v_scale": "v_descale"}
 
 
+def _full_descale(value, shape: tuple):
+    """A per-head descale broadcast to (batch..., Hkv), contiguous, as the docstring promises and FA3 checks
+    (a form that broadcasts to it, (B, 1) or (Hkv,), is what the spec takes); a scalar (per tensor) as it is."""
+    if tuple(getattr(value, "shape", ())) in ((), tuple(shape)):
+        return value
+    if hasattr(value, "expand"):  # a torch tensor
+        return value.expand(*shape).contiguous()
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(np.broadcast_to(value, shape))
+    return value.__array_namespace__().broadcast_to(value, shape)  # a JAX array
+
+
 def renamed(fn, kw: dict) -> dict:
     """The keywords under the names fn's signature uses (ALIASES)."""
     params = _parameters(fn) or {}
@@ -296,7 +308,7 @@ class FunctionBackend(Backend):
         self.env_vars = decl.env
         self.capabilities, self.semantics = declared(fn, decl, decl.backward is not None, "a plain function")
 
-    def _kwargs(self, call) -> dict:
+    def _kwargs(self, call, kv_lead: tuple | None = None) -> dict:
         attn_mask = call.mask
         if call.bias is not None:  # PyTorch's signature takes one mask: a float one when there is a bias
             bias = call.bias
@@ -306,7 +318,7 @@ class FunctionBackend(Backend):
         for f in FIELDS:  # the fields it declares through its parameters, when the problem uses them
             value = getattr(call, f.name)
             if f.name != "bias" and f.feature in feats and value is not None and not f.is_off(value):
-                kw[f.name] = value
+                kw[f.name] = _full_descale(value, kv_lead) if f.feature == "descale" and kv_lead else value
         if call.return_lse:
             kw["return_lse"] = True
         kw = renamed(self.fn, kw)
@@ -318,7 +330,7 @@ class FunctionBackend(Backend):
         return kw
 
     def native_attention(self, q, k, v, call):
-        return self.fn(q, k, v, **self._kwargs(call))  # (..., Lq, Ev), or (out, lse)
+        return self.fn(q, k, v, **self._kwargs(call, tuple(k.shape[:-2])))  # (..., Lq, Ev), or (out, lse)
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         if self.declaration.backward is None:

@@ -122,3 +122,24 @@ def test_packed_and_paged_calls_decline_fp8_with_the_reason():
     with pytest.raises(Unsupported, match="fp8 inputs in packed calls are not judged yet"):
         forward_packed(registry.resolve("numpy-tiled"), q, k, v, E4M3, positions="per_sequence",
                        q_lengths=np.array([5, 3]), kv_lengths=np.array([9, 4]), **d)
+
+
+def test_a_plain_function_gets_per_head_descales_as_batch_by_kv_heads():
+    """A descale in a form that broadcasts to (B, Hkv) - (Hkv,), (B, 1) - reaches a function as (B, Hkv),
+    contiguous (as plain.declare's docstring promises and FA3's CHECK_SHAPE requires); a scalar as it is."""
+    pytest.importorskip("ml_dtypes")
+    from attnspec.backends.plain import declare, function_backend
+    seen = []
+
+    @declare(dtypes=(E4M3,), features=("gqa", "descale"), output_dtypes={E4M3: "float32"}, p_dtypes={E4M3: "float32"})
+    def fn(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, q_descale=None, k_descale=None,
+           v_descale=None):
+        seen.append([(np.shape(d), bool(np.asarray(d).flags.c_contiguous)) for d in (q_descale, k_descale, v_descale)])
+        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype=np.float32)
+
+    q, k, v, _ = _problem()
+    B, Hkv = k.shape[0], k.shape[1]
+    backend = function_backend(fn, "fa3-shaped")
+    backend.forward(q, k, v, dtype=E4M3, enable_gqa=True, q_descale=np.full(Hkv, 0.5), k_descale=np.full((B, 1), 0.25),
+                    v_descale=np.array(2.0))
+    assert seen == [[((B, Hkv), True), ((B, Hkv), True), ((), True)]]
