@@ -320,7 +320,8 @@ def test_empty_sizes(target: Target, case: Case, params: dict):
     Lk = 0 the rows that see nothing - or an error, which is an answer too (recorded when undeclared, judged
     when declared)."""
     answers, wrong_dtype = {}, {}
-    _, usual = _run(target, _problem(target))  # the dtype of a call with rows (test_output_dtype's probe)
+    out, usual = _run(target, _problem(target))  # the dtype of a call with rows (test_output_dtype's probe)
+    usual = None if isinstance(out, str) else usual  # raised or declined: its reason is no dtype to compare with
     for label, shape in EMPTY_SIZES:
         out, returned = _run(target, _problem(target, shape=shape))  # a wrong shape is a failure, not an answer
         if isinstance(out, str):
