@@ -1,4 +1,5 @@
-"""Family: ALiBi — a bias -slope_h * |i + o - j| with the standard slopes, and its native parameter.
+"""Family: ALiBi — a bias -slope_h * |i + o - j| with the standard slopes (or one tensor-parallel rank's
+slice of a larger model's: a kernel must read the slopes it is given), and its native parameter.
 
 The standard slopes (`specs.masks.alibi_slopes`) for a head count that is not a power of two
 interpolate between two powers of two; using 2^(-8 h / H) instead is a common bug

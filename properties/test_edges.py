@@ -48,7 +48,8 @@ SPLIT_KEYS = 1000
 # nearest the diagonal (flash-attention's n_masking_steps) lets the keys of a farther tile through
 # (100, 0): a bound no key block edge meets, so a kernel that finds a query tile's first key block from
 # the tile's last row (not its first) drops keys its first rows see
-WINDOWS = ((129, 0, True), (64, 64, False), (100, 0, True))
+# (0, 3): a left bound of 0, no key before the diagonal (a kernel that reads it by truthiness runs it unbounded)
+WINDOWS = ((129, 0, True), (64, 64, False), (100, 0, True), (0, 3, False))
 # (E, Ev) pairs with their own kernel instantiations: DeepSeek's MLA prefill (192, 128) and decode
 # (576, 512), and a value head half or twice the query's (a template that reads V with K's row pitch,
 # or sizes the output by E, is right wherever Ev = E)
@@ -175,6 +176,10 @@ def grid() -> list[Edge]:
     rows += [Edge("window (100, 0) causal L 257, sinks", 1, 2, 257, 257, 32, causal=True,
                   fields={"window": (100, 0), "sinks": np.array([1.0, 3.0])})]
     rows += [Edge(f"E {E}, Ev {Ev}", 1, 2, 65, 129, E, Ev=Ev) for E, Ev in UNEQUAL_HEAD_DIMS]
+    # MLA's prefill template (192, 128) on a chunk against its cache: causal bottom-right with more keys than
+    # queries (a template that masks top-left whatever is asked hides the chunk's own prefix)
+    rows += [Edge("E 192, Ev 128, Lq 65, Lk 129, causal bottom-right", 1, 2, 65, 129, 192, Ev=128, causal=True,
+                  alignment="bottom_right")]
     rows += [Edge(f"MLA decode: E 576, Ev 512, Lk {L}, 8 query heads on 1 KV head", 1, 8, 1, L, 576, Hkv=1, Ev=512)]
     # a long row's sum in one 16-bit accumulator (allow_fp16_accumulation, tl.dot(out_dtype=float16))
     rows += [Edge("uniform scores, positive values, Lk 2048", 1, 2, 4, 2048, 64, inputs="uniform positive")]
@@ -198,6 +203,12 @@ def grid() -> list[Edge]:
     # causal branch, KV-head map and query tiling: causal past two 64-row tiles, and grouped heads
     rows += [Edge(f"head dim {E}, causal L 129", 1, 2, 129, 129, E, causal=True) for E in WIDE_HEAD_DIMS]
     rows += [Edge(f"head dim {E}, 4 query heads on 2 KV heads", 1, 4, 9, 65, E, Hkv=2) for E in WIDE_HEAD_DIMS]
+    # ... their non-causal tiling past two 64-row query tiles (a template whose non-causal launch sizes its grid
+    # for 128-row tiles while running 64-row ones leaves rows unwritten), and a window in each (a template
+    # launched with no left bound: pegainfer#818's head-dim 256 entry points)
+    rows += [Edge(f"head dim {E}, Lq 129, Lk 65", 1, 2, 129, 65, E) for E in WIDE_HEAD_DIMS]
+    rows += [Edge(f"head dim {E}, window (8, 0) causal L 129", 1, 2, 129, 129, E, causal=True,
+                  fields={"window": (8, 0)}) for E in WIDE_HEAD_DIMS]
     # more queries than keys, causal bottom-right: rows 0..95 see no key, whole 64-row query tiles among them
     # (flash-attention#1778: a tile that exits early leaves its rows unwritten, whatever was declared)
     rows += [Edge("Lq 129, Lk 33, causal bottom-right: 96 rows see no key", 1, 2, 129, 33, 32, causal=True,

@@ -89,6 +89,11 @@ BACKWARD_EDGES = [
     # the backward's head-dim templates (a dispatch sending 65..128 to the 64 kernel) and unequal value heads
     *(edges.Edge(f"backward E {E}", 1, 2, 33, 65, E) for E in (80, 128, 256)),
     edges.Edge("backward E 192, Ev 128", 1, 2, 33, 65, 192, Ev=128),
+    # ... causal in each (a dispatch switch whose causal arm reaches one template as non-causal), MLA's (192,
+    # 128) bottom-right with more keys than queries (a chunk against its cache)
+    *(edges.Edge(f"backward E {E}, causal L 65", 1, 2, 65, 65, E, causal=True) for E in (80, 128, 256)),
+    edges.Edge("backward E 192, Ev 128, Lq 33, Lk 65, causal bottom-right", 1, 2, 33, 65, 192, Ev=128, causal=True,
+               alignment="bottom_right"),
     # each variant a backward recomputes past its first 128-key block and 128-row query tile (the draws'
     # lengths stop near 65): a window's key-block range in the dK/dV pass and its rows in a pack-GQA dQ pass,
     # ALiBi's distance in later key blocks, the softcap's tanh' on every block, segments across block
@@ -100,6 +105,8 @@ BACKWARD_EDGES = [
     # left (flash-attention's -1 taken as a width: dQ of a later query tile skips the key blocks before it)
     edges.Edge("backward window (200, 10) L 257", 1, 2, 257, 257, 32, fields={"window": (200, 10)}),
     edges.Edge("backward window (None, 20) L 257", 1, 2, 257, 257, 32, fields={"window": (None, 20)}),
+    # a left bound of 0 (a backward that reads it by truthiness recomputes the row unbounded on the left)
+    edges.Edge("backward window (0, 3) L 65", 1, 2, 65, 65, 32, fields={"window": (0, 3)}),
     edges.Edge("backward window (100, 0) causal L 257, 4 query heads on 2 KV heads", 1, 4, 257, 257, 32, causal=True,
                Hkv=2, fields={"window": (100, 0)}),
     edges.Edge("backward Lq 129, Lk 257, causal bottom-right, ALiBi", 1, 2, 129, 257, 32, causal=True,
@@ -113,11 +120,19 @@ BACKWARD_EDGES = [
     edges.Edge("backward L 257, sinks, window (64, 0) causal", 1, 2, 257, 257, 32, causal=True,
                fields={"sinks": np.array([1.0, -2.0]), "window": (64, 0)}),
     edges.Edge("backward Lq 129, Lk 257, softcap 1", 1, 2, 129, 257, 32, fields={"softcap": 1.0}),
+    # ... under grouped heads (a tanh' recompute that expands K by tiling, h % Hkv, not h // g)
+    edges.Edge("backward softcap 1, 4 query heads on 2 KV heads", 1, 4, 33, 65, 32, Hkv=2, fields={"softcap": 1.0}),
     edges.Edge("backward L 257, segments 100, 120 and 37 long", 1, 2, 257, 257, 32,
                fields={"q_segment_ids": SEGMENTS_257, "kv_segment_ids": SEGMENTS_257}),
     edges.Edge("backward Lq 257, Lk 129, sinks", 1, 2, 257, 129, 32, fields={"sinks": np.array([1.0, -2.0])}),
     edges.Edge("backward key lengths 257, 200 and 100", 3, 2, 65, 257, 32,
                fields={"kv_lengths": np.array([257, 200, 100], dtype=np.int32)}),
+    # left padding (kv_starts, per-sequence positions): a backward launcher that drops it recomputes the rows
+    # over the padding keys and measures the diagonal from the padded start
+    edges.Edge("backward left padding: keys [3, 65) and [0, 50), causal bottom-right", 2, 2, 33, 65, 32, causal=True,
+               alignment="bottom_right", fields={"positions": "per_sequence",
+                                                 "kv_starts": np.array([3, 0], dtype=np.int32),
+                                                 "kv_lengths": np.array([65, 50], dtype=np.int32)}),
     edges.Edge("backward Lq 257, key-padding bias (B, 1, 1, Lk)", 2, 2, 257, 65, 32, key_padding="bias"),
     edges.Edge("backward bias (1, H, Lq, Lk) over 2 sequences", 2, 2, 129, 65, 32, fields={"bias": (1, 2, 129, 65)}),
     # a per-head key bias broadcast over queries (T5-style relative position, a per-head padding bias): dBias

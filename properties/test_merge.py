@@ -13,7 +13,7 @@ states at once, and on 8, 9, 17 and 64 (past a combine's fixed split count): per
 (merge([merge(a, b), c]) and merge([a, merge(b, c)]), a list split anywhere), every state empty
 exactly (0, -inf): a combine that drops the last split, or shifts by the first split's LSE rather than
 the largest, fails here.  Both hooks again with the states handed as strided views (a transposed LSE:
-vllm-project/vllm#22003).
+vllm-project/vllm#22003); states 512 values wide (MLA's), past a merge's 256-column loop.
 """
 from __future__ import annotations
 
@@ -177,6 +177,34 @@ def _two_empty(target: Target):
     from attnspec.properties.case import Case as C
     z = np.zeros((1, 2, 3, 4))  # (B, H, Lq, E): only the shapes matter
     return [(C(z, z, z), {"states": [(z.copy(), np.full((1, 2, 3), -np.inf))] * 3})]
+
+
+WIDE = (1, 2, 65, 512)  # (B, H, Lq, Ev): MLA's 512-wide values (DeepSeek's absorbed decode), past a 64-row tile
+
+
+def _wide_states(target: Target):
+    """Three finite states 512 values wide over 65 rows, seeded by their label (the drawn ones are a few columns
+    wide: a merge whose value loop covers 256 columns, flashinfer#761's head-dim dispatch, never shows there)."""
+    from attnspec.properties.case import Case as C
+    from attnspec.properties.draws import row_seed
+    rng = np.random.default_rng(row_seed("merge: three states 512 values wide"))
+    B, H, Lq, Ev = WIDE
+    states = [(np.asarray(round_to(rng.standard_normal(WIDE), target.dtype), dtype=np.float64),  # (B, H, Lq, Ev)
+               np.float32(rng.standard_normal((B, H, Lq)) * 3).astype(np.float64)) for _ in range(3)]  # (B, H, Lq)
+    z = np.zeros((B, H, Lq, 4))  # (B, H, Lq, E): only the shapes matter
+    return [(C(z, z, np.zeros(WIDE)), {"states": states})]
+
+
+@prop(grid=_wide_states)
+def test_merge_wide_values(target: Target, case: Case, params: dict):
+    """States 512 values wide: merge(a, b), and merge([a, b, c]) where a list merge is offered, each the reference
+    merge within its budget (a merge that writes the first 256 columns leaves the rest 0)."""
+    _offered(target)
+    a, b, c = params["states"]
+    _judge("merge_wide_values", target, _merge(target, a, b), [a, b], "merge(a, b) of 512-wide states")
+    if target.backend.offers_merge(3):
+        _judge("merge_wide_values", target, _merge(target, a, b, c, as_list=True), [a, b, c],
+               "merge([a, b, c]) of 512-wide states")
 
 
 @prop(grid=_two_empty)

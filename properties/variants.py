@@ -24,9 +24,14 @@ from attnspec.specs.masks import alibi_slopes
 OPTIONAL = F.DRAWN
 DRAW_RATE = 0.25
 PER_SEQUENCE = F.PER_SEQUENCE  # a value per sequence: drawn on a batch of 2+
-# (0, 0) would leave one key a row; 129: wider than two 64-key tiles (a left bound applied only near the diagonal)
-WINDOW_LEFT, WINDOW_RIGHT = (None, 1, 2, 3, 8, 129), (None, 0, 1, 2)
+# 0: a real bound, no key before the diagonal (a kernel that reads the left bound by truthiness, `if left:`,
+# takes it as unbounded; drawn with right 0 too, one key a row); 129: wider than two 64-key tiles (a left bound
+# applied only near the diagonal)
+WINDOW_LEFT, WINDOW_RIGHT = (None, 1, 2, 3, 8, 129, 0), (None, 0, 1, 2)
 COMPILED_WINDOWS = ((2, 1), (None, 0), (3, None))
+# ALiBi's slopes: a model's own H heads (1), or one rank's H heads of a model split over 2 or 4 ranks (Megatron,
+# vLLM and FlashInfer take the rank's slice of the whole model's slopes: flashinfer#1606)
+TP_RANKS = (1, 2, 4)
 # (Hq, Hkv); Hypothesis favours the first: a group of 2 with 2 KV heads (MQA, Hkv = 1, hides a
 # head index taken modulo Hkv or always 0); groups of 5 and 7 over 2 KV heads (Qwen's 40/8, 28/4):
 # a query-head-to-KV-head map right for groups up to 4 or powers of two only
@@ -260,11 +265,16 @@ def draw_softcap(draw, env: Drawing) -> dict:
 
 
 def draw_alibi(draw, env: Drawing) -> dict:
+    """The standard slopes of H heads, or one tensor-parallel rank's H of a model with TP_RANKS times as many
+    (a kernel that recomputes the standard slopes from its head count, not the caller's, passes the first)."""
     H, Lq, Lk = env.shape[1], env.shape[3], env.shape[4]
+    ranks = TP_RANKS[draw(st.integers(0, len(TP_RANKS) - 1), label="ALiBi: the model's heads over H (tensor parallel)")]
+    rank = draw(st.integers(0, ranks - 1), label="ALiBi: this rank") if ranks > 1 else 0
+    slopes = alibi_slopes(H * ranks)[rank * H:(rank + 1) * H]  # (H,)
     if env.fmt in ("float16", "bfloat16") and "alibi" not in env.need \
-            and float(np.max(alibi_slopes(H))) * max(Lq, Lk) > env.cap / 2:  # distances x slopes past the cap
+            and float(np.max(slopes)) * max(Lq, Lk) > env.cap / 2:  # distances x slopes past the cap
         return {}
-    return {"alibi_slopes": alibi_slopes(H)}  # the standard slopes for H heads
+    return {"alibi_slopes": slopes}
 
 
 def draw_sinks(draw, env: Drawing) -> dict:

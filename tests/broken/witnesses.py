@@ -1001,3 +1001,68 @@ def dsink_window(seed=0):
 
 
 ALL += (backward_alibi_bottom_right, dsink_window)
+
+
+# ---- an eleventh review (tests/broken/review11_bugs.py) ------------------------------------------------------
+
+def window_left_zero(seed=0):
+    """A window (0, 1) at L 6: each query sees its own key and the next, none before."""
+    return _problem(*_heads(2, 2, 6, 6, seed=seed), window=(0, 1))
+
+
+def mla_chunk_bottom_right(seed=0):
+    """MLA's (E, Ev) = (192, 128): 8 queries against 24 keys, causal bottom-right (a chunk against its cache)."""
+    q, k, _ = _heads(2, 2, 8, 24, E=192, seed=seed)
+    v = _grid((1, 2, 24, 128), seed + 2)  # (B, Hkv, Lk, Ev)
+    return _problem(q, k, v, is_causal=True, causal_alignment="bottom_right")
+
+
+def wide_non_causal_rows(seed=0):
+    """Head dim 160, non-causal, 100 queries (past one 64-row tile) against 33 keys."""
+    return _problem(*_heads(2, 2, 100, 33, E=160, seed=seed))
+
+
+def hdim256_window(seed=0):
+    """Head dim 256, causal L 9 under a window (2, 0)."""
+    return _problem(*_heads(2, 2, 9, 9, E=256, seed=seed), is_causal=True, window=(2, 0))
+
+
+def alibi_rank_slopes(seed=0):
+    """ALiBi on 4 heads with rank 1's slopes of an 8-head model split over 2 ranks: 2^-5 .. 2^-8, causal L 8."""
+    return _problem(*_heads(4, 4, 8, 8, seed=seed), is_causal=True, alibi_slopes=2.0 ** -np.arange(5.0, 9.0))
+
+
+def backward_left_padding(seed=0):
+    """The backward with left padding: keys [3, 8) and [0, 6) of 8, 3 queries, causal bottom-right."""
+    return _problem(*_heads(2, 2, 3, 8, B=2, seed=seed), op="backward", is_causal=True,
+                    causal_alignment="bottom_right", positions="per_sequence",
+                    kv_starts=np.array([3, 0], dtype=np.int32), kv_lengths=np.array([8, 6], dtype=np.int32))
+
+
+def backward_causal_e80(seed=0):
+    """The backward at head dim 80, causal L 6."""
+    return _problem(*_heads(2, 2, 6, 6, E=80, seed=seed), op="backward", is_causal=True)
+
+
+def merge_wide(seed=0):
+    """op "merge" of three finite states 512 values wide (B, H, Lq) = (1, 2, 3)."""
+    rng = np.random.default_rng(seed)
+    outs = np.round(rng.standard_normal((3, 1, 2, 3, 512)) * 8) / 8  # each (B, H, Lq, Ev)
+    lses = np.round(rng.standard_normal((3, 1, 2, 3)) * 16) / 8  # (3, B, H, Lq)
+    kw = _problem(*_heads(2, 2, 3, 6, seed=seed), op="merge")
+    kw["states"] = tuple(zip(outs, lses, strict=True))
+    return kw
+
+
+def decode_lse_group_of_3(seed=0):
+    """op "lse" of a decode (Lq = 1) with 6 query heads on 2 KV heads (groups of 3), a batch of 2, 9 keys."""
+    return _problem(*_heads(6, 2, 1, 9, B=2, seed=seed), op="lse", enable_gqa=True)
+
+
+def softcap_backward_grouped(seed=0):
+    """The backward under a softcap 1 with 4 query heads on 2 KV heads, L 6."""
+    return _problem(*_heads(4, 2, 6, 6, seed=seed), op="backward", enable_gqa=True, softcap=1.0)
+
+
+ALL += (window_left_zero, mla_chunk_bottom_right, wide_non_causal_rows, hdim256_window, alibi_rank_slopes,
+        backward_left_padding, backward_causal_e80, merge_wide, decode_lse_group_of_3, softcap_backward_grouped)
