@@ -154,7 +154,8 @@ def edge_cases(target: Target) -> list:
     against no keys (an early exit that leaves their rows unwritten), max_seqlen = 1, key lengths at tile
     edges (63/64/65), more queries than keys under causal, decodes against caches past 512 keys that no
     split size divides (a split-KV decode that counts its splits rounding down drops the tail; the draws
-    stop near 300 keys), and 3..6 queries against them, causal or not."""
+    stop near 300 keys), and 3..6 queries against them, causal or not; sequences without queries between
+    others and leading two (cu_seqlens repeating a boundary)."""
     from attnspec.properties.draws import in_format, row_seed
 
     fmt = target.budget_dtype
@@ -170,7 +171,12 @@ def edge_cases(target: Target) -> list:
                                   # path taken for few queries): a combine that places a sequence's partial
                                   # outputs by max_seqlen_q, a decode kernel sent a causal chunk
                                   ("ragged queries against keys past 512", (6, 3, 5), (600, 520, 100), False),
-                                  ("ragged queries against keys past 512, causal", (6, 3, 5), (600, 520, 100), True)):
+                                  ("ragged queries against keys past 512, causal", (6, 3, 5), (600, 520, 100), True),
+                                  # a sequence with no queries between two others, and two leading ones: cu_seqlens
+                                  # repeats a boundary (a token-to-sequence map built by a non-accumulating store
+                                  # of boundary marks counts it once; (0, 1, 0) repeats none)
+                                  ("no queries between two sequences", (2, 0, 3), (4, 3, 5), True),
+                                  ("two leading sequences without queries", (0, 0, 2), (3, 1, 4), False)):
         B, Lq, Lk = len(ql), max(max(ql), 1), max(max(kl), 1)
         rng = np.random.default_rng(row_seed(label))  # the data by the label; the placement seed by position
         q, k, v = (in_format(rng.standard_normal((B, 2, L, 8)), fmt) for L in (Lq, Lk, Lk))

@@ -30,6 +30,7 @@ from attnspec.properties.draws import in_format, row_seed
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, unchanged
 from attnspec.specs import fields as F
+from attnspec.specs.masks import alibi_slopes
 from attnspec.specs.problem import DTYPE_NAMES
 
 if TYPE_CHECKING:
@@ -228,6 +229,33 @@ def grid() -> list[Edge]:
     # tiles and one row of a fourth): causal with more keys than queries in each alignment
     rows += [Edge(f"Lq 769, Lk 800, causal {a.replace('_', '-')}", 1, 1, 769, 800, 16, causal=True, alignment=a)
              for a in ("top_left", "bottom_right")]
+    return rows + _wide_rows()
+
+
+def _wide_rows() -> list[Edge]:
+    """Past the draws' head counts, groups and key lengths (at most 14 heads, groups of 7, 2048 keys): a table
+    of 32 per-head sinks or ALiBi slopes (gpt-oss-120b: 64 heads; BLOOM: 112), a pack of at most 8 query heads a
+    KV head (Llama-3.1-405B: groups of 16), a split-KV buffer sized for 2048 keys; each field once at a launch
+    of more (batch, head, 64-query tile) work items than a GPU has SMs (3 x 40 x 2 = 240 > 132: a launch
+    heuristic that picks another kernel instantiation there); rows that see only their sink (their LSE is the
+    sink's logit); and the fields' own broadcast forms the draws reach by chance only."""
+    wide = dict(B=3, H=40, Lq=65, Lk=65, E=32)
+    rows = [Edge("40 query heads on 2 KV heads (groups of 20), 3 sequences, Lq 65", **wide, Hkv=2),
+            Edge("sinks over 40 heads, 3 sequences, Lq 65", **wide, fields={"sinks": np.arange(40) % 9 - 3.0}),
+            Edge("ALiBi over 40 heads, 3 sequences, Lq 65", **wide, fields={"alibi_slopes": alibi_slopes(40)}),
+            Edge("softcap 1 over 3 sequences x 40 heads, Lq 65", **wide, fields={"softcap": 1.0})]
+    rows += [Edge("decode Lk 4100", 1, 2, 1, 4100, 64), Edge("16 queries, Lk 4100", 1, 2, 16, 4100, 64)]
+    # more queries than keys, causal bottom-right, with sinks: rows 0..95 see only their sink (output 0, LSE s_h)
+    rows += [Edge("Lq 129, Lk 33, causal bottom-right, sinks: 96 rows see only the sink", 1, 2, 129, 33, 32,
+                  causal=True, alignment="bottom_right", fields={"sinks": np.array([1.0, 3.0])})]
+    # one bias for every sequence, a row a head (a relative-position bias); query lengths with no key lengths
+    # at Lq = Lk (a self-attention shortcut that unpads the keys by the queries' lengths); segment ids that
+    # come back (interleaved documents: a kernel that turns an id into its keys' first..last span)
+    rows += [Edge("bias (1, H, Lq, Lk) over 2 sequences", 2, 2, 9, 65, 32, fields={"bias": (1, 2, 9, 65)}),
+             Edge("query lengths 40 and 65, no key lengths, L 65", 2, 2, 65, 65, 32,
+                  fields={"q_lengths": np.array([40, 65], dtype=np.int32)}),
+             Edge("segment ids interleaved 0, 1, 2, 0, 1, 2, ... L 65", 1, 2, 65, 65, 32,
+                  fields={name: (np.arange(65) % 3)[None] for name in ("q_segment_ids", "kv_segment_ids")})]
     return rows
 
 

@@ -87,6 +87,8 @@ def _verdicts(backend, p, dtype: str) -> list:
             if backend.semantics.lse_with_sinks is False:  # declared: the LSE over the real keys
                 fields = {n: x for n, x in fields.items() if n != "sinks"}
                 empty = reference.forward(q, k, v, mask, causal, scale, **fields).empty_rows
+            elif fields.get("sinks") is not None:  # a row that sees only its finite sink holds it: LSE s_h
+                empty = empty & ~np.isfinite(np.asarray(fields["sinks"], dtype=np.float64))[:, None]
             return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, budget, rows=~empty, **fields),
                     conventions.empty_lse_verdict(backend, lse, empty)]
         return [error_budget.check_forward(out, q, k, v, mask, causal, scale, budget, **fields)]

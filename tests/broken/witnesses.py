@@ -1066,3 +1066,66 @@ def softcap_backward_grouped(seed=0):
 
 ALL += (window_left_zero, mla_chunk_bottom_right, wide_non_causal_rows, hdim256_window, alibi_rank_slopes,
         backward_left_padding, backward_causal_e80, merge_wide, decode_lse_group_of_3, softcap_backward_grouped)
+
+
+# ---- a twelfth review (tests/broken/review12_bugs.py) -------------------------------------------------------
+
+def sinks_over_40_heads(seed=0):
+    """Sinks on 40 query heads (-3 .. 5, each head its own), 2 queries against 3 keys: heads 32.. read their own."""
+    return _problem(*_heads(40, 40, 2, 3, seed=seed), sinks=np.arange(40) % 9 - 3.0)
+
+
+def alibi_over_40_heads(seed=0):
+    """ALiBi on 40 heads with slopes 2^0 .. 2^-9 in turn, causal L 4: heads 32.. have slopes of their own."""
+    return _problem(*_heads(40, 40, 4, 4, seed=seed), is_causal=True, alibi_slopes=2.0 ** -(np.arange(40) % 10.0))
+
+
+def groups_of_20(seed=0):
+    """40 query heads on 2 KV heads (groups of 20): heads 8..19 read KV head 0, 20..39 KV head 1."""
+    return _problem(*_heads(40, 2, 2, 3, seed=seed), enable_gqa=True)
+
+
+def decode_past_2048_keys(seed=0):
+    """A decode against 2100 keys: keys 2048 and up take part."""
+    return _problem(*_heads(2, 2, 1, 2100, seed=seed))
+
+
+def softcap_large_launch(seed=0):
+    """A softcap 1 over 2 sequences x 64 heads (128 work items of one 64-query tile), 2 queries against 3 keys."""
+    return _problem(*_heads(64, 64, 2, 3, B=2, seed=seed), softcap=1.0)
+
+
+def packed_repeated_boundary(seed=0):
+    """op "packed": three sequences of 2, 0 and 3 queries (cu_seqlens_q 0, 2, 2, 5) against 4, 3 and 5 keys."""
+    return {**_problem(*_heads(2, 2, 3, 5, B=3, seed=seed), positions="per_sequence", is_causal=True,
+                       causal_alignment="bottom_right", q_lengths=np.array([2, 0, 3]), kv_lengths=np.array([4, 3, 5])),
+            "op": "packed"}
+
+
+def sink_only_rows_lse(seed=0):
+    """op "lse": 3 queries against 2 keys, causal bottom-right (query 0 sees no key), sinks 1 and 3: that row's LSE
+    is its sink's."""
+    return _problem(*_heads(2, 2, 3, 2, seed=seed), op="lse", is_causal=True, causal_alignment="bottom_right",
+                    sinks=np.array([1.0, 3.0]))
+
+
+def query_lengths_alone(seed=0):
+    """Query lengths 2 and 4 with no key lengths at Lq = Lk = 4: every query sees all 4 keys."""
+    return _problem(*_heads(2, 2, 4, 4, B=2, seed=seed), q_lengths=np.array([2, 4]))
+
+
+def segments_interleaved(seed=0):
+    """Segment ids 0, 1, 0, 1, 0 on both sides: query 0 sees keys 0, 2 and 4, not 1 and 3."""
+    ids = np.array([[0, 1, 0, 1, 0]])
+    return _problem(*_heads(2, 2, 5, 5, seed=seed), q_segment_ids=ids, kv_segment_ids=ids)
+
+
+def bias_batch_one_per_head(seed=0):
+    """A (1, H, Lq, Lk) bias over 2 sequences, each head's rows its own."""
+    q, k, v = _heads(2, 2, 3, 4, B=2, seed=seed)
+    return _problem(q, k, v, bias=_grid((1, 2, 3, 4), seed + 5, spread=2.0))
+
+
+ALL += (sinks_over_40_heads, alibi_over_40_heads, groups_of_20, decode_past_2048_keys, softcap_large_launch,
+        packed_repeated_boundary, sink_only_rows_lse, query_lengths_alone, segments_interleaved,
+        bias_batch_one_per_head)
