@@ -16,7 +16,9 @@ in flash-attention's layouts - NumPy arrays, or torch tensors on the declared de
 Keywords passed when the problem uses them and the signature has them: ``softmax_scale``,
 ``causal``, ``window_size=(left, right)`` (-1 unbounded), ``softcap``, ``alibi_slopes`` (Hq,),
 ``seqused_k``, ``cache_leftpad``, ``return_softmax_lse`` (then ``(out, lse)``, lse ``(Hq, total_q)``
-varlen, ``(B, Hq, Lq)`` kvcache).  Both align causal, window and ALiBi bottom-right per sequence, as
+varlen, ``(B, Hq, Lq)`` kvcache); fp8 inputs' ``q_descale``, ``k_descale``, ``v_descale`` (FA3's names;
+FlashInfer's and vLLM's ``k_scale``, ``v_scale`` alike) as ``(B, Hkv)`` float32, row b sequence b's
+(one per tensor as it is).  Both align causal, window and ALiBi bottom-right per sequence, as
 flash-attention does; a problem that needs another alignment, or padded query rows in a kvcache
 call (it has no query lengths), is declined with the reason.  Forward only over NumPy; over torch,
 a varlen function's backward is autograd through its call (the gradient families run it packed).
@@ -29,13 +31,17 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.backends.base import Backend, Unsupported
+from attnspec.backends.plain import FunctionBackend, renamed
 from attnspec.backends.torch_backends import TorchBackend
 
 VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 KVCACHE = ("k_cache", "v_cache", "cache_seqlens")
 STACKED = ("paged_kv_cache", "cache_seqlens")  # the kvcache form over FlashInfer's one K/V tensor
 # parameter -> the feature it takes (beyond what the format itself carries)
-_OPTIONAL = {"window_size": "window", "softcap": "softcap", "alibi_slopes": "alibi", "return_softmax_lse": "lse"}
+_OPTIONAL = {"window_size": "window", "softcap": "softcap", "alibi_slopes": "alibi", "return_softmax_lse": "lse",
+             "q_descale": "descale", "k_descale": "descale", "v_descale": "descale", "k_scale": "descale",
+             "v_scale": "descale"}
+DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
 def _names(fn) -> set:
@@ -81,6 +87,8 @@ class FlashFunctionBackend(Backend):
     def native_dtype(self, y):
         return str(np.asarray(y).dtype)
 
+    to_native, from_native = FunctionBackend.to_native, FunctionBackend.from_native  # fp8: ml_dtypes' arrays
+
     def _host(self, x):
         """An int argument or a length as NumPy (a native one fetched from its device)."""
         return None if x is None else np.asarray(x)
@@ -106,6 +114,20 @@ class FlashFunctionBackend(Backend):
             raise Unsupported(f"{self.name} has no parameter {', '.join(missing)}")
         return {n: x for n, x in kw.items() if n in self.params}
 
+    def _descales(self, call, B: int, Hkv: int) -> dict:
+        """The call's descales as FA3 takes them, (B, Hkv) float32, under the names fn uses (plain.ALIASES)."""
+        kw = {n: self._full(getattr(call, n), B, Hkv) for n in DESCALES if getattr(call, n) is not None}
+        kw = renamed(self.fn, kw)
+        missing = sorted(set(kw) - self.params)
+        if missing:
+            raise Unsupported(f"{self.name} has no parameter {', '.join(missing)}")
+        return kw
+
+    def _full(self, d, B: int, Hkv: int):
+        if np.ndim(d) == 0:  # one descale a tensor (descale_granularity "tensor"): as it is
+            return d
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(d, dtype=np.float32), (B, Hkv)))
+
     def _aligned(self, call, q_lens, kv_lens) -> None:
         """Decline a problem whose alignment is not flash-attention's bottom-right per sequence."""
         diagonal = call.is_causal or call.window is not None or call.alibi_slopes is not None
@@ -118,7 +140,7 @@ class FlashFunctionBackend(Backend):
         used = np.diff(cu_k) if args.seqused_k is None else self._host(args.seqused_k)
         self._aligned(call, np.diff(cu_q), used)
         kw = dict(cu_seqlens_q=args.cu_seqlens_q, cu_seqlens_k=args.cu_seqlens_k, max_seqlen_q=args.max_seqlen_q,
-                  max_seqlen_k=args.max_seqlen_k, **self._options(call))
+                  max_seqlen_k=args.max_seqlen_k, **self._options(call), **self._descales(call, len(cu_q) - 1, k.shape[1]))
         if args.seqused_k is not None:
             if "seqused_k" not in self.params:
                 raise Unsupported(f"{self.name} has no parameter seqused_k")
@@ -143,7 +165,9 @@ class FlashFunctionBackend(Backend):
             raise Unsupported(f"{self.name} takes every query row as real (flash_attn_with_kvcache has no query "
                               "lengths): padded query rows are not its problem")
         self._aligned(call, np.full(B, Lq), lens - pads + (self._new_keys["k"].shape[1] if self._new_keys else 0))
-        kw = dict(cache_seqlens=args.cache_seqlens, block_table=args.block_table, **self._options(call))
+        Hkv = k_cache.shape[3 if self.stacked else 2]  # (pages, [2,] P, Hkv, E)
+        kw = dict(cache_seqlens=args.cache_seqlens, block_table=args.block_table, **self._options(call),
+                  **self._descales(call, B, Hkv))
         if args.cache_leftpad is not None:
             if "cache_leftpad" not in self.params:
                 raise Unsupported(f"{self.name} has no parameter cache_leftpad")
@@ -187,6 +211,10 @@ class TorchFlashFunction(FlashFunctionBackend):
 
     def _slopes(self, x):
         return x if hasattr(x, "detach") else self.to_native(np.asarray(x, dtype=np.float32), "float32")
+
+    def _full(self, d, B: int, Hkv: int):
+        d = self._slopes(d).to(self.torch.float32)  # on the device, as FA3 checks
+        return d if d.ndim == 0 else d.expand(B, Hkv).contiguous()
 
     def native_packed(self, q, k, v, args, call):
         with self.torch.no_grad():

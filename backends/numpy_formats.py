@@ -7,6 +7,8 @@ call's key blocks are the pages themselves, read through the block table (only t
 sequence's keys; slots before its cache_leftpad zeroed before use, past cache_seqlens never cut) -
 in a stacked layout each page's K and V halves read from the one tensor (``kv[page, 0]``,
 ``kv[page, 1]``: NumPy views, the numbers a separate cache would hold, in the same order).
+fp8 inputs (numpy-tiled's): each sequence's own row of the descales (`numpy_fp8.of_sequence`), a page's
+keys dequantised as it is read, P rounded tile by tile as its padded call rounds it.
 Neither checks its index arguments (the harness validates them): what they do with bad ones is
 what properties/test_bad_indices.py records.
 """
@@ -16,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from attnspec.backends import numpy_fp8
 from attnspec.specs.formats import gather_paged, kv_halves, split_layout
 
 
@@ -98,11 +101,12 @@ def tiled_packed(self, q, k, v, args, call):
     """numpy-tiled: its online softmax on each sequence's own slice of the token axes."""
     cu_q, cu_k, used = _packed_extents(args)
     seq = replace(call, positions="per_sequence", q_lengths=None, kv_lengths=None, kv_starts=None)
+    B = cu_q.size - 1
     outs, lses = [], []
-    for b in range(cu_q.size - 1):
+    for b in range(B):
         qb = np.swapaxes(q[cu_q[b]:cu_q[b + 1]], 0, 1)[None]  # (1, Hq, n_q, E)
         kb, vb = (np.swapaxes(x[cu_k[b]:cu_k[b] + used[b]], 0, 1)[None] for x in (k, v))  # (1, Hkv, n_k, D)
-        y = self.native_attention(qb, kb, vb, seq)
+        y = self.native_attention(qb, kb, vb, replace(seq, **numpy_fp8.of_sequence(call, b, B)))
         out, lse = y if call.return_lse else (y, None)
         outs.append(out)
         lses.append(lse)
@@ -130,7 +134,7 @@ def tiled_paged(self, q, k_cache, v_cache, args, call):
     outs, lses = [], []
     for b in range(B):
         seq = replace(call, positions="per_sequence", kv_lengths=lens[b:b + 1], kv_starts=pads[b:b + 1],
-                      q_lengths=None if q_lengths is None else q_lengths[b:b + 1])
+                      q_lengths=None if q_lengths is None else q_lengths[b:b + 1], **numpy_fp8.of_sequence(call, b, B))
         tiles = []
         for c in range(int(-(-lens[b] // P))):
             j0, j1 = c * P, min((c + 1) * P, int(lens[b]))
@@ -142,11 +146,15 @@ def tiled_paged(self, q, k_cache, v_cache, args, call):
                 kb, vb = (np.where(before, x.dtype.type(0), x) for x in (kb, vb))
             tiles.append((j0, kb, vb))
         (wq,) = self._widen(q[b:b + 1])  # (1, Hq, Lq, E)
-        wide = [(j0, *self._widen(kb, vb)) for j0, kb, vb in tiles]
+        fp8 = call.dtype in numpy_fp8.P_FORMATS  # FA3's fp8 forward (NumpyTiled.native_attention), page by page
+        wq = numpy_fp8.dequantised_qk(wq, None, seq)[0]
+        wide = [(j0, numpy_fp8.dequantised_qk(None, kb if fp8 else self._widen(kb)[0], seq)[1],
+                 vb if fp8 else self._widen(vb)[0]) for j0, kb, vb in tiles]
         shape_k = np.zeros((1, Hkv, 0, k_cache.shape[-1]), dtype=wq.dtype)  # (1, Hkv, 0, E): shapes only
         shape_v = np.zeros((1, Hkv, 0, v_cache.shape[-1]), dtype=wq.dtype)  # (1, Hkv, 0, Ev)
-        out, _, _, lse = self._forward(wq, shape_k, shape_v, self._wide_call(seq), tiles=wide)
-        outs.append(out.astype(q.dtype, copy=False))
+        out, _, _, lse = self._forward(wq, shape_k, shape_v, seq if fp8 else self._wide_call(seq), tiles=wide,
+                                       p_dtype=call.dtype if fp8 else None)
+        outs.append(numpy_fp8.descaled_output(out, seq).astype(q.dtype, copy=False))
         lses.append(lse)
     out = np.concatenate(outs)  # (B, Hq, Lq, Ev)
     return (out, np.concatenate(lses)) if call.return_lse else out

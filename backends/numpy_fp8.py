@@ -34,11 +34,24 @@ def _per_head(d, heads: int, dtype):
     return np.repeat(d, heads // d.shape[-1], axis=-1)[..., None, None]  # a query group shares its KV head's
 
 
+def of_sequence(call, b: int, B: int) -> dict:
+    """Sequence b's descales of a packed or paged call (B sequences): a (B, Hkv) or (B, 1) descale's row
+    b, as (1, ·); one shared by every sequence ((1, Hkv), (Hkv,), a scalar) as it is."""
+    out = {}
+    for name in ("q_descale", "k_descale", "v_descale"):
+        d = getattr(call, name)
+        if d is not None and np.ndim(d) == 2:
+            d = np.broadcast_to(d, (B, np.shape(d)[1]))[b:b + 1]  # (1, Hkv) or (1, 1)
+        out[name] = d
+    return out
+
+
 def dequantised_qk(q, k, call):
-    """q and k times their descales, in their dtype (K/V heads' descales shared by their query group)."""
-    if call.q_descale is not None:
+    """q and k times their descales, in their dtype (K/V heads' descales shared by their query group);
+    either may be None (a paged call dequantises its pages one at a time)."""
+    if call.q_descale is not None and q is not None:
         q = q * _per_head(call.q_descale, q.shape[-3], q.dtype)  # (..., Hq, Lq, E)
-    if call.k_descale is not None:
+    if call.k_descale is not None and k is not None:
         k = k * _per_head(call.k_descale, k.shape[-3], k.dtype)  # (..., Hkv, Lk, E)
     return q, k
 

@@ -346,7 +346,7 @@ class FunctionBackend(Backend):
                 raise Unsupported(f"{self.name}: {dtype} inputs need ml_dtypes (pip install ml_dtypes): "
                                   "NumPy has no such type") from None
             return x.astype(getattr(ml_dtypes, dtype))
-        return super().to_native(x, dtype)
+        return Backend.to_native(self, x, dtype)  # also borrowed by FlashFunctionBackend
 
     def from_native(self, y):
         """NumPy; ml_dtypes' bfloat16 and fp8 results widened to float32 (exactly)."""

@@ -14,7 +14,10 @@ A backend declares the formats it takes in ``Capabilities.formats`` (`specs.form
   comes as ``k_cache``, ``v_cache`` None.
 
 The ``call`` holds every other field; the sequences' extents travel in the format's own arguments
-(its q_lengths - packed only -, kv_lengths and kv_starts are None, positions per sequence).  The
+(its q_lengths - packed only -, kv_lengths and kv_starts are None, positions per sequence).  fp8
+inputs' descales stay in the call as drawn, ``(B, Hkv)`` or a form that broadcasts to it: their first
+axis is the sequence, as FA3's varlen and kvcache calls index theirs (a packed call has no batch axis
+of its own to read them by).  The
 harness (`forward_packed`, `forward_paged`) validates the padded problem once, lowers it with
 `specs.formats` - NaN wherever nothing may be read -, checks what comes back and raises it to
 (B, Hq, Lq, Ev), so the reference stays one pipeline.  A backend that takes no padded call at all
@@ -28,7 +31,6 @@ import numpy as np
 
 from attnspec.backends.base import BackendFailure, Unsupported
 from attnspec.specs import formats as Fm
-from attnspec.specs.fp8 import is_fp8
 from attnspec.specs.problem import validate
 
 
@@ -54,15 +56,13 @@ def _ints(backend, x):
     return None if x is None else backend.to_native(np.asarray(x, dtype=np.int64), "int32")
 
 
-def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields):
+def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields, op: str = "forward"):
     scale = fields.pop("scale", None)
     p = validate(q, k, v, fields.pop("mask", None), fields.pop("is_causal", False), scale, **fields)
     if fmt not in backend.capabilities.formats:
         raise Unsupported(f"{backend.name} takes no {fmt} call (declares {', '.join(backend.capabilities.formats)})")
-    backend.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
+    backend.check_supported(dtype, op, problem=p, return_lse=return_lse)  # fp8: forward only, as declared
     backend._check_shapes(p)
-    if is_fp8(dtype):  # left open: the lowerings carry no descales, and numpy-tiled's pages no fp8 arithmetic
-        raise Unsupported(f"{backend.name}: fp8 inputs in {fmt} calls are not judged yet (padded calls are)")
     why = Fm.unpackable(p)
     if not why and fmt.startswith("paged-stacked") and p.E != p.Ev:
         why = f"one stacked tensor holds K and V, so it needs Ev == E (got E={p.E}, Ev={p.Ev})"
@@ -203,9 +203,7 @@ def backward_packed(backend, q, k, v, grad_out, dtype="float64", *, tail=0, unus
     """((dq, dk, dv) raised to the padded shapes, the largest |gradient| on tokens no sequence owns)
     of the backend's packed backward (``native_packed_backward(q, k, v, grad_out, args, call)`` ->
     packed (dq, dk, dv)); grad_out (B, Hq, Lq, Ev), NaN on the packed rows past cu_seqlens_q[-1]."""
-    p, call = _prepared(backend, "packed", q, k, v, dtype, False, fields)
-    if not backend.capabilities.gradients:
-        raise Unsupported(f"{backend.name} computes no gradients")
+    p, call = _prepared(backend, "packed", q, k, v, dtype, False, fields, op="forward_backward")
     pk = Fm.to_packed(p, tail=tail, unused=unused, fill=0.0, rng=rng)  # 0, not NaN: a gradient must be exactly 0 there
     B = p.batch_shape[0]
     ql, ks, ke = Fm.extents(p)

@@ -91,8 +91,8 @@ class TorchBackend(Backend):
 
     def from_native(self, y):
         y = y.detach()
-        if y.dtype == self.torch.bfloat16:
-            y = y.float()  # exact: every bfloat16 is a float32
+        if y.dtype == self.torch.bfloat16 or y.dtype.itemsize == 1 and y.dtype.is_floating_point:
+            y = y.float()  # exact: every bfloat16 and fp8 value is a float32 (NumPy has no such types)
         return y.cpu().numpy()
 
     def sync(self, y):

@@ -32,6 +32,7 @@ DRAW = cases(kinds=("none", "causal"), avoid=frozenset({"bias", "segment_ids"}))
 PAGE_SIZES = (1, 2, 3, 5, 16, 64, 128, 256)  # 128, 256: a page larger than most drawn caches
 POOLS = (2.0, 2.5, 3.0)  # the pool's size over the pages the sequences need
 PER_SEQUENCE_INTS = F.FIELDS_OF["seq_lengths"] + ("kv_starts",)  # (B,) a value each sequence
+DESCALES = F.FIELDS_OF["descale"]  # fp8: (B, Hkv) or a form broadcast to it, the first axis the sequence
 
 
 def skip_without(target: Target, fmt: str) -> None:
@@ -97,7 +98,8 @@ def one_sequence(case: Case, b: int) -> Case:
         return np.broadcast_to(x, (B,) + np.shape(x)[1:])[b:b + 1]
 
     per = {name: take(value) for name, value in case.fields.items() if isinstance(value, np.ndarray)
-           and (name in PER_SEQUENCE_INTS and value.ndim == 1 or name == "alibi_slopes" and value.ndim >= 2)}
+           and (name in PER_SEQUENCE_INTS and value.ndim == 1 or name == "alibi_slopes" and value.ndim >= 2
+                or name in DESCALES and value.ndim == 2)}  # fp8: a (B, Hkv) or (B, 1) descale's row b
     return case.replace(q=take(case.q), k=take(case.k), v=take(case.v), **per)
 
 
@@ -183,7 +185,8 @@ def edge_cases(target: Target) -> list:
         fields = {"q_lengths": np.array(ql), "kv_lengths": np.array(kl), "positions": "per_sequence"}
         if "bottom_right" in target.alignments:  # the anchors' alignment, where the backend takes it
             fields["causal_alignment"] = "bottom_right"
-        out.append((Case(q, k, v, None, causal, None, fields, label=label), {"seed": len(out)}))
+        case = target.exact(Case(q, k, v, None, causal, None, fields, label=label))  # fp8: rounded to its formats
+        out.append((case, {"seed": len(out)}))
     return out
 
 

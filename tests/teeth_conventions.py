@@ -19,6 +19,13 @@ CONVENTION_OPS = ("merge", "knobs", "repeat_backward", "batch", "paged", "packed
 PAGE_SIZE = 2  # the paged witness's pages: several a sequence
 
 
+def _fp8_budget(backend, dtype: str) -> str:
+    """What judges a format call's results: dtype, or at fp8 inputs the backend's declared computation."""
+    from attnspec.properties.target import Session, Target
+    from attnspec.specs.fp8 import is_fp8
+    return Target(Session(backend, backend.name), dtype).budget_dtype if is_fp8(dtype) else dtype
+
+
 def bad_index_verdicts(backend, dtype: str) -> list:
     """Each bad input of the formats it takes refused, where rejects_bad_indices is declared."""
     from attnspec.backends.bad_indices import BAD_INPUTS, probe
@@ -75,10 +82,11 @@ def verdicts(backend, p: dict, dtype: str) -> list:
              if p["op"] == "paged" else serving.forward_packed(backend, q, k, v, rng=0, return_lse=lse,
                                                                layout=p.get("layout", "contiguous"), **kw))
         out, lse = y if lse else (y, None)
-        out_verdict = error_budget.check_forward(out, q, k, v, mask, causal, scale, dtype, **fields)
+        budget = _fp8_budget(backend, dtype)
+        out_verdict = error_budget.check_forward(out, q, k, v, mask, causal, scale, budget, **fields)
         if lse is None:
             return [out_verdict]
-        return [out_verdict, error_budget.check_lse(lse, q, k, v, mask, causal, scale, dtype, **fields)]
+        return [out_verdict, error_budget.check_lse(lse, q, k, v, mask, causal, scale, budget, **fields)]
     if p["op"] == "knobs":
         if set(p["knobs"]) - set(backend.knobs):
             raise Unsupported(f"{backend.name} has no knob {sorted(p['knobs'])}")

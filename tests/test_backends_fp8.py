@@ -116,12 +116,47 @@ def test_the_cuda_fp8_backends_are_skipped_with_their_reason_here():
         assert backend.semantics.p_dtype(E4M3) == E4M3 and backend.output_dtype(E4M3) == "bfloat16"
 
 
-def test_packed_and_paged_calls_decline_fp8_with_the_reason():
-    from attnspec.backends.serving import forward_packed
-    q, k, v, d = _problem(Hq=2)
-    with pytest.raises(Unsupported, match="fp8 inputs in packed calls are not judged yet"):
-        forward_packed(registry.resolve("numpy-tiled"), q, k, v, E4M3, positions="per_sequence",
-                       q_lengths=np.array([5, 3]), kv_lengths=np.array([9, 4]), **d)
+def _fa3_varlen():
+    """A user's FA3-style varlen function over ml_dtypes' fp8 arrays, declared: flash_twins.varlen (which
+    applies row b of each (B, Hkv) descale to sequence b) on the fp8 values, float32 out."""
+    pytest.importorskip("ml_dtypes")
+    from attnspec.backends.plain import declare, function_backend
+    from tests.broken import flash_twins
+
+    @declare(dtypes=fp8.FP8_DTYPE_NAMES, output_dtypes={d: "float32" for d in fp8.FP8_DTYPE_NAMES},
+             p_dtypes={d: "float32" for d in fp8.FP8_DTYPE_NAMES})
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
+                               softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None):
+        for d in (q_descale, k_descale, v_descale):
+            assert d is None or (d.shape == (len(cu_seqlens_q) - 1, k.shape[1]) and d.dtype == np.float32), d
+        q, k, v = (np.asarray(x, dtype=np.float32) for x in (q, k, v))
+        return flash_twins.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                  softmax_scale, causal, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return function_backend(flash_attn_varlen_func, "fa3-varlen-twin")
+
+
+@pytest.mark.parametrize("name", ["numpy-tiled", "torch-math", "a plain FA3 varlen function"])
+@pytest.mark.parametrize("dtype", fp8.FP8_DTYPE_NAMES)
+def test_packed_and_paged_calls_at_fp8_read_each_sequences_descales(name, dtype):
+    """A packed and a paged call at fp8: sequence b reads row b of the (B, Hkv) descales - within the declared
+    computation's budget; the rows swapped between the sequences, the same calls are off."""
+    from attnspec.backends.serving import forward_packed, forward_paged
+    from attnspec.properties.target import Session, Target
+    backend = _fa3_varlen() if name.startswith("a plain") else registry.resolve(name)
+    if not backend.availability()[0]:
+        pytest.skip(backend.availability()[1])
+    q, k, v, d = _problem()
+    q, k, v = (fp8.round_fp8(x, dtype) for x in (q, k, v))
+    fields = dict(enable_gqa=True, positions="per_sequence", kv_lengths=np.array([9, 4]), **d)
+    budget = Target(Session(backend, backend.name), dtype).budget_dtype
+    swapped = {n: x[::-1].copy() for n, x in d.items()}  # (B, Hkv): sequence 0 given sequence 1's row
+    calls = [lambda f: forward_packed(backend, q, k, v, dtype, tail=2, unused=1, rng=0, q_lengths=np.array([5, 3]), **f)]
+    if any(f.startswith("paged") for f in backend.capabilities.formats):
+        calls.append(lambda f: forward_paged(backend, q, k, v, dtype, page_size=3, rng=0, **f))
+    for call in calls:
+        rows = {"q_lengths": np.array([5, 3])} if len(calls) == 1 or call is calls[0] else {}
+        assert error_budget.check_forward(call(fields), q, k, v, dtype=budget, **rows, **fields)
+        assert not error_budget.check_forward(call({**fields, **swapped}), q, k, v, dtype=budget, **rows, **fields)
 
 
 def test_a_plain_function_gets_per_head_descales_as_batch_by_kv_heads():

@@ -67,6 +67,8 @@ SINKS = ("sink",)
 CONVENTIONS = ("lse_base", "empty_lse", "merge_", "knob_", "deterministic", "batch_invariant")
 # issue 31: properties/test_fp8.py (the descales, P's rounding), and every family's agreement at fp8 targets
 FP8 = ("descale", "p_rounding") + REF
+# fp8 inputs in packed and paged calls: the format families' agreement (issues 30 and 31)
+FP8_SERVING = ("packed_", "paged_")
 
 FAMILIES = ("scale", "softmax", "masking", "alignment", "online kernel", "gradients", "grouped heads", "bias",
             "lse", "window", "sequences", "softcap", "alibi", "serving", "sinks", "conventions", "fp8")
@@ -202,6 +204,17 @@ BROKEN = (
     Entry("review12_bugs:BiasBatchOneReadAtHead0", ("edge_shapes",) + BIAS, w.bias_batch_one_per_head,
           "a (1, H, Lq, Lk) bias expanded with the batch's stride 0 on the heads too: every head reads head 0",
           "bias"),
+    # fp8 descales in packed and paged calls (tests/broken/fp8_serving_bugs.py): the first axis the sequence
+    Entry("fp8_serving_bugs:VarlenDescaleFirstSequence", FP8_SERVING, w.fp8_packed_descales,
+          "a varlen call's sequences all read sequence 0's descales (sgl-project/sglang#37785's batch axis)", "fp8"),
+    Entry("fp8_serving_bugs:VarlenDescalesDropped", FP8_SERVING, w.fp8_packed_descales,
+          "a varlen call drops its descales (FlashInfer's ragged wrapper \"does not apply k_scale/v_scale\")", "fp8"),
+    Entry("fp8_serving_bugs:KvCacheDescaleByPage", FP8_SERVING, w.fp8_paged_descales,
+          "a kvcache call's sequence reads the descales' row its first page id names", "fp8"),
+    Entry("fp8_serving_bugs:PackedPathDropsDescales", FP8_SERVING, w.fp8_packed_descales,
+          "the packed path drops the descales, the padded call right", "fp8"),
+    Entry("fp8_serving_bugs:PagedPathFirstSequenceDescales", FP8_SERVING, w.fp8_paged_descales,
+          "the paged path gives every sequence the first one's descales, the padded call right", "fp8"),
     Entry("path_bugs:MergeTieTakesOne", ("merge_",), w.merge_tied,
           "a pair merge by strict comparisons: tied LSEs give one state, not the mean", "conventions"),
     Entry("path_bugs:MergeStatesMaxSplits8", ("merge_states",), w.merge_nine,
@@ -502,4 +515,7 @@ CORRECT = (
     Entry("correct:KnobBlockSize", origin="block-size knob, every tail kept; deterministic, batch invariant (issue 31)"),
     Entry("fp8_bugs:Fp8Kernel", origin="FA3's fp8 forward: descales folded, P rounded to e4m3 per block (issue 31)"),
     Entry("fp8_bugs:Fp8Dequantised", origin="fp8 dequantised to float32 first, P not rounded, declared (issue 31)"),
+    Entry("fp8_serving_bugs:Fp8Varlen", origin="FA3's fp8 varlen call: descales (B, Hkv), row b sequence b's "
+                                              "(issues 30 and 31)"),
+    Entry("fp8_serving_bugs:Fp8KvCache", origin="FA3's fp8 kvcache call over a paged cache (issues 30 and 31)"),
 )

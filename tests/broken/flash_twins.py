@@ -4,7 +4,9 @@
 sequence, bottom-right aligned at the sequence's own lengths; keys past ``seqused_k`` /
 ``cache_seqlens`` and before ``cache_leftpad`` never read.  Written from flash-attention's
 docstrings, not from specs/ (tests/broken never reads the definition).  The planted kernels
-(serving_bugs.py) are these with one slip each, selected by ``slip``.
+(serving_bugs.py) are these with one slip each, selected by ``slip``.  fp8 inputs come with FA3's
+``q_descale``, ``k_descale``, ``v_descale`` (B, Hkv): sequence b's q and k times row b (a KV head's over
+its query group), its output times v's (fp8_serving_bugs.py's slips misread them).
 """
 from __future__ import annotations
 
@@ -41,9 +43,18 @@ def attend(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, alibi=Non
     return out, lse  # (Lq, Hq, Ev), (Hq, Lq)
 
 
+def _descaled(x, descale, b: int, slip: str = ""):
+    """x (L, H, D) of sequence b times its row of a (B, Hkv) descale, a KV head's over its query group."""
+    if descale is None or slip == "descales_dropped":
+        return np.asarray(x, np.float64)
+    row = np.asarray(descale, np.float64)[0 if slip == "descale_first_sequence" else b]  # (Hkv,)
+    return np.asarray(x, np.float64) * np.repeat(row, x.shape[1] // row.shape[0])[None, :, None]
+
+
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, softmax_scale=None,
-           causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False, slip=""):
-    """q (total_q, Hq, E), k/v (total_k, Hkv, E): flash_attn_varlen_func's contract."""
+           causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False, slip="",
+           q_descale=None, k_descale=None, v_descale=None):
+    """q (total_q, Hq, E), k/v (total_k, Hkv, E): flash_attn_varlen_func's contract (FA3's descales)."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     out = np.zeros(q.shape[:2] + v.shape[-1:])  # (total_q, Hq, Ev): rows past cu_seqlens_q[-1] zeros
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)  # (Hq, total_q)
@@ -57,8 +68,10 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequ
         if slip == "past_cu_seqlens":  # one token more than the sequence owns
             k1 += 1
         if q1 > q0:
-            out[q0:q1], lse[:, q0:q1] = attend(q[q0:q1], k[k0:k1], v[k0:k1], scale, causal, window_size, softcap,
-                                               alibi_slopes, slip)
+            out[q0:q1], lse[:, q0:q1] = attend(_descaled(q[q0:q1], q_descale, b, slip),
+                                               _descaled(k[k0:k1], k_descale, b, slip), v[k0:k1], scale, causal,
+                                               window_size, softcap, alibi_slopes, slip)
+            out[q0:q1] = _descaled(out[q0:q1], v_descale, b, slip)
     n = int(cu_seqlens_q[-1])
     if slip == "rows_past_cu_seqlens" and n < q.shape[0]:  # the last sequence's block runs on past its end
         k0 = int(cu_seqlens_k[-2]) if len(cu_seqlens_k) > 1 else 0
@@ -96,7 +109,7 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, slip=""):
 
 def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_table=None, softmax_scale=None,
             causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False, slip="",
-            k=None, v=None):
+            k=None, v=None, q_descale=None, k_descale=None, v_descale=None):
     """q (B, Lq, Hq, E); k_cache (B, S, Hkv, E) or paged (num_pages, P, Hkv, E) with block_table; k, v
     (B, n, Hkv, D): appended in place at cache_seqlens first, then attention over the grown cache."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
@@ -131,7 +144,11 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
                 kb, vb = kb[:, heads], vb[:, heads]  # (Lk, Hq, ·)
             if slip == "long_decode_drops_alibi":  # launched without the slopes
                 alibi = None
-        out[b], lse[b] = attend(q[b], kb, vb, scale, causal, window_size, softcap, alibi, shift=shift)
+        # the descales' row: the sequence's, or (slip) the one of the page its keys start in
+        row = int(block_table[b, 0]) % B if slip == "descale_by_page" and block_table is not None else b
+        out[b], lse[b] = attend(_descaled(q[b], q_descale, row, slip), _descaled(kb, k_descale, row, slip), vb, scale,
+                                causal, window_size, softcap, alibi, shift=shift)
+        out[b] = _descaled(out[b], v_descale, row, slip)
     out = out.astype(q.dtype)
     return (out, lse) if return_softmax_lse else out
 

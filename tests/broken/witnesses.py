@@ -1129,3 +1129,24 @@ def bias_batch_one_per_head(seed=0):
 ALL += (sinks_over_40_heads, alibi_over_40_heads, groups_of_20, decode_past_2048_keys, softcap_large_launch,
         packed_repeated_boundary, sink_only_rows_lse, query_lengths_alone, segments_interleaved,
         bias_batch_one_per_head)
+
+
+def _fp8_sequences(op: str, seed=0, **fields):
+    """fp8_descales' problem (each sequence and KV head its own descales) as two sequences of 9 and 6 keys,
+    positions per sequence, in a format call (op "packed" or "paged", 2-key pages)."""
+    p = fp8_descales(seed)
+    return {**p, "fields": {**p["fields"], "positions": "per_sequence", "kv_lengths": np.array([9, 6]), **fields},
+            "op": op}
+
+
+def fp8_packed_descales(seed=0):
+    """op "packed": two sequences (5 and 3 queries) whose descales differ; a packed call must read sequence b's."""
+    return _fp8_sequences("packed", seed, q_lengths=np.array([5, 3]))
+
+
+def fp8_paged_descales(seed=0):
+    """op "paged": two sequences' 5 queries against 9 and 6 keys in 2-key pages, each its own descales."""
+    return _fp8_sequences("paged", seed)
+
+
+ALL += (fp8_packed_descales, fp8_paged_descales)
