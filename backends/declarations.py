@@ -211,7 +211,7 @@ NAN_IN_OUTPUT = r"\b(?:got|weight|by|sum) nan\b"
 class Semantics:
     """Declared behaviour where the spec leaves a choice; None = not declared."""
 
-    fully_masked: str | None = None      # one of FULLY_MASKED_CHOICES
+    fully_masked: str | None = None      # one of FULLY_MASKED_CHOICES (a row with a finite sink is not one: 0)
     causal_alignment: str | None = None  # what a plain is_causal does when Lq != Lk: CAUSAL_ALIGNMENTS
     notes: tuple = field(default_factory=tuple)  # free text: e.g. "softmax runs in float32"
     # The narrowest float type a step runs in when it caps accuracy below the input's

@@ -86,6 +86,16 @@ class Case:
         """(B, H, Lq) bool: rows with at least one visible key (the only rows the spec judges)."""
         return self.visible().any(axis=-1)
 
+    def sink_only_rows(self) -> np.ndarray:
+        """(B, H, Lq) bool: rows that see no key beside a finite sink (their output 0, their LSE with it s_h); a row
+        past its sequence's q_lengths is padding, no row.  All False without sinks."""
+        sinks = self.fields.get("sinks")
+        if sinks is None:
+            return np.zeros_like(self.judged_rows())
+        q_lengths, Lq = self.fields.get("q_lengths"), self.dims["Lq"]
+        real = np.arange(Lq) < np.asarray(Lq if q_lengths is None else q_lengths)[..., None, None]  # (B, 1, Lq)
+        return ~self.judged_rows() & np.isfinite(np.asarray(sinks, dtype=np.float64))[:, None] & real
+
     @property
     def call_kwargs(self) -> dict:
         """Keyword arguments of backend.forward besides q, k, v and dtype."""

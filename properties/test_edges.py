@@ -365,3 +365,7 @@ def test_edge_shapes_match_reference(target: Target, case: Case, params: dict):
     out = agreement(target, case)
     if target.backend.semantics.fully_masked == "zeros":  # a row that sees nothing is judged by the declaration
         unchanged("edge_shapes_match_reference", np.zeros_like(out), out, ~case.judged_rows(), "a row that sees no key")
+    if case.fields.get("sinks") is not None:  # a row that sees only its finite sink: no open choice, the sink takes
+        # all its weight (exp(s_h) / exp(s_h)) and its value is 0 - whatever a fully masked row is declared to give
+        unchanged("edge_shapes_match_reference", np.zeros_like(out), out, case.sink_only_rows(),
+                  "a row that sees only its sink (its output is 0 by definition, not the fully masked row's choice)")

@@ -49,15 +49,6 @@ def _head_sinks(case: Case) -> np.ndarray:
     return np.asarray(case.fields["sinks"], dtype=np.float64)[:, None]  # (Hq, 1) against (B, Hq, Lq)
 
 
-def _sink_only_rows(case: Case) -> np.ndarray:
-    """(B, H, Lq) bool: rows that see no key beside a finite sink (their output 0, their LSE with it s_h); a row
-    past its sequence's q_lengths is padding, no row."""
-    q_lengths = case.fields.get("q_lengths")
-    Lq = case.dims["Lq"]
-    real = np.arange(Lq) < np.asarray(Lq if q_lengths is None else q_lengths)[..., None, None]  # (B, 1, Lq)
-    return ~case.judged_rows() & np.isfinite(_head_sinks(case)) & real
-
-
 def _close(name: str, got, want, rows, atol: float, what: str) -> None:
     diff = np.abs(got - want)  # (B, H, Lq, Ev)
     where, amount = worst(diff, np.broadcast_to(rows[..., None], np.shape(got)))
@@ -179,7 +170,7 @@ def lse_as_declared(target: Target, case: Case, lse, name: str, record: bool = F
     for included in (True, False):
         judged = case if included else case.without("sinks")
         # the sink counted: a row that sees no key still holds its sink's mass (LSE s_h, where the sink is finite)
-        rows = judged.judged_rows() | (_sink_only_rows(case) if included else False)
+        rows = judged.judged_rows() | (case.sink_only_rows() if included else False)
         # the LSE over the real keys from a running maximum started at the sink (gpt-oss's Triton kernel)
         shift = None if included else _head_sinks(case)  # (Hq, 1) against (B, H, Lq)
         if not included:  # rows whose keys' mass under the sink's maximum, exp(lse - s_h), is below the format's

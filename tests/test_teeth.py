@@ -80,6 +80,8 @@ def _verdicts(backend, p, dtype: str) -> list:
                                    layout=p.get("layout", "contiguous"), **fields) if p["op"] == "lse" else (
             backend.forward(q, k, v, mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields), None)
         empty = reference.forward(q, k, v, mask, causal, scale, **fields).empty_rows  # (..., Lq)
+        if fields.get("sinks") is not None:  # a row that sees only its finite sink is no fully masked row: output 0
+            empty = empty & ~np.isfinite(np.asarray(fields["sinks"], dtype=np.float64))[:, None]
         if backend.semantics.fully_masked == "nan":  # its declared choice: judge real rows only
             assert np.isnan(out[np.broadcast_to(empty, out.shape[:-1])]).all()
             out = np.where(empty[..., None], 0.0, out)  # (..., Lq, Ev)
@@ -87,8 +89,6 @@ def _verdicts(backend, p, dtype: str) -> list:
             if backend.semantics.lse_with_sinks is False:  # declared: the LSE over the real keys
                 fields = {n: x for n, x in fields.items() if n != "sinks"}
                 empty = reference.forward(q, k, v, mask, causal, scale, **fields).empty_rows
-            elif fields.get("sinks") is not None:  # a row that sees only its finite sink holds it: LSE s_h
-                empty = empty & ~np.isfinite(np.asarray(fields["sinks"], dtype=np.float64))[:, None]
             return [error_budget.check_lse(lse, q, k, v, mask, causal, scale, budget, rows=~empty, **fields),
                     conventions.empty_lse_verdict(backend, lse, empty)]
         return [error_budget.check_forward(out, q, k, v, mask, causal, scale, budget, **fields)]

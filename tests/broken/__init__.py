@@ -195,6 +195,8 @@ BROKEN = (
           "serving"),
     Entry("review12_bugs:SinkOnlyRowLseMinusInf", ("lse_edges", "sinks_lse_as_declared") + SINKS + LSE,
           w.sink_only_rows_lse, "a row that sees only its sink exits early with an LSE of -inf, not s_h", "sinks"),
+    Entry("review12_bugs:SinkOnlyRowNaN", ("edge_shapes",) + SINKS, w.sink_only_rows,
+          "NaN declared for fully masked rows, and written where a row sees only its sink (its output is 0)", "sinks"),
     Entry("review12_bugs:KeyLengthsFromQueryLengths", ("edge_shapes",) + REF, w.query_lengths_alone,
           "with Lq = Lk and q_lengths alone the keys cut to q_lengths too (a self-attention unpadding shortcut)",
           "sequences"),

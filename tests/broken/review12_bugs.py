@@ -6,7 +6,8 @@ cu_seqlens boundary once, a row that sees only its sink returning an LSE of -inf
 that unpads the keys by the queries' lengths, segment ids read as key spans, and a (1, H, Lq, Lk) bias read
 at head 0.  Each is numpy-naive (correct in every format it declares) with one slip; the suite reaches each
 by construction (test_edges.py's `_wide_rows`, serving_calls.edge_cases' repeated boundaries, the sink-only
-rows judged by test_sinks.lse_as_declared).
+rows judged by test_sinks.lse_as_declared).  And one found after: a NaN-declared kernel writing NaN where a row
+sees only its sink (the edge grid's sink-only rows now judged whatever fully_masked says).
 """
 from __future__ import annotations
 
@@ -177,3 +178,20 @@ class BiasBatchOneReadAtHead0(_CallSlip):
         if b is not None and np.ndim(b) == 4 and b.shape[0] == 1 and b.shape[1] > 1 and b.shape[2] > 1:
             call = replace(call, bias=np.broadcast_to(b[:, :1], b.shape))  # (1, H, Lq, Lk) the slip
         return q, k, v, call
+
+
+class SinkOnlyRowNaN(_CallSlip):
+    """Declares a fully masked row NaN (as OpenVINO's SDPA gives it) and treats a row that sees no key as fully
+    masked even beside a finite sink: NaN there, where the sink takes all the weight and the output is 0."""
+
+    name = "broken-sink-only-row-nan"
+    semantics = replace(NumpyNaive.semantics, fully_masked="nan")
+
+    def native_attention(self, q, k, v, call):
+        y = super().native_attention(q, k, v, call)
+        out, lse = y if call.return_lse else (y, None)
+        _, bare = super().native_attention(q, k, v, replace(call, sinks=None, return_lse=True))  # the keys alone
+        Lq = out.shape[-2]
+        real = np.arange(Lq) < (Lq if call.q_lengths is None else np.asarray(call.q_lengths)[..., None, None])
+        out = np.where((np.isneginf(bare) & real)[..., None], np.nan, out)  # the slip: the sink not counted
+        return (out, lse) if call.return_lse else out

@@ -1150,3 +1150,12 @@ def fp8_paged_descales(seed=0):
 
 
 ALL += (fp8_packed_descales, fp8_paged_descales)
+
+
+def sink_only_rows(seed=0):
+    """sink_only_rows_lse's problem, its output: query 0 sees no key, only its sink - its output is 0."""
+    return _problem(*_heads(2, 2, 3, 2, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    sinks=np.array([1.0, 3.0]))
+
+
+ALL += (sink_only_rows,)
