@@ -72,6 +72,11 @@ def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields, op: str = "
     return p, call
 
 
+def _natives(backend, dtype, q, *rest) -> list:
+    """q in the backend's query dtype (a 16-bit query beside fp8 K/V: Capabilities.fp8_query), the rest in dtype."""
+    return backend._natives(backend.query_dtype(dtype), q) + backend._natives(dtype, *rest)
+
+
 def _with_lse(backend, y, return_lse: bool, what: str):
     if not return_lse:
         return y, None
@@ -95,7 +100,7 @@ def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=
     args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
                       pk.max_seqlen_k, _ints(backend, pk.seqused_k))
     call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
-    qn, kn, vn = (backend.relayout(x, layout) for x in backend._natives(dtype, pk.q, pk.k, pk.v))  # (total, H, ·)
+    qn, kn, vn = (backend.relayout(x, layout) for x in _natives(backend, dtype, pk.q, pk.k, pk.v))  # (total, H, ·)
     y = backend._call("packed forward", backend.native_packed, qn, kn, vn, args, call)
     out, lse = _with_lse(backend, y, return_lse, "packed forward")
     n = int(pk.cu_seqlens_q[-1])
@@ -122,7 +127,7 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
                      layout, page_size)
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
     B = p.batch_shape[0]
-    qn, kc, vc = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache, pg.v_cache)
+    qn, kc, vc = _natives(backend, dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache, pg.v_cache)
     caches = [(n, c) for n, c in (("k_cache", kc), ("v_cache", vc)) if c is not None]  # a stacked one: k_cache
     before = [np.array(backend.from_native(c)) for _, c in caches] if read_only else None  # copies, as given
     y = backend._call("paged forward", backend.native_paged, qn, kc, vc, args, call)
@@ -177,8 +182,8 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, before), _ints(backend, pg.cache_leftpad),
                      layout, page_size)
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
-    qn, kcn, vcn, kn, vn = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), *given,
-                                            k_new, v_new)
+    qn, kcn, vcn, kn, vn = _natives(backend, dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), *given,
+                                    k_new, v_new)
     y = backend._call("paged append", backend.native_paged_append, qn, kcn, vcn, kn, vn, args, call)
     out = backend._check("paged append output", y, p.batch_shape + (p.Lq, p.Ev), backend.output_dtype(dtype))
 
@@ -240,14 +245,14 @@ def prepare_format(backend, fmt: str, q, k, v, dtype="float32", *, page_size=16,
         args = PackedArgs(_ints(backend, pk.cu_seqlens_q), _ints(backend, pk.cu_seqlens_k), pk.max_seqlen_q,
                           pk.max_seqlen_k, _ints(backend, pk.seqused_k))
         call = replace(call, q_lengths=None, kv_lengths=None, kv_starts=None, positions="per_sequence")
-        natives, hook = backend._natives(dtype, pk.q, pk.k, pk.v), backend.native_packed
+        natives, hook = _natives(backend, dtype, pk.q, pk.k, pk.v), backend.native_packed
     else:
         layout = fmt.split("-", 1)[1]  # NHD, HND, stacked-NHD, stacked-HND
         pg = Fm.to_paged(p, page_size, layout, fill=0.0, rng=rng)
         args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, pg.cache_seqlens),
                          _ints(backend, pg.cache_leftpad), layout, page_size)
         call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
-        natives = backend._natives(dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache,
+        natives = _natives(backend, dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache,
                                    pg.v_cache)
         hook = backend.native_paged
 

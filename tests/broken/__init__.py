@@ -213,6 +213,8 @@ BROKEN = (
           "a varlen call drops its descales (FlashInfer's ragged wrapper \"does not apply k_scale/v_scale\")", "fp8"),
     Entry("fp8_serving_bugs:KvCacheDescaleByPage", FP8_SERVING, w.fp8_paged_descales,
           "a kvcache call's sequence reads the descales' row its first page id names", "fp8"),
+    Entry("fp8_serving_bugs:KvCacheBf16QueryScalesDropped", FP8_SERVING, w.fp8_paged_scales,
+          "a bfloat16-query fp8 KV cache's paged call drops k_scale and v_scale (vllm-project/vllm#51363)", "fp8"),
     Entry("fp8_serving_bugs:PackedPathDropsDescales", FP8_SERVING, w.fp8_packed_descales,
           "the packed path drops the descales, the padded call right", "fp8"),
     Entry("fp8_serving_bugs:PagedPathFirstSequenceDescales", FP8_SERVING, w.fp8_paged_descales,
@@ -520,4 +522,6 @@ CORRECT = (
     Entry("fp8_serving_bugs:Fp8Varlen", origin="FA3's fp8 varlen call: descales (B, Hkv), row b sequence b's "
                                               "(issues 30 and 31)"),
     Entry("fp8_serving_bugs:Fp8KvCache", origin="FA3's fp8 kvcache call over a paged cache (issues 30 and 31)"),
+    Entry("fp8_serving_bugs:Fp8KvCacheBf16Query", origin="an fp8 KV cache with a bfloat16 query and one k_scale, "
+                                                         "v_scale a tensor, paged (vLLM, FlashInfer; issues 30, 31)"),
 )

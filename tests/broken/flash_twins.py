@@ -47,6 +47,8 @@ def _descaled(x, descale, b: int, slip: str = ""):
     """x (L, H, D) of sequence b times its row of a (B, Hkv) descale, a KV head's over its query group."""
     if descale is None or slip == "descales_dropped":
         return np.asarray(x, np.float64)
+    if np.ndim(descale) == 0:  # one a tensor (FlashInfer's and vLLM's k_scale, v_scale)
+        return np.asarray(x, np.float64) * float(descale)
     row = np.asarray(descale, np.float64)[0 if slip == "descale_first_sequence" else b]  # (Hkv,)
     return np.asarray(x, np.float64) * np.repeat(row, x.shape[1] // row.shape[0])[None, :, None]
 
@@ -151,6 +153,14 @@ def kvcache(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_t
         out[b] = _descaled(out[b], v_descale, row, slip)
     out = out.astype(q.dtype)
     return (out, lse) if return_softmax_lse else out
+
+
+def kvcache_scaled(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                   causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False,
+                   slip="", k=None, v=None, k_scale=None, v_scale=None):
+    """`kvcache` with FlashInfer's and vLLM's fp8 KV cache scales: one ``k_scale``, ``v_scale`` a tensor (q 16-bit)."""
+    return kvcache(q, k_cache, v_cache, cache_seqlens, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                   softcap, alibi_slopes, return_softmax_lse, slip, k=k, v=v, k_descale=k_scale, v_descale=v_scale)
 
 
 def stacked_halves(paged_kv_cache, slip=""):

@@ -1149,7 +1149,16 @@ def fp8_paged_descales(seed=0):
     return _fp8_sequences("paged", seed)
 
 
-ALL += (fp8_packed_descales, fp8_paged_descales)
+def fp8_paged_scales(seed=0):
+    """op "paged": an fp8 KV cache as vLLM keeps one - no q descale (q 16-bit where declared), one k_scale and
+    v_scale a tensor - two sequences' 5 queries against 9 and 6 keys in 2-key pages."""
+    p = _fp8_sequences("paged", seed)
+    fields = {**{n: x for n, x in p["fields"].items() if n != "q_descale"}, "k_descale": np.float32(0.19).item(),
+              "v_descale": np.float32(1.3).item()}
+    return {**p, "fields": fields}
+
+
+ALL += (fp8_packed_descales, fp8_paged_descales, fp8_paged_scales)
 
 
 def sink_only_rows(seed=0):
