@@ -187,6 +187,29 @@ def edge_cases(target: Target) -> list:
             fields["causal_alignment"] = "bottom_right"
         case = target.exact(Case(q, k, v, None, causal, None, fields, label=label))  # fp8: rounded to its formats
         out.append((case, {"seed": len(out)}))
+    return out + _variant_edges(target, len(out))
+
+
+def _variant_edges(target: Target, first_seed: int) -> list:
+    """Format-path variants the draws reach thinly: 8 query heads on 2 KV heads (a varlen LSE written in another
+    head order under grouping shows only where every head's LSE differs), and sinks beside a softcap of their
+    size (a sink passed through the softcap moves by O(1) only where cap * tanh(s / cap) is far from s)."""
+    from attnspec.properties.draws import in_format, row_seed
+
+    rows = []
+    if target.supports("gqa"):
+        rows.append(("8 query heads on 2 KV heads", 8, {"enable_gqa": True}))
+    if target.supports("sinks") and target.supports("softcap"):
+        rows.append(("sinks beside a softcap of their size", 2, {"sinks": np.array([3.0, 7.0]), "softcap": 4.0}))
+    out = []
+    for label, H, extra in rows:
+        rng = np.random.default_rng(row_seed(label))
+        q, k, v = (in_format(2 * rng.standard_normal((3, h, L, 8)), target.budget_dtype) for h, L in
+                   ((H, 4), (2, 7), (2, 7)))  # spread 2: every head's LSE its own
+        fields = {"q_lengths": np.array([4, 1, 3]), "kv_lengths": np.array([7, 5, 6]), "positions": "per_sequence",
+                  **({"causal_alignment": "bottom_right"} if "bottom_right" in target.alignments else {}), **extra}
+        case = target.exact(Case(q, k, v, None, True, None, fields, label=label))
+        out.append((case, {"seed": first_seed + len(out)}))
     return out
 
 

@@ -175,17 +175,46 @@ def test_p_rounding(target: Target, case: Case, params: dict):
     """What P is rounded to before P V: Semantics.p_dtypes judged (FA3 rounds it to e4m3; a kernel that
     declares so and keeps float32 fails), recorded where not declared."""
     _fp8_only(target)
-    out = target.forward(case)  # (1, 1, Lq, Ev)
-    observed, far = p_rounding_of(target, out, case)
+    observed = _p_rounded_as(target, target.forward(case), case)  # (1, 1, Lq, Ev)
+    _answer(target, "p_dtype", observed, target.backend.semantics.p_dtype(target.dtype), "p_rounding")
+
+
+def _p_rounded_as(target: Target, out, case: Case) -> str:
+    """The candidate P dtype the output shows; the declared one where it is within its emulation's budget."""
+    observed, _ = p_rounding_of(target, out, case)
     declared = target.backend.semantics.p_dtype(target.dtype)
     allowed = error_budget.forward_allowed_rows(case.problem, dtype=target.fp8_computation("float32"))[0]  # (1, 1, Lq)
     if declared is not None and observed != declared:
-        want = emulated(target, case, declared)
-        gap = np.abs(out - want) - allowed[..., None]
-        where = tuple(int(i) for i in np.unravel_index(int(np.argmax(gap)), gap.shape))
-        if gap[where] <= 0:  # within the declared emulation's budget: the nearest is a near tie
+        gap = np.abs(out - emulated(target, case, declared)) - allowed[..., None]
+        if gap.max() <= 0:  # within the declared emulation's budget: the nearest is a near tie
             observed = declared
-    _answer(target, "p_dtype", observed, declared, "p_rounding")
+    return observed
+
+
+def _format_probes(target: Target) -> list:
+    """The P-rounding probe once a format call the backend declares besides its padded one (packed, each paged
+    layout's first): a paged path may keep a P format of its own."""
+    if not is_fp8(target.dtype) or "padded" not in target.caps.formats:
+        return [(None, {})]  # without a padded call every call is a format call: test_p_rounding's probe went there
+    fmts = [f for f in target.caps.formats if f == "packed"] + [f for f in target.caps.formats if f.startswith("paged-")][:1]
+    probe = p_probe(target).replace(positions="per_sequence")
+    return [(probe, {"format": f}) for f in fmts] or [(None, {})]
+
+
+@prop(requires=_DESCALE + ("seq_positions",), grid=_format_probes)
+def test_p_rounding_in_format_calls(target: Target, case: Case, params: dict):
+    """The probe as a packed or paged call: P rounded as the padded call rounds it (as declared, where declared) -
+    a paged decode kernel with its own P format (e5m2 for an e4m3 cache) fails."""
+    from attnspec.properties import serving_calls as S
+    _fp8_only(target)
+    fmt = params["format"]
+    out = S.packed(target, case) if fmt == "packed" else S.paged(target, case, 16, fmt.split("-", 1)[1])
+    observed, padded = _p_rounded_as(target, out, case), _p_rounded_as(target, target.forward(case), case)
+    declared = target.backend.semantics.p_dtype(target.dtype)
+    want = padded if declared is None else declared
+    require(verdict("p_rounding_in_format_calls", observed == want, None, float("nan"),
+                    f"{target.name}'s {fmt} call rounds P as {observed}, its padded call as {padded} (declared: "
+                    f"{declared!r}) at {target.dtype}"))
 
 
 def _split_kv_descales(target: Target) -> list:

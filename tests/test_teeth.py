@@ -52,14 +52,24 @@ def _budget_dtype(backend, dtype: str) -> str:
     return Target(Session(backend, backend.name), dtype).budget_dtype
 
 
-def _p_rounding(backend, dtype: str) -> list:
-    """properties/test_fp8.py's probe: P rounded before P V as the backend declares (a Verdict)."""
+def _p_rounding(backend, dtype: str, paged: bool = False) -> list:
+    """properties/test_fp8.py's probe: P rounded before P V as the backend declares (a Verdict); ``paged``: the
+    probe as a paged call (`backends.serving.forward_paged`)."""
+    from attnspec.backends import serving
     from attnspec.properties.target import Session, Target
     from attnspec.properties.test_fp8 import p_probe, p_rounding_of
     from attnspec.specs.invariants import Verdict
     t = Target(Session(backend, backend.name), dtype)
     case = p_probe(t)
-    observed, far = p_rounding_of(t, backend.forward(case.q, case.k, case.v, dtype=dtype, **case.call_kwargs), case)
+    if paged:
+        layouts = [f.split("-", 1)[1] for f in backend.capabilities.formats if f.startswith("paged-")]
+        if not layouts:
+            raise Unsupported(f"{backend.name} takes no paged call")
+        out = serving.forward_paged(backend, case.q, case.k, case.v, dtype, layout=layouts[0], rng=0,
+                                    **{**case.call_kwargs, "positions": "per_sequence"})
+    else:
+        out = backend.forward(case.q, case.k, case.v, dtype=dtype, **case.call_kwargs)
+    observed, far = p_rounding_of(t, out, case)
     declared = backend.semantics.p_dtype(dtype)
     return [Verdict("p_rounding", observed == declared, None, far[declared] if declared in far else float("nan"),
                     f"P rounded as {observed}, declared {declared} (distances {far})")]
@@ -67,9 +77,9 @@ def _p_rounding(backend, dtype: str) -> list:
 
 def _verdicts(backend, p, dtype: str) -> list:
     """Error-budget verdicts (specs.error_budget) of one backend on one witness problem in one dtype."""
-    if p["op"] == "p_rounding":
+    if p["op"] in ("p_rounding", "p_rounding_paged"):
         backend.check_supported(dtype, "forward")
-        return _p_rounding(backend, dtype)
+        return _p_rounding(backend, dtype, paged=p["op"] == "p_rounding_paged")
     p = _in_dtype(p, dtype)
     budget = _budget_dtype(backend, dtype)
     q, k, v, mask, causal, scale, fields = (p[n] for n in ("q", "k", "v", "mask", "is_causal", "scale", "fields"))

@@ -207,6 +207,13 @@ BROKEN = (
           "a (1, H, Lq, Lk) bias expanded with the batch's stride 0 on the heads too: every head reads head 0",
           "bias"),
     # fp8 descales in packed and paged calls (tests/broken/fp8_serving_bugs.py): the first axis the sequence
+    # format paths a thirteenth review found reached only at deep (tests/broken/review13_bugs.py)
+    Entry("review13_bugs:PagedPRoundedE5m2", ("p_rounding_in_format_calls",), w.fp8_p_rounding_paged,
+          "a paged decode kernel rounding P to e5m2 for an e4m3 cache, its padded call right", "fp8"),
+    Entry("review13_bugs:PackedSinkSoftcapped", ("packed_edges",) + SINKS, w.packed_sinks_softcap,
+          "a varlen kernel folding the sinks in as a score column, so the softcap caps them too", "sinks"),
+    Entry("review13_bugs:PackedLseGqaHeadsInterleaved", ("packed_edges", "packed_lse"), w.packed_lse_groups,
+          "a varlen call's LSE rows KV-major under grouped heads (its output right)", "serving"),
     Entry("fp8_serving_bugs:VarlenDescaleFirstSequence", FP8_SERVING, w.fp8_packed_descales,
           "a varlen call's sequences all read sequence 0's descales (sgl-project/sglang#37785's batch axis)", "fp8"),
     Entry("fp8_serving_bugs:VarlenDescalesDropped", FP8_SERVING, w.fp8_packed_descales,

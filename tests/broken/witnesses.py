@@ -1168,3 +1168,25 @@ def sink_only_rows(seed=0):
 
 
 ALL += (sink_only_rows,)
+
+
+def fp8_p_rounding_paged(seed=0):
+    """op "p_rounding_paged": test_fp8's P-rounding probe as a paged call, judged as declared."""
+    return {"op": "p_rounding_paged", "dtype": "float8_e4m3fn", "fields": {}}
+
+
+def packed_sinks_softcap(seed=0):
+    """op "packed": sinks 3 and 7 beside a softcap of 4 (a sink capped with the scores moves by O(1)), queries 2 and 3
+    against 5 and 4 keys."""
+    return {**_problem(*_heads(2, 2, 3, 5, B=2, seed=seed), positions="per_sequence", q_lengths=np.array([2, 3]),
+                       kv_lengths=np.array([5, 4]), sinks=np.array([3.0, 7.0]), softcap=4.0), "op": "packed"}
+
+
+def packed_lse_groups(seed=0):
+    """op "packed" with its LSE: 8 query heads on 2 KV heads, queries 3 and 2 against 5 and 4 keys."""
+    q, k, v = _heads(8, 2, 3, 5, B=2, seed=seed)
+    return {**_problem(2 * q, 2 * k, v, enable_gqa=True, positions="per_sequence", q_lengths=np.array([3, 2]),
+                       kv_lengths=np.array([5, 4])), "op": "packed", "return_lse": True}
+
+
+ALL += (fp8_p_rounding_paged, packed_sinks_softcap, packed_lse_groups)
