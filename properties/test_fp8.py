@@ -205,8 +205,13 @@ def _format_probes(target: Target) -> list:
 def test_p_rounding_in_format_calls(target: Target, case: Case, params: dict):
     """The probe as a packed or paged call: P rounded as the padded call rounds it (as declared, where declared) -
     a paged decode kernel with its own P format (e5m2 for an e4m3 cache) fails."""
+    import pytest
+
     from attnspec.properties import serving_calls as S
     _fp8_only(target)
+    if "format" not in params:
+        pytest.skip(f"{target.name} takes no padded call or no format call beside one: test_p_rounding's probe "
+                    "went through its format")
     fmt = params["format"]
     out = S.packed(target, case) if fmt == "packed" else S.paged(target, case, 16, fmt.split("-", 1)[1])
     observed, padded = _p_rounded_as(target, out, case), _p_rounded_as(target, target.forward(case), case)
