@@ -31,7 +31,7 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.backends.base import Backend, Unsupported
-from attnspec.backends.plain import FunctionBackend, renamed
+from attnspec.backends.plain import FunctionBackend, _full_descale, renamed
 from attnspec.backends.torch_backends import TorchBackend
 
 VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
@@ -116,17 +116,13 @@ class FlashFunctionBackend(Backend):
 
     def _descales(self, call, B: int, Hkv: int) -> dict:
         """The call's descales as FA3 takes them, (B, Hkv) float32, under the names fn uses (plain.ALIASES)."""
-        kw = {n: self._full(getattr(call, n), B, Hkv) for n in DESCALES if getattr(call, n) is not None}
+        # already native and float32 (specs.fields casts descales "wide"): broadcast only, as a plain function's
+        kw = {n: _full_descale(getattr(call, n), (B, Hkv)) for n in DESCALES if getattr(call, n) is not None}
         kw = renamed(self.fn, kw)
         missing = sorted(set(kw) - self.params)
         if missing:
             raise Unsupported(f"{self.name} has no parameter {', '.join(missing)}")
         return kw
-
-    def _full(self, d, B: int, Hkv: int):
-        if np.ndim(d) == 0:  # one descale a tensor (descale_granularity "tensor"): as it is
-            return d
-        return np.ascontiguousarray(np.broadcast_to(np.asarray(d, dtype=np.float32), (B, Hkv)))
 
     def _aligned(self, call, q_lens, kv_lens) -> None:
         """Decline a problem whose alignment is not flash-attention's bottom-right per sequence."""
@@ -211,10 +207,6 @@ class TorchFlashFunction(FlashFunctionBackend):
 
     def _slopes(self, x):
         return x if hasattr(x, "detach") else self.to_native(np.asarray(x, dtype=np.float32), "float32")
-
-    def _full(self, d, B: int, Hkv: int):
-        d = self._slopes(d).to(self.torch.float32)  # on the device, as FA3 checks
-        return d if d.ndim == 0 else d.expand(B, Hkv).contiguous()
 
     def native_packed(self, q, k, v, args, call):
         with self.torch.no_grad():
