@@ -11,7 +11,7 @@ What it is given follows what it declares, never more:
   (additive) masks in ``attn_mask``, as PyTorch's own function takes them; a parameter named
   after another field (``softcap``, ``window``, ``q_lengths``/``kv_lengths``,
   ``q_segment_ids``/``kv_segment_ids``, ``alibi_slopes``, ``causal_alignment``,
-  ``return_lse``, ``sinks`` or FA4's ``learnable_sink``) means that field.
+  ``return_lse``, ``sinks``, FA4's ``learnable_sink`` or vLLM's ``s_aux``) means that field.
 - `declare(...)`, attached to the function: dtypes, gradients (a backward function), what it
   does with fully masked and padded rows, its causal alignment, effective precision, output
   dtypes, whether it takes a mask together with ``is_causal`` (PyTorch refuses: by default the
@@ -51,10 +51,11 @@ PLAIN_CALL = "fn(query, key, value, attn_mask=None, is_causal=False, scale=None)
 # attn_mask, as PyTorch's own function takes them (its bias); return_lse the log-sum-exp
 _PARAM_FEATURES = {**{f.name: (f.feature,) for f in FIELDS if f.name != "bias"},
                    "enable_gqa": ("gqa", "bias"), "return_lse": ("lse",), "learnable_sink": ("sinks",),
-                   "k_scale": ("descale",), "v_scale": ("descale",)}
-# a field a function may name otherwise: flash-attention 4 calls the sinks learnable_sink (FlashInfer: sinks);
+                   "s_aux": ("sinks",), "k_scale": ("descale",), "v_scale": ("descale",)}
+# a field a function may name otherwise: flash-attention 4 calls the sinks learnable_sink, vLLM's flash-attention
+# fork s_aux (FlashInfer: sinks);
 # FlashInfer's and vLLM's k_scale, v_scale multiply on dequantisation as FA3's k_descale, v_descale do
-ALIASES = {"learnable_sink": "sinks", "k_scale": "k_descale", "v_scale": "v_descale"}
+ALIASES = {"learnable_sink": "sinks", "s_aux": "sinks", "k_scale": "k_descale", "v_scale": "v_descale"}
 
 
 def _full_descale(value, shape: tuple):

@@ -13,8 +13,9 @@ from attnspec.backends import declare
 DTYPES = ("float16", "bfloat16", "float32")
 
 
-def _attend(q, k, v, scale, causal, window, softcap, alibi):
-    """One sequence: q (Lq, Hq, E), k (Lk, Hkv, E), v (Lk, Hkv, Ev) -> out (Lq, Hq, Ev), lse (Hq, Lq)."""
+def _attend(q, k, v, scale, causal, window, softcap, alibi, sinks=None):
+    """One sequence: q (Lq, Hq, E), k (Lk, Hkv, E), v (Lk, Hkv, Ev) -> out (Lq, Hq, Ev), lse (Hq, Lq);
+    sinks (Hq,): a logit per head in the denominator, counted in the LSE (FA4's learnable_sink)."""
     Lq, Hq, _ = q.shape
     Lk, Hkv = k.shape[:2]
     kk, vv = (x.float().repeat_interleave(Hq // max(Hkv, 1), dim=1) for x in (k, v))  # (Lk, Hq, D)
@@ -33,15 +34,18 @@ def _attend(q, k, v, scale, causal, window, softcap, alibi):
     if right >= 0:
         keep &= j <= i + right
     s = s.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[:, None, None].expand(Hq, Lq, 1)], dim=-1)  # (Hq, Lq, Lk + 1)
     lse = torch.logsumexp(s, dim=-1)  # (Hq, Lq): -inf for a row that sees nothing
-    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])  # (Hq, Lq, Lk), 0 where hidden
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])  # (Hq, Lq, Lk[+1]), 0 where hidden
+    p = p[..., :Lk]  # (Hq, Lq, Lk): the sink's weight goes to no value
     return torch.einsum("hqk,khd->qhd", p, vv), lse  # (Lq, Hq, Ev), (Hq, Lq)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           return_softmax_lse=False):
-    """q (total_q, Hq, E), k/v (total_k, Hkv, E), cu_seqlens_* (B+1,) int32 tensors."""
+                           return_softmax_lse=False, learnable_sink=None):
+    """q (total_q, Hq, E), k/v (total_k, Hkv, E), cu_seqlens_* (B+1,) int32 tensors; learnable_sink (Hq,)."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     out = torch.zeros(q.shape[:2] + v.shape[-1:], dtype=torch.float32, device=q.device)  # (total_q, Hq, Ev)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device)  # (Hq, total_q)
@@ -51,7 +55,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         k1 = ck[b + 1] if used is None else ck[b] + used[b]
         if cq[b + 1] > cq[b]:
             o, l_ = _attend(q[cq[b]:cq[b + 1]], k[ck[b]:k1], v[ck[b]:k1], scale, causal, window_size, softcap,
-                            alibi_slopes)
+                            alibi_slopes, learnable_sink)
             out[cq[b]:cq[b + 1]], lse[:, cq[b]:cq[b + 1]] = o, l_
     out = out.to(q.dtype)
     return (out, lse) if return_softmax_lse else out
@@ -84,7 +88,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     return (out, lse) if return_softmax_lse else out
 
 
-varlen = declare(flash_attn_varlen_func, framework="torch", dtypes=DTYPES, fully_masked="zeros")
+def _without(fn, *names):
+    """fn under a signature without `names` (the features a twin does not take), as its own function."""
+    import functools
+    import inspect
+
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        return fn(*args, **kw)
+    sig = inspect.signature(fn)
+    call.__signature__ = sig.replace(parameters=[p for n, p in sig.parameters.items() if n not in names])
+    return call
+
+
+# flash-attention 2's varlen names (no sinks); with FA4's learnable_sink (sinks counted in its LSE)
+varlen = declare(_without(flash_attn_varlen_func, "learnable_sink"), framework="torch", dtypes=DTYPES,
+                 fully_masked="zeros")
+varlen_sinks = declare(flash_attn_varlen_func, framework="torch", dtypes=DTYPES, fully_masked="zeros",
+                       lse_with_sinks=True)
 kvcache = declare(flash_attn_with_kvcache, framework="torch", dtypes=DTYPES, fully_masked="zeros")
 
 
@@ -100,3 +121,15 @@ def _varlen_reads_max_seqlen_k(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 varlen_reads_max_seqlen_k = declare(_varlen_reads_max_seqlen_k, framework="torch", dtypes=("bfloat16",),
                                     fully_masked="zeros")
+
+
+def _varlen_sinks_ignored(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
+                          softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                          return_softmax_lse=False, learnable_sink=None):
+    """Planted: takes FA4's learnable_sink and never applies it (the harness's own slip before 2026-12-07)."""
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, return_softmax_lse)
+
+
+varlen_sinks_ignored = declare(_varlen_sinks_ignored, framework="torch", dtypes=("float32",), fully_masked="zeros",
+                               lse_with_sinks=True)
