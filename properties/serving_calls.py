@@ -192,21 +192,28 @@ def edge_cases(target: Target) -> list:
 
 def _variant_edges(target: Target, first_seed: int) -> list:
     """Format-path variants the draws reach thinly: 8 query heads on 2 KV heads (a varlen LSE written in another
-    head order under grouping shows only where every head's LSE differs), and sinks beside a softcap of their
-    size (a sink passed through the softcap moves by O(1) only where cap * tanh(s / cap) is far from s)."""
+    head order under grouping shows only where every head's LSE differs), decodes under groups of 20 (a decode
+    kernel's 16-head tile that takes its KV head from the tile's first head: FlashML-org/FreeToken#177), sinks
+    beside a softcap of their size (a sink passed through the softcap moves by O(1) only where cap * tanh(s /
+    cap) is far from s), and head dim 256 over three sequences (a backward pre-pass rowsum(dO * O) indexed by
+    the first sequence's offsets in its head-dim-256 template: NVIDIA/TransformerEngine#3216)."""
     from attnspec.properties.draws import in_format, row_seed
 
-    rows = []
+    ragged = np.array([4, 1, 3])
+    rows = []  # (label, query heads, head dim, query lengths, fields)
     if target.supports("gqa"):
-        rows.append(("8 query heads on 2 KV heads", 8, {"enable_gqa": True}))
+        rows.append(("8 query heads on 2 KV heads", 8, 8, ragged, {"enable_gqa": True}))
+        rows.append(("decodes, 40 query heads on 2 KV heads", 40, 8, np.ones(3, int), {"enable_gqa": True}))
     if target.supports("sinks") and target.supports("softcap"):
-        rows.append(("sinks beside a softcap of their size", 2, {"sinks": np.array([3.0, 7.0]), "softcap": 4.0}))
+        rows.append(("sinks beside a softcap of their size", 2, 8, ragged, {"sinks": np.array([3.0, 7.0]),
+                                                                         "softcap": 4.0}))
+    rows.append(("head dim 256, 3 sequences", 2, 256, ragged, {}))
     out = []
-    for label, H, extra in rows:
+    for label, H, E, q_lengths, extra in rows:
         rng = np.random.default_rng(row_seed(label))
-        q, k, v = (in_format(2 * rng.standard_normal((3, h, L, 8)), target.budget_dtype) for h, L in
-                   ((H, 4), (2, 7), (2, 7)))  # spread 2: every head's LSE its own
-        fields = {"q_lengths": np.array([4, 1, 3]), "kv_lengths": np.array([7, 5, 6]), "positions": "per_sequence",
+        q, k, v = (in_format(2 * rng.standard_normal((3, h, L, E)), target.budget_dtype) for h, L in
+                   ((H, int(q_lengths.max())), (2, 7), (2, 7)))  # spread 2: every head's LSE its own
+        fields = {"q_lengths": q_lengths, "kv_lengths": np.array([7, 5, 6]), "positions": "per_sequence",
                   **({"causal_alignment": "bottom_right"} if "bottom_right" in target.alignments else {}), **extra}
         case = target.exact(Case(q, k, v, None, True, None, fields, label=label))
         out.append((case, {"seed": first_seed + len(out)}))

@@ -208,6 +208,8 @@ def grid() -> list[Edge]:
     # for 128-row tiles while running 64-row ones leaves rows unwritten), and a window in each (a template
     # launched with no left bound: pegainfer#818's head-dim 256 entry points)
     rows += [Edge(f"head dim {E}, Lq 129, Lk 65", 1, 2, 129, 65, E) for E in WIDE_HEAD_DIMS]
+    # ... a softcap in each (a dispatch whose wide templates take no softcap argument: kekzl/imp#688)
+    rows += [Edge(f"head dim {E}, softcap 2", 1, 2, 9, 65, E, fields={"softcap": 2.0}) for E in WIDE_HEAD_DIMS]
     rows += [Edge(f"head dim {E}, window (8, 0) causal L 129", 1, 2, 129, 129, E, causal=True,
                   fields={"window": (8, 0)}) for E in WIDE_HEAD_DIMS]
     # more queries than keys, causal bottom-right: rows 0..95 see no key, whole 64-row query tiles among them
@@ -241,6 +243,9 @@ def _wide_rows() -> list[Edge]:
     sink's logit); and the fields' own broadcast forms the draws reach by chance only."""
     wide = dict(B=3, H=40, Lq=65, Lk=65, E=32)
     rows = [Edge("40 query heads on 2 KV heads (groups of 20), 3 sequences, Lq 65", **wide, Hkv=2),
+            # ... decoding (a decode kernel's 16-head tile that takes its KV head from the tile's first head
+            # reads the wrong one for heads 16..19 of a group of 20: FlashML-org/FreeToken#177)
+            Edge("decode, 40 query heads on 2 KV heads (groups of 20), 3 sequences", **{**wide, "Lq": 1}, Hkv=2),
             Edge("sinks over 40 heads, 3 sequences, Lq 65", **wide, fields={"sinks": np.arange(40) % 9 - 3.0}),
             Edge("ALiBi over 40 heads, 3 sequences, Lq 65", **wide, fields={"alibi_slopes": alibi_slopes(40)}),
             Edge("softcap 1 over 3 sequences x 40 heads, Lq 65", **wide, fields={"softcap": 1.0})]

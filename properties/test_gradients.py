@@ -88,6 +88,9 @@ BACKWARD_EDGES = [
     edges.Edge("backward Lq 65, Lk 257, causal bottom-right", 1, 2, 65, 257, 32, causal=True, alignment="bottom_right"),
     # the backward's head-dim templates (a dispatch sending 65..128 to the 64 kernel) and unequal value heads
     *(edges.Edge(f"backward E {E}", 1, 2, 33, 65, E) for E in (80, 128, 256)),
+    # ... over three sequences (a pre-pass rowsum(dO * O) indexed by the first sequence's offsets in the head-dim
+    # 256 template gives the others its D: NVIDIA/TransformerEngine#3216)
+    edges.Edge("backward E 256, 3 sequences", 3, 2, 33, 65, 256),
     edges.Edge("backward E 192, Ev 128", 1, 2, 33, 65, 192, Ev=128),
     # ... causal in each (a dispatch switch whose causal arm reaches one template as non-causal), MLA's (192,
     # 128) bottom-right with more keys than queries (a chunk against its cache)

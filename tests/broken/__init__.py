@@ -214,6 +214,16 @@ BROKEN = (
           "a varlen kernel folding the sinks in as a score column, so the softcap caps them too", "sinks"),
     Entry("review13_bugs:PackedLseGqaHeadsInterleaved", ("packed_edges", "packed_lse"), w.packed_lse_groups,
           "a varlen call's LSE rows KV-major under grouped heads (its output right)", "serving"),
+    # real reports a fourteenth review mirrored where the draws never went (tests/broken/review14_bugs.py)
+    Entry("review14_bugs:DecodeTileCrossesGroup", ("edge_shapes", "lse_edges") + GQA, w.decode_group_of_20,
+          "a decode kernel's 16-head tile takes its first head's KV head: groups of 20 (FlashML-org/FreeToken#177)",
+          "grouped heads"),
+    Entry("review14_bugs:WideSoftcapDropped", ("edge_shapes",) + SOFTCAP, w.wide_softcap,
+          "the wide head-dim templates (E > 128) launched without the softcap for prefill (kekzl/imp#688)",
+          "softcap"),
+    Entry("review14_bugs:BwdDeltaFirstSequenceHdim256", ("backward_edges",) + GRADS, w.backward_hdim256_batch,
+          "the head-dim 256 backward's rowsum(dO * O) from sequence 0's O for every sequence "
+          "(NVIDIA/TransformerEngine#3216)", "gradients"),
     Entry("fp8_serving_bugs:VarlenDescaleFirstSequence", FP8_SERVING, w.fp8_packed_descales,
           "a varlen call's sequences all read sequence 0's descales (sgl-project/sglang#37785's batch axis)", "fp8"),
     Entry("fp8_serving_bugs:VarlenDescalesDropped", FP8_SERVING, w.fp8_packed_descales,

@@ -1190,3 +1190,22 @@ def packed_lse_groups(seed=0):
 
 
 ALL += (fp8_p_rounding_paged, packed_sinks_softcap, packed_lse_groups)
+
+
+def decode_group_of_20(seed=0):
+    """A decode (Lq = 1) with 40 query heads on 2 KV heads (groups of 20), a batch of 2, 9 keys."""
+    return _problem(*_heads(40, 2, 1, 9, B=2, seed=seed), enable_gqa=True)
+
+
+def wide_softcap(seed=0):
+    """Head dim 256, 4 queries against 9 keys, inputs spread 3 (scores past the cap), a softcap of 2."""
+    q, k, v = _heads(2, 2, 4, 9, E=256, seed=seed)
+    return _problem(3 * q, 3 * k, v, softcap=2.0)
+
+
+def backward_hdim256_batch(seed=0):
+    """The backward at head dim 256 over a batch of 2, 4 queries against 9 keys."""
+    return _problem(*_heads(2, 2, 4, 9, E=256, B=2, seed=seed), op="backward")
+
+
+ALL += (decode_group_of_20, wide_softcap, backward_hdim256_batch)
