@@ -1,10 +1,12 @@
-"""Plain functions with flash-attention's serving signatures, called that way (issue 30).
+"""Plain functions with flash-attention's signatures, called that way (issue 30).
 
 A function whose parameters use flash-attention's names is a backend of its own call format, fed
 in flash-attention's layouts - NumPy arrays, or torch tensors on the declared device with
 ``declare(framework="torch", device=...)`` (a Triton or CUDA varlen kernel; the real
 ``flash_attn.flash_attn_varlen_func`` declared so):
 
+- ``flash_attn_func(q, k, v, ..., softmax_scale, causal, ...)`` (no lengths, no cache): the padded call
+  in flash-attention's layout - q ``(B, Lq, Hq, E)``, k/v ``(B, Lk, Hkv, E)``, out ``(B, Lq, Hq, Ev)``;
 - ``flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``:
   the ``packed`` format - q ``(total_q, Hq, E)``, k/v ``(total_k, Hkv, E)``, ``cu_seqlens_*`` int32;
 - ``flash_attn_with_kvcache(q, k_cache, v_cache, ..., cache_seqlens, cache_leftpad, block_table, ...)``:
@@ -15,13 +17,16 @@ in flash-attention's layouts - NumPy arrays, or torch tensors on the declared de
 
 Keywords passed when the problem uses them and the signature has them: ``softmax_scale``,
 ``causal``, ``window_size=(left, right)`` (-1 unbounded), ``softcap``, ``alibi_slopes`` (Hq,),
-``seqused_k``, ``cache_leftpad``, ``return_softmax_lse`` (then ``(out, lse)``, lse ``(Hq, total_q)``
-varlen, ``(B, Hq, Lq)`` kvcache); fp8 inputs' ``q_descale``, ``k_descale``, ``v_descale`` (FA3's names;
+``seqused_k``, ``cache_leftpad``, the sinks (``learnable_sink``, ``s_aux`` or ``sinks``: ``(Hq,)``),
+``return_softmax_lse`` or flash-attention 2's ``return_attn_probs`` (then ``(out, lse[, ...])``, lse
+``(Hq, total_q)`` varlen, ``(B, Hq, Lq)`` padded and kvcache; a function that returns its LSE unasked,
+as FA3's, has it dropped); fp8 inputs' ``q_descale``, ``k_descale``, ``v_descale`` (FA3's names;
 FlashInfer's and vLLM's ``k_scale``, ``v_scale`` alike) as ``(B, Hkv)`` float32, row b sequence b's
 (one per tensor as it is).  Both align causal, window and ALiBi bottom-right per sequence, as
 flash-attention does; a problem that needs another alignment, or padded query rows in a kvcache
 call (it has no query lengths), is declined with the reason.  Forward only over NumPy; over torch,
-a varlen function's backward is autograd through its call (the gradient families run it packed).
+a padded or varlen function's backward is autograd through its call (the gradient families run a varlen
+one packed).
 """
 from __future__ import annotations
 
@@ -34,11 +39,13 @@ from attnspec.backends.base import Backend, Unsupported
 from attnspec.backends.plain import FunctionBackend, _full_descale, renamed
 from attnspec.backends.torch_backends import TorchBackend
 
+PADDED = ("q", "k", "v", "softmax_scale", "causal")  # flash_attn_func: flash-attention's names, no lengths
 VARLEN = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 KVCACHE = ("k_cache", "v_cache", "cache_seqlens")
 STACKED = ("paged_kv_cache", "cache_seqlens")  # the kvcache form over FlashInfer's one K/V tensor
 # parameter -> the feature it takes (beyond what the format itself carries)
 _OPTIONAL = {"window_size": "window", "softcap": "softcap", "alibi_slopes": "alibi", "return_softmax_lse": "lse",
+             "return_attn_probs": "lse",
              "q_descale": "descale", "k_descale": "descale", "v_descale": "descale", "k_scale": "descale",
              "v_scale": "descale", "sinks": "sinks", "learnable_sink": "sinks", "s_aux": "sinks"}
 DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -52,17 +59,19 @@ def _names(fn) -> set:
 
 
 def flash_form(fn) -> str:
-    """"varlen", "kvcache" or "" (not a flash-attention signature)."""
+    """"varlen", "kvcache", "padded" or "" (not a flash-attention signature)."""
     names = _names(fn)
     if set(VARLEN) <= names:
         return "varlen"
     if set(KVCACHE) <= names or set(STACKED) <= names:
         return "kvcache"
+    if set(PADDED) <= names:
+        return "padded"
     return ""
 
 
 class FlashFunctionBackend(Backend):
-    """A plain function with flash-attention's varlen or kvcache signature over NumPy arrays."""
+    """A plain function with flash-attention's padded, varlen or kvcache signature over NumPy arrays."""
 
     def __init__(self, fn, name: str):
         from attnspec.backends.plain import Declaration, declared
@@ -72,12 +81,14 @@ class FlashFunctionBackend(Backend):
         self.declaration = decl
         self.env_vars = decl.env
         caps, sem = declared(fn, decl, False, f"a plain function with flash-attention's {self.form} signature")
-        features = {"gqa", "seq_lengths", "seq_positions"} | {f for p, f in _OPTIONAL.items() if p in self.params}
+        serving = {"seq_lengths", "seq_positions"} if self.form != "padded" else set()  # flash_attn_func: no lengths
+        features = {"gqa"} | serving | {f for p, f in _OPTIONAL.items() if p in self.params}
         if decl.features is not None:
             features = set(decl.features)
         self.stacked = "paged_kv_cache" in self.params  # one (num_pages, 2, P, Hkv, E) tensor: Ev == E
         paged = "paged-stacked-NHD" if self.stacked else "paged-NHD"
-        fmt = ("packed",) if self.form == "varlen" else (paged,) + (("append",) if {"k", "v"} <= self.params else ())
+        fmt = {"varlen": ("packed",), "padded": ("padded",)}.get(
+            self.form, (paged,) + (("append",) if {"k", "v"} <= self.params else ()))
         # its q, k, v (total, H, E) may be a fused projection's head slices, as models hand them
         self.capabilities = replace(caps, features=frozenset(features), formats=fmt, masks=False,
                                     mask_with_causal=True, equal_head_dims=caps.equal_head_dims or self.stacked,
@@ -107,8 +118,9 @@ class FlashFunctionBackend(Backend):
             kw["softcap"] = float(call.softcap)
         if call.alibi_slopes is not None:
             kw["alibi_slopes"] = self._slopes(call.alibi_slopes)
-        if call.return_lse:
-            kw["return_softmax_lse"] = True
+        if call.return_lse:  # FA3's and vLLM's name, or flash-attention 2's
+            kw["return_attn_probs" if "return_attn_probs" in self.params - {"return_softmax_lse"}
+               else "return_softmax_lse"] = True
         if call.sinks is not None:  # (Hq,) float32, under the name fn uses (FA4's learnable_sink, vLLM's s_aux)
             kw["sinks"] = call.sinks
         kw = renamed(self.fn, kw)
@@ -144,7 +156,24 @@ class FlashFunctionBackend(Backend):
             if "seqused_k" not in self.params:
                 raise Unsupported(f"{self.name} has no parameter seqused_k")
             kw["seqused_k"] = args.seqused_k
-        return self.fn(q, k, v, **kw)  # (total_q, Hq, Ev), or (out, lse (Hq, total_q))
+        return self._result(self.fn(q, k, v, **kw), call)  # (total_q, Hq, Ev), or (out, lse (Hq, total_q))
+
+    def _result(self, y, call):
+        """out, or (out, lse) when asked: flash-attention 2 returns (out, lse, S_dmask), FA3 (out, lse) unasked."""
+        if isinstance(y, (tuple, list)):
+            return (y[0], y[1]) if call.return_lse else y[0]
+        return y
+
+    def native_attention(self, q, k, v, call):
+        """flash_attn_func: q (B, Lq, Hq, E), k/v (B, Lk, Hkv, E|Ev) -> (B, Hq, Lq, Ev)[, lse (B, Hq, Lq)]."""
+        if self.form != "padded":
+            raise Unsupported(f"{self.name} takes its own format's call ({self.form}), not a padded one")
+        self._aligned(call, [q.shape[-2]], [k.shape[-2]])
+        kw = {**self._options(call), **self._descales(call, q.shape[0], k.shape[-3])}
+        y = self._result(self.fn(*(self._swap(x, 1, 2) for x in (q, k, v)), **kw), call)
+        if call.return_lse:
+            return self._swap(y[0], 1, 2), y[1]  # (B, Hq, Lq, Ev), (B, Hq, Lq)
+        return self._swap(y, 1, 2)  # (B, Lq, Hq, Ev) -> (B, Hq, Lq, Ev)
 
     _new_keys: dict = {}  # k=, v= of an append, for the one call (native_paged_append)
 
@@ -176,6 +205,7 @@ class FlashFunctionBackend(Backend):
             y = self.fn(self._swap(q, 1, 2), paged_kv_cache=k_cache, **kw)  # q (B, Lq, Hq, E)
         else:
             y = self.fn(self._swap(q, 1, 2), k_cache, v_cache, **kw)
+        y = self._result(y, call)
         if call.return_lse:
             return self._swap(y[0], 1, 2), y[1]  # (B, Hq, Lq, Ev), (B, Hq, Lq)
         return self._swap(y, 1, 2)  # (B, Lq, Hq, Ev) -> (B, Hq, Lq, Ev)
@@ -192,8 +222,8 @@ class TorchFlashFunction(FlashFunctionBackend):
         super().__init__(fn, name)
         self.device = self.declaration.device
         # varlen: its backward is autograd through the call (flash-attention's is an autograd.Function)
-        self.capabilities = replace(self.capabilities,
-                                    gradients=self.form == "varlen" and self.declaration.backward is not False)
+        self.capabilities = replace(self.capabilities, gradients=self.form in ("varlen", "padded")
+                                    and self.declaration.backward is not False)
 
     load, to_native, from_native, sync, relayout = (TorchBackend.load, TorchBackend.to_native, TorchBackend.from_native,
                                                     TorchBackend.sync, TorchBackend.relayout)  # torch-math's (torch
@@ -215,15 +245,29 @@ class TorchFlashFunction(FlashFunctionBackend):
         with self.torch.no_grad():
             return super().native_packed(q, k, v, args, call)
 
+    def native_attention(self, q, k, v, call):
+        with self.torch.no_grad():
+            return super().native_attention(q, k, v, call)
+
+    def native_attention_backward(self, q, k, v, grad_out, call):
+        """(dq, dk, dv) of flash_attn_func: autograd through the function's own call."""
+        call = replace(call, return_lse=False)
+        return self._autograd(lambda *x: FlashFunctionBackend.native_attention(self, *x, call), (q, k, v), grad_out)
+
     def native_packed_backward(self, q, k, v, grad_out, args, call):
         """(dq, dk, dv) packed: autograd through the function's own call."""
-        leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
-        out = FlashFunctionBackend.native_packed(self, *leaves, args, replace(call, return_lse=False))
+        call = replace(call, return_lse=False)
+        return self._autograd(lambda *x: FlashFunctionBackend.native_packed(self, *x, args, call), (q, k, v),
+                              grad_out)
+
+    def _autograd(self, forward, inputs, grad_out):
+        leaves = [x.detach().requires_grad_(True) for x in inputs]
+        out = forward(*leaves)
         # an output that depends on no input (no sequence has a query: a zeros buffer) or on only some of them
         # has zero gradients there, not an autograd error; a wrong zero elsewhere is judged against the reference
         grads = (self.torch.autograd.grad(out, leaves, grad_out, allow_unused=True) if out.requires_grad
                  else (None,) * 3)
-        return tuple(self.torch.zeros_like(x) if g is None else g  # (total_q, Hq, E), (total_k, Hkv, E) x 2
+        return tuple(self.torch.zeros_like(x) if g is None else g  # each shaped as its input
                      for x, g in zip(leaves, grads, strict=True))
 
     def native_paged(self, q, k_cache, v_cache, args, call):

@@ -260,7 +260,7 @@ def check_plain_call(fn, name: str) -> str | None:
     if params is None:
         return None
     from attnspec.backends.flash_functions import flash_form
-    if flash_form(fn):  # flash-attention's varlen or kvcache signature: called that way
+    if flash_form(fn):  # flash-attention's padded, varlen or kvcache signature: called that way
         return None
     try:
         inspect.signature(fn).bind(None, None, None, attn_mask=None, is_causal=False, scale=None)
@@ -290,7 +290,7 @@ def function_backend(fn, name: str) -> Backend:
     """The backend of a plain function: over NumPy arrays, or its framework's tensors as it declares."""
     decl = getattr(fn, "__attnspec__", None) or Declaration()
     from attnspec.backends import flash_functions
-    if flash_functions.flash_form(fn):  # flash_attn_varlen_func / flash_attn_with_kvcache: called that way
+    if flash_functions.flash_form(fn):  # flash_attn_func / _varlen_func / _with_kvcache: called that way
         return flash_functions.for_framework(decl.framework)(fn, name)
     if decl.framework == "numpy":
         return FunctionBackend(fn, name)

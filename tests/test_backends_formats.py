@@ -116,6 +116,9 @@ def test_flash_attention_signatures_are_recognised():
     assert flash_form(flash_twins.flash_attn_varlen_func) == "varlen"
     assert flash_form(flash_twins.flash_attn_with_kvcache) == "kvcache"
     assert flash_form(lambda query, key, value, attn_mask=None, is_causal=False, scale=None: None) == ""
+    # flash_attn_func: flash-attention's names with no lengths or cache, its padded call in (B, L, H, E)
+    assert flash_form(lambda q, k, v, dropout_p=0.0, softmax_scale=None, causal=False: None) == "padded"
+    assert flash_form(lambda q, k, v, scale=None, is_causal=False: None) == ""
     assert flash_form(flash_twins.flash_attn_with_paged_kv_cache) == "kvcache"
     varlen, kvcache, stacked = resolve(VARLEN), resolve(KVCACHE), resolve(STACKED)
     assert varlen.capabilities.formats == ("packed",) and kvcache.capabilities.formats == ("paged-NHD", "append")
@@ -258,3 +261,27 @@ def test_flash_signature_sinks_reach_the_function_under_its_name(tmp_path):
     for dtype in ("float16", "bfloat16", "float32"):
         assert status[(good, "sinks_match_reference", dtype)] == "passed", dtype
     assert status[(bad, "sinks_match_reference", "float32")] == "failed", result.output[-3000:]
+
+
+@pytest.mark.slow
+def test_flash_attn_func_signature_is_called_padded_in_its_layout(tmp_path):
+    """flash-attention 2's flash_attn_func (q, k, v (B, L, H, E), return_attn_probs giving (out, lse, S_dmask)),
+    declared over torch: a padded backend in its layout, its backward through autograd; the correct twin passes
+    the output, window, LSE and gradient families, and one reading window_size as (right, left) fails."""
+    pytest.importorskip("torch")
+    from attnspec.properties.runner import run_suite
+
+    good, bad = "tests.plugins.torch_flash:padded", "tests.plugins.torch_flash:padded_window_swapped"
+    result = run_suite([good, bad], json_path=str(tmp_path / "out.json"), extra_args=[
+        "-k", "matches_reference or window or lse or gradients or empty_sizes", "--attnspec-no-shrink"],
+        profile="dev", cwd=str(tmp_path), pythonpath=[str(__import__("pathlib").Path(__file__).parents[1])],
+        timeout=600)
+    rows = [r for r in result.conformance if r.get("property") != "(all)"]
+    status = {(r["backend"], r["property"], r["dtype"]): r["status"] for r in rows}
+    assert {s for (b, _, _), s in status.items() if b == good} <= {"passed", "skipped", "recorded"}, \
+        result.output[-3000:]
+    for dtype in ("float16", "bfloat16", "float32"):
+        for prop in ("matches_reference", "lse_matches_reference", "gradients_match_reference",
+                     "zero_weight_outside_window", "empty_sizes"):
+            assert status[(good, prop, dtype)] == "passed", (prop, dtype)
+    assert status[(bad, "zero_weight_outside_window", "float32")] == "failed", result.output[-3000:]

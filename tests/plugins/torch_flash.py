@@ -42,6 +42,20 @@ def _attend(q, k, v, scale, causal, window, softcap, alibi, sinks=None):
     return torch.einsum("hqk,khd->qhd", p, vv), lse  # (Lq, Hq, Ev), (Hq, Lq)
 
 
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash-attention 2's padded signature: q (B, Lq, Hq, E), k/v (B, Lk, Hkv, E) -> (B, Lq, Hq, Ev), with
+    return_attn_probs (out, lse (B, Hq, Lq), None) as flash-attention 2 returns them (its S_dmask: dropout's)."""
+    assert dropout_p == 0.0, "no dropout in a conformance run"
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out = torch.zeros(q.shape[:3] + v.shape[-1:], dtype=torch.float32, device=q.device)  # (B, Lq, Hq, Ev)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)  # (B, Hq, Lq)
+    for b in range(q.shape[0]):
+        out[b], lse[b] = _attend(q[b], k[b], v[b], scale, causal, window_size, softcap, alibi_slopes)
+    out = out.to(q.dtype)
+    return (out, lse, None) if return_attn_probs else out
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            return_softmax_lse=False, learnable_sink=None):
@@ -86,6 +100,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                                  softcap, alibi_slopes)
     out = out.to(q.dtype)
     return (out, lse) if return_softmax_lse else out
+
+
+padded = declare(flash_attn_func, framework="torch", dtypes=DTYPES, fully_masked="zeros")
+
+
+def _padded_window_swapped(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Planted: window_size read as (right, left)."""
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, tuple(window_size)[::-1], softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+padded_window_swapped = declare(_padded_window_swapped, framework="torch", dtypes=("float32",), fully_masked="zeros")
 
 
 def _without(fn, *names):
