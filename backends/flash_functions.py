@@ -212,16 +212,16 @@ class FlashFunctionBackend(Backend):
 
 
 class TorchFlashFunction(FlashFunctionBackend):
-    """flash-attention's varlen or kvcache signature over torch tensors on the declared device, in the
-    dtype under test (bfloat16 natively); the int arguments int32 tensors on that device, as
-    flash-attention takes them.  The forward under no_grad; a varlen function's backward through
+    """flash-attention's padded, varlen or kvcache signature over torch tensors on the declared device, in
+    the dtype under test (bfloat16 natively); the int arguments int32 tensors on that device, as
+    flash-attention takes them.  The forward under no_grad; a padded or varlen function's backward through
     autograd (``backward=False`` in its declaration: none).  No torch, or no GPU for a CUDA
     function: BackendUnavailable (a skip with its reason)."""
 
     def __init__(self, fn, name: str):
         super().__init__(fn, name)
         self.device = self.declaration.device
-        # varlen: its backward is autograd through the call (flash-attention's is an autograd.Function)
+        # padded, varlen: the backward is autograd through the call (flash-attention's is an autograd.Function)
         self.capabilities = replace(self.capabilities, gradients=self.form in ("varlen", "padded")
                                     and self.declaration.backward is not False)
 
