@@ -70,7 +70,11 @@ def named(config) -> list[str]:
     """The backends the run names (--backend, then ATTNSPEC_BACKENDS); [] when it names none."""
     from attnspec.backends import registry
 
-    given = [n.strip() for raw in (config.getoption("attnspec_backend", None) or []) for n in raw.split(",")]
+    raw = config.getoption("attnspec_backend", None) or []
+    given = [n.strip() for value in raw for n in value.split(",")]
+    if raw and not any(given):  # `--backend "$UNSET"`: never the default backends in its place
+        raise ValueError(f"--backend: empty backend name {raw[0]!r}; give a built-in name, an entry point "
+                         "or package.module:attr")
     return [n for n in given if n] or registry.names_from_env() or []
 
 

@@ -314,6 +314,18 @@ def test_the_plugin_is_inert_in_an_unrelated_suite(pytester, monkeypatch):
     assert not (pytester.path / ".attnspec").exists() and not (pytester.path / "attnspec.json").exists()
 
 
+def test_an_empty_backend_name_is_a_usage_error_not_the_default_backends(pytester):
+    """`--backend "$UNSET"` names no backend: the run stops and says so, rather than checking every built-in."""
+    result = pytester.runpytest_inprocess("--pyargs", "attnspec.properties", "--backend", "", "--co",
+                                          "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines[-20:]
+    assert "--backend: empty backend name ''" in "\n".join(result.errlines), result.errlines
+    named = pytester.runpytest_inprocess("--pyargs", "attnspec.properties", "--backend", "", "--backend",
+                                         "numpy-naive", "--co", "-q", "-p", "no:cacheprovider",
+                                         "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    assert named.ret == pytest.ExitCode.OK and "numpy-naive" in "\n".join(named.outlines)  # an empty beside a name
+
+
 # (properties/__init__.py's docstring shows `from attnspec import install` too: add "attnspec" here once
 # attnspec/__init__.py exports it)
 @pytest.mark.slow
