@@ -16,8 +16,8 @@
 
 Seeds: every run is seeded, and its seed printed (header, summary, JSON's "run"): each test's seed
 derives from the run's and the test's id.  ``--hypothesis-seed=N`` (Hypothesis' own option, read
-here, never rewritten) gives N; the ci profile takes the checkout's commit (ATTNSPEC_SEED); every
-other run the fixed DEFAULT_SEED, so two runs of one command draw the same problems and give the
+here, never rewritten) gives N, else $ATTNSPEC_SEED in any profile; the ci profile takes the checkout's
+commit; every other run the fixed DEFAULT_SEED, so two runs of one command draw the same problems and give the
 same verdicts (a seeded test keeps no example database: nothing of an earlier run replays).
 """
 from __future__ import annotations
@@ -126,6 +126,8 @@ def configure(config, installed: int = 0) -> SuiteRun:
     given = config.getoption("hypothesis_seed", None)
     if given is not None:  # Hypothesis' own option: every test's seed derives from it
         seed, seed_from = int(given), "--hypothesis-seed"
+    elif profiles.env_seed() is not None:  # in every profile: a seed the user set is never dropped
+        seed, seed_from = profiles.env_seed()
     elif profile == "ci":
         seed, seed_from = profiles.ci_seed(str(config.rootpath))
     shrink = not config.getoption("attnspec_no_shrink", False)

@@ -75,16 +75,23 @@ def active(name: str):
         settings.load_profile(previous)
 
 
+def env_seed(environ=None) -> tuple[int, str] | None:
+    """ATTNSPEC_SEED's seed in any profile (None when unset or blank); ValueError when it is no integer."""
+    own = (os.environ if environ is None else environ).get(SEED_ENV, "").strip()
+    if not own:
+        return None
+    try:
+        return int(own), SEED_ENV
+    except ValueError:
+        raise ValueError(f"{SEED_ENV} must be an integer; got {own!r}") from None
+
+
 def ci_seed(root: str, environ=None) -> tuple[int, str]:
     """The ci profile's seed and where it came from: ATTNSPEC_SEED, else the checkout's commit (its
     first 8 hex digits), else 0 outside a git checkout."""
-    env = os.environ if environ is None else environ
-    own = env.get(SEED_ENV, "").strip()
-    if own:
-        try:
-            return int(own), SEED_ENV
-        except ValueError:
-            raise ValueError(f"{SEED_ENV} must be an integer; got {own!r}") from None
+    own = env_seed(environ)
+    if own is not None:
+        return own
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10).stdout.strip()

@@ -326,6 +326,24 @@ def test_an_empty_backend_name_is_a_usage_error_not_the_default_backends(pyteste
     assert named.ret == pytest.ExitCode.OK and "numpy-naive" in "\n".join(named.outlines)  # an empty beside a name
 
 
+def test_attnspec_seed_seeds_a_run_in_any_profile_and_a_bad_one_stops_it(pytester, monkeypatch):
+    """ATTNSPEC_SEED was read by the ci profile only: a deep run said "seed 0 (the default seed)" and drew
+    the default problems.  --hypothesis-seed still wins over it."""
+    args = ("--pyargs", "attnspec.properties", "--backend", "numpy-naive", "--co", "-p", "no:cacheprovider",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    monkeypatch.setenv("ATTNSPEC_PROFILE", "deep")
+    monkeypatch.setenv("ATTNSPEC_SEED", "77")
+    seeded = "\n".join(pytester.runpytest_inprocess(*args).outlines)
+    assert "profile deep" in seeded and "seed 77 (ATTNSPEC_SEED" in seeded, seeded[:2000]
+    given = "\n".join(pytester.runpytest_inprocess(*args, "--hypothesis-seed=5").outlines)
+    assert "seed 5 (--hypothesis-seed" in given, given[:2000]
+    monkeypatch.setenv("ATTNSPEC_SEED", "x")
+    bad = pytester.runpytest_inprocess(*args)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "ATTNSPEC_SEED must be an integer; got 'x'" in "\n".join(bad.errlines), bad.errlines
+
+
 # (properties/__init__.py's docstring shows `from attnspec import install` too: add "attnspec" here once
 # attnspec/__init__.py exports it)
 @pytest.mark.slow
