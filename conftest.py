@@ -33,8 +33,13 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """The property suite's tests count as slow here: `pytest -m "not slow"` is the harness's fast loop
     (README, "The fast loop"; in one process the suite alone outlasts it), while a plain `pytest` or
-    `pytest properties` runs the suite as before (no -m: the mark selects nothing away)."""
-    suite = Path(__file__).resolve().parent / "properties"
+    `pytest properties` runs the suite as before (no -m: the mark selects nothing away).  A run started
+    elsewhere (`pytest --pyargs attnspec.properties` over an editable install loads this file too) is not
+    this checkout's: its rootdir registers no `slow` mark, and pytest would warn of an unknown one."""
+    checkout = Path(__file__).resolve().parent
+    if Path(config.rootpath).resolve() != checkout:
+        return
+    suite = checkout / "properties"
     for item in items:
         if suite in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.slow)

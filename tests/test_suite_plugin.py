@@ -544,6 +544,7 @@ def test_readmes_example_passes_the_default_suite_from_its_own_folder(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "attnspec: profile deep (100 drawn problems a property)" in proc.stdout
     assert "attnspec: problems tried per property and dtype" in proc.stdout  # a deep run says how deep
+    assert "PytestUnknownMarkWarning" not in proc.stdout  # the checkout's marks stay in the checkout's runs
     data = json.loads((project / "out.json").read_text())
     rows = data["conformance"]
     assert rows and not [r for r in rows if r["status"] in ("failed", "error", "crashed", "timed_out")]
