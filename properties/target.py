@@ -68,7 +68,7 @@ class Session:
     equal_dims: bool | None = None  # whether it declines Ev != E (asked once)
     lse_base: str | None = None  # the LSE's base observed on a probe, when none is declared (asked once)
     declared: bool = False  # its conventions are on a test's report already (properties/plugin.py)
-    calls: dict = field(default_factory=dict)  # every distinct call configuration, latest last
+    calls: dict = field(default_factory=dict)  # the MAX_REPLAYED latest distinct call configurations, latest last
     _worker: _Worker | None = None
 
     def call(self, what: str, fn, *args, **kwargs):
@@ -222,13 +222,16 @@ class Target:
 
     def begin_example(self) -> None:
         """A new example: the configurations seen so far are what a reproducer may need to replay."""
-        self.earlier = list(self.session.calls)[-MAX_REPLAYED:]
+        self.earlier = list(self.session.calls)
         self.examples += 1
 
     def _record(self, kind, case, dtype, return_lse=False, layout="contiguous", knobs=None) -> None:
         sig = signature(kind, case, dtype, return_lse, layout, knobs)
-        self.session.calls.pop(sig, None)
-        self.session.calls[sig] = True
+        calls = self.session.calls
+        calls.pop(sig, None)
+        calls[sig] = True
+        if len(calls) > MAX_REPLAYED:  # only the latest are replayed: a run-long dict made each example's copy O(run)
+            del calls[next(iter(calls))]
 
     def reset_counts(self) -> None:
         """A new test: no problem checked, declined or left out yet."""
