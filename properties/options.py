@@ -126,8 +126,8 @@ def configure(config, installed: int = 0) -> SuiteRun:
     given = config.getoption("hypothesis_seed", None)
     if given is not None:  # Hypothesis' own option: every test's seed derives from it
         seed, seed_from = int(given), "--hypothesis-seed"
-    elif profiles.env_seed() is not None:  # in every profile: a seed the user set is never dropped
-        seed, seed_from = profiles.env_seed()
+    elif (own := profiles.env_seed()) is not None:  # in every profile: a seed the user set is never dropped
+        seed, seed_from = own
     elif profile == "ci":
         seed, seed_from = profiles.ci_seed(str(config.rootpath))
     shrink = not config.getoption("attnspec_no_shrink", False)
