@@ -129,6 +129,7 @@ def test_the_suite_spreads_itself_unless_the_users_parsed_options_lay_the_run_ou
     assert bad.ret == 4 and "ATTNSPEC_WORKERS must be a number of workers" in "\n".join(bad.errlines)
 
 
+@pytest.mark.slow  # runs numpy-tiled's whole suite (every property, one problem each)
 def test_a_run_records_its_seconds_and_the_next_loadgroup_run_starts_the_longest_first(pytester, monkeypatch):
     monkeypatch.setenv("ATTNSPEC_PROFILE", "dev")
     result = pytester.runpytest_inprocess("--pyargs", "attnspec.properties", "--backend", "numpy-tiled",
