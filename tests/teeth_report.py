@@ -4,10 +4,10 @@
 
 One `pytest --pyargs attnspec.properties` subprocess selects every implementation of tests/broken/ with repeated
 ``--backend`` and writes ``--attnspec-json``; this module reads it back.  A broken implementation runs
-its expected family's properties and the semantics probes, a correct one every property
-(tests/teeth_selection.py).  A broken implementation
-counts as rejected in a dtype when a property failed in that dtype (the semantics profile runs
-in its widest dtype and counts there).  tests/test_teeth.py uses the same functions and asserts
+its expected family's properties and the semantics and conventions probes, a correct one every
+property (tests/teeth_selection.py).  A broken implementation counts as rejected in a dtype when a
+property failed, or a declaration was contradicted, in that dtype (a semantics row without a dtype
+counts in the implementation's widest).  tests/test_teeth.py uses the same functions and asserts
 on them.
 """
 from __future__ import annotations

@@ -20,7 +20,8 @@ defect on the same draws is assumed to fail too).  The same runs under flash-att
 The correct kernel (d = 0) runs first on each seed: what it fails is not the defect's doing and
 is left out of the defects' verdicts (under flash's rule those are its false alarms; both are
 listed).  Each defect stops at its first counted failure.  Writes detection_power.csv (per dtype
-and defect), detection_rates.csv (per d) and .md tables.
+and defect), detection_rates.csv (per d) and detection_power.md; --kill-rates writes kill_rates.csv,
+--controls controls.csv.
 
 Kill rates: every planted bug under K seeds with N examples per property; a bug is killed in a
 run when a property fails.  From the rate r at N, the per-example kill probability
