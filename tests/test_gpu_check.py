@@ -3,27 +3,20 @@ stale: its benchmark step once called a function that had moved (run_cmd.run_ben
 benchrun's, returning three values) and the report read a folder `attnspec run` no longer writes."""
 import inspect
 import os
-import re
 import subprocess
-import sys
 
 import pytest
 
 from attnspec import benchrun, procs
+from tools import gpu_bench
 
 SCRIPT = os.path.join(procs.ROOT, "tools", "gpu_check.sh")
 
 
-def _heredoc() -> str:
-    with open(SCRIPT, encoding="utf-8") as f:
-        text = f.read()
-    found = re.search(r"<<'PY'\n(.*?)\nPY\n", text, re.S)
-    assert found, "tools/gpu_check.sh: its benchmark step (a python3 here-document ending in PY) is gone"
-    return found.group(1)
-
-
-def test_the_script_is_valid_bash():
+def test_the_script_is_valid_bash_and_benchmarks_through_gpu_bench():
     subprocess.run(["bash", "-n", SCRIPT], check=True)
+    with open(SCRIPT, encoding="utf-8") as f:
+        assert "python3 tools/gpu_bench.py" in f.read()
 
 
 @pytest.mark.parametrize("rc", [0, 2])
@@ -35,12 +28,9 @@ def test_the_benchmark_step_calls_run_benchmarks_as_declared_and_lists_its_folde
         seen.append((chosen, mode, commit))
         return [str(tmp_path / "1"), str(tmp_path / "2")], rc, []
 
-    monkeypatch.setattr(benchrun, "run_benchmarks", fake)  # raises if the script's function is gone
+    monkeypatch.setattr(benchrun, "run_benchmarks", fake)  # raises if the step's function is gone
     listed = tmp_path / "asv-folders.txt"
-    monkeypatch.setattr(sys, "argv", ["-", "abc123", str(listed), "torch-sdpa-cuda-flash", "jax-dpa-cudnn"])
-    with pytest.raises(SystemExit) as exited:
-        exec(compile(_heredoc(), SCRIPT, "exec"), {"__name__": "__main__"})
-    assert exited.value.code == rc  # asv's status is the step's exit status
+    assert gpu_bench.main(["abc123", str(listed), "torch-sdpa-cuda-flash", "jax-dpa-cudnn"]) == rc  # asv's status
     assert seen == [([("torch-sdpa-cuda-flash", "torch-sdpa-cuda-flash"), ("jax-dpa-cudnn", "jax-dpa-cudnn")],
                      "default", "abc123")]
     assert listed.read_text().splitlines() == [str(tmp_path / "1"), str(tmp_path / "2")]

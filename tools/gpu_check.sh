@@ -4,7 +4,7 @@
 # the report, and tools/gpu_probe.py's facts.  Run from the repository root:
 #   OUT=/some/folder bash tools/gpu_check.sh
 # asv may be missing there: wheels in .whl/ are installed first (pip download, as the device
-# README says).  Everything lands in $OUT: env.txt, probe.json, suites.log, bench.log, tests.log,
+# README says).  Everything lands in $OUT: env.txt, probe.json, suites.log, bench.log, asv-folders.txt, tests.log,
 # triton.log, triton.json, report.tgz.
 set -u
 OUT=${OUT:-$PWD/gpu-check}
@@ -47,16 +47,8 @@ say "suites exit $?"
 say "benchmarks"
 commit=$(git rev-parse HEAD)
 # the folders this run's asv processes wrote, one a line, for the report (as `attnspec run` passes them on)
-ATTNSPEC_BENCH_JOBS=${BENCH_JOBS:-3} timeout "${BENCH_LIMIT:-180}" python3 - "$commit" "$OUT/asv-folders.txt" \
-  $GPU_BACKENDS > "$OUT/bench.log" 2>&1 <<'PY'
-import sys
-from attnspec import benchrun
-folders, rc, not_merged = benchrun.run_benchmarks([(n, n) for n in sys.argv[3:]], "default", sys.argv[1])
-with open(sys.argv[2], "w", encoding="utf-8") as f:
-    f.writelines(d + "\n" for d in folders)
-print("asv results:", *folders, "status", rc, *(f"not merged: {s}" for s in not_merged))
-sys.exit(rc)
-PY
+ATTNSPEC_BENCH_JOBS=${BENCH_JOBS:-3} timeout "${BENCH_LIMIT:-180}" python3 tools/gpu_bench.py "$commit" \
+  "$OUT/asv-folders.txt" $GPU_BACKENDS > "$OUT/bench.log" 2>&1
 say "benchmarks exit $?"
 mapfile -t inputs < <(cat "$OUT/asv-folders.txt" 2>/dev/null)
 if [ -d "$OUT/suites" ]; then inputs+=("$OUT/suites"); fi  # none where no GPU backend could run: benchmarks only
