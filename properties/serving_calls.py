@@ -195,8 +195,9 @@ def _variant_edges(target: Target, first_seed: int) -> list:
     head order under grouping shows only where every head's LSE differs), decodes under groups of 20 (a decode
     kernel's 16-head tile that takes its KV head from the tile's first head: FlashML-org/FreeToken#177), sinks
     beside a softcap of their size (a sink passed through the softcap moves by O(1) only where cap * tanh(s /
-    cap) is far from s), and head dim 256 over three sequences (a backward pre-pass rowsum(dO * O) indexed by
-    the first sequence's offsets in its head-dim-256 template: NVIDIA/TransformerEngine#3216)."""
+    cap) is far from s), head dim 256 over three sequences (a backward pre-pass rowsum(dO * O) indexed by
+    the first sequence's offsets in its head-dim-256 template: NVIDIA/TransformerEngine#3216), and 40 sequences
+    (past a 32-lane warp's worth)."""
     from attnspec.properties.draws import in_format, row_seed
 
     ragged = np.array([4, 1, 3])
@@ -208,12 +209,17 @@ def _variant_edges(target: Target, first_seed: int) -> list:
         rows.append(("sinks beside a softcap of their size", 2, 8, ragged, {"sinks": np.array([3.0, 7.0]),
                                                                          "softcap": 4.0}))
     rows.append(("head dim 256, 3 sequences", 2, 256, ragged, {}))
+    # 40 sequences, decodes and short chunks (a tile scheduler that reads each sequence's end from the next lane
+    # of a 32-lane warp without a bound gives sequence 31 lane 0's: vllm-project/flash-attention#82)
+    rows.append(("40 sequences", 2, 8, 1 + np.arange(40) % 3, {"kv_lengths": 3 + np.arange(40) % 5}))
     out = []
     for label, H, E, q_lengths, extra in rows:
         rng = np.random.default_rng(row_seed(label))
-        q, k, v = (in_format(2 * rng.standard_normal((3, h, L, E)), target.budget_dtype) for h, L in
-                   ((H, int(q_lengths.max())), (2, 7), (2, 7)))  # spread 2: every head's LSE its own
-        fields = {"q_lengths": q_lengths, "kv_lengths": np.array([7, 5, 6]), "positions": "per_sequence",
+        kv_lengths = extra.get("kv_lengths", np.array([7, 5, 6]))  # (B,)
+        B, Lk = len(q_lengths), int(kv_lengths.max())
+        q, k, v = (in_format(2 * rng.standard_normal((B, h, L, E)), target.budget_dtype) for h, L in
+                   ((H, int(q_lengths.max())), (2, Lk), (2, Lk)))  # spread 2: every head's LSE its own
+        fields = {"q_lengths": q_lengths, "kv_lengths": kv_lengths, "positions": "per_sequence",
                   **({"causal_alignment": "bottom_right"} if "bottom_right" in target.alignments else {}), **extra}
         case = target.exact(Case(q, k, v, None, True, None, fields, label=label))
         out.append((case, {"seed": first_seed + len(out)}))

@@ -231,6 +231,10 @@ def grid() -> list[Edge]:
     # tiles and one row of a fourth): causal with more keys than queries in each alignment
     rows += [Edge(f"Lq 769, Lk 800, causal {a.replace('_', '-')}", 1, 1, 769, 800, 16, causal=True, alignment=a)
              for a in ("top_left", "bottom_right")]
+    # ... under hidden keys, as a (Lq, Lk) mask and as a key mask (B, 1, 1, Lk) (a dispatch to that tiling that
+    # drops the mask: a long padded batch attends to its padding)
+    rows += [Edge("Lq 769, masked Lk 800", 1, 1, 769, 800, 16, masked=True),
+             Edge("Lq 769, Lk 800, key mask (B, 1, 1, Lk)", 2, 1, 769, 800, 16, masked=True, mask_shape=(2, 1, 1, 800))]
     return rows + _wide_rows()
 
 
@@ -250,6 +254,19 @@ def _wide_rows() -> list[Edge]:
             Edge("ALiBi over 40 heads, 3 sequences, Lq 65", **wide, fields={"alibi_slopes": alibi_slopes(40)}),
             Edge("softcap 1 over 3 sequences x 40 heads, Lq 65", **wide, fields={"softcap": 1.0})]
     rows += [Edge("decode Lk 4100", 1, 2, 1, 4100, 64), Edge("16 queries, Lk 4100", 1, 2, 16, 4100, 64)]
+    # ... causal in each alignment (a split-KV launch past 4096 keys built without its causal flag for a chunk of
+    # queries: Dao-AILab/flash-attention#1647's 16+ splits), and a window of 4096 keys over 5000 (a launcher
+    # that maps a left bound as wide as its compiled context to "no window": Mistral's and Gemma's 4096)
+    rows += [Edge(f"16 queries, Lk 4100, causal {a.replace('_', '-')}", 1, 2, 16, 4100, 64, causal=True, alignment=a)
+             for a in ("top_left", "bottom_right")]
+    rows += [Edge("decode Lk 5000, causal bottom-right, window (4096, 0)", 1, 2, 1, 5000, 64, causal=True,
+                  alignment="bottom_right", fields={"window": (4096, 0)})]
+    # DeepSeek's 128 query heads on one KV head, decoding (a grid that packs at most 64 query heads a KV head
+    # and launches one tile leaves heads 64.. unwritten); one sequence with key lengths (a padding path gated on
+    # a batch of more than one: huggingface/transformers#46773)
+    rows += [Edge("decode, 128 query heads on 1 KV head", 1, 128, 1, 65, 64, Hkv=1),
+             Edge("one sequence, key lengths 40 of 65", 1, 2, 9, 65, 32,
+                  fields={"kv_lengths": np.array([40], dtype=np.int32)})]
     # more queries than keys, causal bottom-right, with sinks: rows 0..95 see only their sink (output 0, LSE s_h)
     rows += [Edge("Lq 129, Lk 33, causal bottom-right, sinks: 96 rows see only the sink", 1, 2, 129, 33, 32,
                   causal=True, alignment="bottom_right", fields={"sinks": np.array([1.0, 3.0])})]

@@ -86,6 +86,9 @@ BACKWARD_EDGES = [
     # bottom-right causal with more keys than queries past a key block: a backward that starts key block
     # n's query loop at n * BN / BM (the top-left bound) leaves the rows before that block out of it
     edges.Edge("backward Lq 65, Lk 257, causal bottom-right", 1, 2, 65, 257, 32, causal=True, alignment="bottom_right"),
+    # long keys no 128-key block divides (a dQ accumulated per key chunk past 1024 keys that stops at the last
+    # whole chunk)
+    edges.Edge("backward Lq 9, Lk 1100", 1, 2, 9, 1100, 32),
     # the backward's head-dim templates (a dispatch sending 65..128 to the 64 kernel) and unequal value heads
     *(edges.Edge(f"backward E {E}", 1, 2, 33, 65, E) for E in (80, 128, 256)),
     # ... over three sequences (a pre-pass rowsum(dO * O) indexed by the first sequence's offsets in the head-dim
@@ -138,6 +141,9 @@ BACKWARD_EDGES = [
                                                  "kv_lengths": np.array([65, 50], dtype=np.int32)}),
     edges.Edge("backward Lq 257, key-padding bias (B, 1, 1, Lk)", 2, 2, 257, 65, 32, key_padding="bias"),
     edges.Edge("backward bias (1, H, Lq, Lk) over 2 sequences", 2, 2, 129, 65, 32, fields={"bias": (1, 2, 129, 65)}),
+    # a bias broadcast over heads only (a model's 4-D mask or relative bias shared by its heads): dBias the sum of
+    # every head's dS, never the last head's store
+    edges.Edge("backward bias (B, 1, Lq, Lk) over 2 sequences", 2, 2, 33, 65, 32, fields={"bias": (2, 1, 33, 65)}),
     # a per-head key bias broadcast over queries (T5-style relative position, a per-head padding bias): dBias
     # is the sum of dS over every query row, never one row's
     edges.Edge("backward bias (B, H, 1, Lk) over 2 sequences", 2, 2, 129, 65, 32, fields={"bias": (2, 2, 1, 65)}),

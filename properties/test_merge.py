@@ -207,6 +207,34 @@ def test_merge_wide_values(target: Target, case: Case, params: dict):
                "merge([a, b, c]) of 512-wide states")
 
 
+MANY_SPLITS = 257  # past a combine kernel instantiated for 128 or 256 splits (deepseek-ai/FlashMLA#199: 160..256)
+
+
+def _many_states(target: Target):
+    """257 finite states over 9 rows, seeded by their label, the last state's LSE 6 above the rest in every row
+    (the draws give at most 64 states: a list merge that reads the first 128 or 256 splits drops the heaviest)."""
+    from attnspec.properties.case import Case as C
+    from attnspec.properties.draws import row_seed
+    rng = np.random.default_rng(row_seed("merge: 257 states"))
+    shape = (1, 2, 9, 16)  # (B, H, Lq, Ev)
+    lses = rng.standard_normal((MANY_SPLITS,) + shape[:-1]) * 3  # (C, B, H, Lq)
+    lses[-1] += 6.0
+    states = [(np.asarray(round_to(rng.standard_normal(shape), target.dtype), dtype=np.float64),  # (B, H, Lq, Ev)
+               np.float32(lse).astype(np.float64)) for lse in lses]  # (B, H, Lq)
+    z = np.zeros(shape)  # (B, H, Lq, E): only the shapes matter
+    return [(C(z, z, z), {"states": states})]
+
+
+@prop(grid=_many_states)
+def test_merge_many_splits(target: Target, case: Case, params: dict):
+    """merge([s_1, ..., s_257]) in one call, where a list merge is offered: the reference merge within the
+    budget of merging 257 states (a combine that reads at most 128 or 256 splits drops the last)."""
+    states = params["states"]
+    _offered(target, MANY_SPLITS)
+    _judge("merge_many_splits", target, _merge(target, *states, as_list=True), states,
+           f"merge of {len(states)} states")
+
+
 @prop(grid=_two_empty)
 def test_merge_of_empty_states(target: Target, case: Case, params: dict):
     """Two empty states merge to exactly (0, -inf): no exp(-inf - -inf) = NaN (flashinfer#4051)."""

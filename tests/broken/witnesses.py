@@ -1209,3 +1209,59 @@ def backward_hdim256_batch(seed=0):
 
 
 ALL += (decode_group_of_20, wide_softcap, backward_hdim256_batch)
+
+
+def long_keys_causal_chunk(seed=0):
+    """4 queries against 4100 keys, causal top-left: query i sees keys 0..i only."""
+    return _problem(*_heads(2, 2, 4, 4100, seed=seed), is_causal=True)
+
+
+def wide_window_decode(seed=0):
+    """A decode against 5000 keys, causal bottom-right, window (4096, 0): keys 903..4999."""
+    return _problem(*_heads(2, 2, 1, 5000, seed=seed), is_causal=True, causal_alignment="bottom_right",
+                    window=(4096, 0))
+
+
+def one_sequence_key_lengths(seed=0):
+    """One sequence, 4 queries, key lengths 5 of 9."""
+    return _problem(*_heads(2, 2, 4, 9, seed=seed), kv_lengths=np.array([5]))
+
+
+def long_prefill_masked(seed=0):
+    """768 queries against 40 keys under a mask that hides 40 % of them (every row sees key 0)."""
+    return _problem(*_heads(1, 1, 768, 40, seed=seed), mask=_random_mask(768, 40))
+
+
+def mqa_decode_128_heads(seed=0):
+    """A decode of 128 query heads on one KV head, 9 keys."""
+    return _problem(*_heads(128, 1, 1, 9, seed=seed), enable_gqa=True)
+
+
+def packed_33_sequences(seed=0):
+    """op "packed": 33 sequences of one query against 3 to 7 keys."""
+    q, k, v = _heads(2, 2, 1, 7, B=33, seed=seed)
+    return {**_problem(q, k, v, positions="per_sequence", kv_lengths=3 + np.arange(33) % 5), "op": "packed"}
+
+
+def merge_130_states(seed=0):
+    """op "merge" of 130 finite states (B, H, Lq, Ev) = (1, 2, 3, 4), the last ones the heaviest."""
+    rng = np.random.default_rng(seed)
+    outs = np.round(rng.standard_normal((130, 1, 2, 3, 4)) * 8) / 8  # each (B, H, Lq, Ev)
+    lses = np.round(rng.standard_normal((130, 1, 2, 3)) * 16) / 8 + np.linspace(0, 8, 130)[:, None, None, None]
+    kw = _problem(*_heads(2, 2, 3, 6, seed=seed), op="merge")
+    kw["states"] = tuple(zip(outs, lses, strict=True))
+    return kw
+
+
+def backward_bias_shared_by_heads(seed=0):
+    """The backward with a bias (B, 1, Lq, Lk) over 2 sequences and 2 heads: dBias the sum of both heads' dS."""
+    return _problem(*_heads(2, 2, 4, 9, B=2, seed=seed), op="backward", bias=_grid((2, 1, 4, 9), seed + 3, spread=2.0))
+
+
+def backward_long_keys(seed=0):
+    """The backward of 4 queries against 1100 keys (1024 + 76: a partial last 128-key chunk)."""
+    return _problem(*_heads(2, 2, 4, 1100, seed=seed), op="backward")
+
+
+ALL += (long_keys_causal_chunk, wide_window_decode, one_sequence_key_lengths, long_prefill_masked,
+        mqa_decode_128_heads, packed_33_sequences, merge_130_states, backward_bias_shared_by_heads, backward_long_keys)
