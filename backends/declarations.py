@@ -63,6 +63,10 @@ class Capabilities:
     # the call formats it takes (specs.formats.FORMATS; backends/serving.py): the first is how a backend
     # without "padded" is called for a padded problem
     formats: tuple = ("padded",)
+    # takes its paged caches as strided views of larger storage (backends/cache_views.py: K and V halves of
+    # one pool, rows inside wider ones, the other layout's storage transposed), as vLLM and FlashInfer hand
+    # them; False: contiguous caches only (a kernel that asks for them: the views property skips)
+    paged_cache_views: bool = True
     # fp8 inputs (dtypes float8_e4m3fn / float8_e5m2, issue 31): the descales it takes with the "descale"
     # feature (DESCALE_GRANULARITIES), and the dtype q comes in when only K and V are fp8 (FlashInfer's and
     # vLLM's fp8 KV cache: the query's 16-bit dtype); None: q is fp8 too (FA3, FA4, PyTorch)

@@ -123,7 +123,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
             framework="numpy", device="cpu", layout=None, lse_layout="BHL", lse_padding=None, env=(),
             bias_gradient=False, head_dims=(), max_head_dim=0, head_dim_power_of_two=False, length_multiple=1,
             max_length=0, causal_equal_lengths=False, op_dtypes=None, lse_with_sinks=None, rejects_bad_indices=None,
-            p_dtypes=None, descale_granularity="head", fp8_query=None):
+            p_dtypes=None, descale_granularity="head", fp8_query=None, paged_cache_views=True):
     """Attach declarations to a plain function; usable as ``@declare(...)`` or ``declare(fn, ...)``.
 
     dtypes: among float16, float32, float64 (NumPy has no bfloat16).  backward: a function
@@ -149,7 +149,10 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     bias_gradient: a torch/jax function's autograd gives the bias gradient too (checked then).
     lse_with_sinks: whether a returned LSE counts the sinks (FA4: True; gpt-oss's Triton kernel: False).
     rejects_bad_indices: a function with flash-attention's varlen/kvcache signature raises on index
-    arguments outside its tensors (True: judged by properties/test_bad_indices.py).
+    arguments outside its tensors (True: judged by properties/test_bad_indices.py).  paged_cache_views:
+    a kvcache function takes its caches as strided views of larger storage (K and V halves of one pool,
+    rows inside wider ones, a transposed storage: backends/cache_views.py); False if it needs them
+    contiguous (then never handed a view).
     With sinks a NumPy function's backward returns (dq, dk, dv, dsink).
 
     fp8 inputs (dtypes float8_e4m3fn, float8_e5m2; forward-only): a NumPy function gets ml_dtypes arrays,
@@ -215,7 +218,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     limits = dict(head_dims=tuple(head_dims), max_head_dim=max_head_dim,
                   head_dim_power_of_two=bool(head_dim_power_of_two), length_multiple=length_multiple,
                   max_length=max_length, causal_equal_lengths=bool(causal_equal_lengths),
-                  op_dtypes=tuple((op, tuple(d)) for op, d in (op_dtypes or {}).items()))
+                  op_dtypes=tuple((op, tuple(d)) for op, d in (op_dtypes or {}).items()),
+                  paged_cache_views=bool(paged_cache_views))
     try:
         Capabilities(dtypes=tuple(dtypes), descale_granularity=descale_granularity, fp8_query=fp8_query, **limits)
         Semantics(p_dtypes=tuple(sorted((p_dtypes or {}).items())))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from attnspec.backends.base import BackendFailure, Unsupported
+from attnspec.backends.cache_views import native_views
 from attnspec.specs import formats as Fm
 from attnspec.specs.problem import validate
 
@@ -115,22 +116,33 @@ def forward_packed(backend, q, k, v, dtype="float64", *, return_lse=False, tail=
 
 
 def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NHD", return_lse=False, pool=2.5,
-                  spare_columns=1, fill=np.nan, rng=None, share=True, read_only=False, **fields):
+                  spare_columns=1, fill=np.nan, rng=None, share=True, read_only=False, cache_view="", **fields):
     """Output (B, Hq, Lq, Ev) of the backend's paged call on a padded problem: its keys and values in a
     paged cache (`specs.formats.to_paged`, random placement, NaN wherever nothing may be read; pages of
     equal contents shared between sequences unless ``share=False``).  ``read_only``: a BackendFailure
-    if the call wrote into its caches (no append was asked: a shared page would carry it to others)."""
+    if the call wrote into its caches (no append was asked: a shared page would carry it to others).
+    ``cache_view``: the caches handed as strided views of larger storage (`backends.cache_views`)."""
     fmt = f"paged-{layout}"
+    if cache_view and not backend.capabilities.paged_cache_views:
+        raise Unsupported(f"{backend.name} takes contiguous paged caches only (Capabilities.paged_cache_views)")
     p, call = _prepared(backend, fmt, q, k, v, dtype, return_lse, fields)
     pg = Fm.to_paged(p, page_size, layout, pool=pool, spare_columns=spare_columns, fill=fill, rng=rng, share=share)
     args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, pg.cache_seqlens), _ints(backend, pg.cache_leftpad),
                      layout, page_size)
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
     B = p.batch_shape[0]
-    qn, kc, vc = _natives(backend, dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), pg.k_cache, pg.v_cache)
+    query = np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:])  # (B, Hq, Lq, E)
+    qn, kc, vc = (_natives(backend, dtype, query, pg.k_cache, pg.v_cache) if not cache_view else
+                  _natives(backend, dtype, query) + native_views(backend, dtype, pg.k_cache, pg.v_cache, layout, cache_view))
     caches = [(n, c) for n, c in (("k_cache", kc), ("v_cache", vc)) if c is not None]  # a stacked one: k_cache
     before = [np.array(backend.from_native(c)) for _, c in caches] if read_only else None  # copies, as given
-    y = backend._call("paged forward", backend.native_paged, qn, kc, vc, args, call)
+    try:
+        y = backend._call("paged forward", backend.native_paged, qn, kc, vc, args, call)
+    except BackendFailure as e:
+        if not cache_view:
+            raise
+        raise BackendFailure(backend.name, f"{e.what} (its caches were {cache_view} views of larger storage; a kernel "
+                             "that needs contiguous caches declares Capabilities.paged_cache_views=False)") from e
     out, lse = _with_lse(backend, y, return_lse, "paged forward")
     for (name, c), was in zip(caches, before or (), strict=False):
         if not np.array_equal(np.asarray(backend.from_native(c)), was, equal_nan=True):

@@ -125,16 +125,17 @@ def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.n
 
 
 def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1,
-          pool: float | None = None, share: bool = True, return_lse: bool = False):
+          pool: float | None = None, share: bool = True, return_lse: bool = False, cache_view: str = ""):
     """The backend's paged call on the case (random placement from `seed`, in a pool `pool` times the need:
     drawn from POOLS by the seed when not given), (B, H, Lq, Ev); spare_columns=0: the longest sequence
     fills its block table exactly; pages of equal contents shared unless share=False.  A call that
-    writes into its cache fails (`backends.serving.forward_paged`, read_only); return_lse: (out, lse (B, H, Lq))."""
+    writes into its cache fails (`backends.serving.forward_paged`, read_only); return_lse: (out, lse (B, H, Lq));
+    cache_view: the caches as strided views of larger storage (`backends.cache_views`)."""
     pool = POOLS[seed % len(POOLS)] if pool is None else pool
     y = target.call_backend("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
                             dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
                             spare_columns=spare_columns, pool=pool, share=share, read_only=True,
-                            return_lse=return_lse, **case.call_kwargs)
+                            return_lse=return_lse, cache_view=cache_view, **case.call_kwargs)
     return target.as_observed(y) if return_lse else y
 
 

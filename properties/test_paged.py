@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnspec.backends.cache_views import CACHE_VIEWS, views_for
 from attnspec.properties import serving_calls as S
 from attnspec.properties.explore import prop
 from attnspec.properties.judge import agreement, close_outputs, require, unchanged, verdict
@@ -92,6 +93,33 @@ def test_paged_layouts_agree(target: Target, case: Case, params: dict):
     first, other = (S.paged(target, case, params["page_size"], layout, params["seed"]) for layout in pair)
     with S.as_called(case):
         close_outputs("paged_layouts_agree", target, case, first, other, case, f"{pair[0]} against {pair[1]}")
+
+
+def _with_view(draw, case: Case, target: Target) -> dict:
+    """per_sequence's params and the strided view the caches come as (backends/cache_views.py)."""
+    from hypothesis import strategies as st
+
+    return {**S.per_sequence(draw, case, target), "cache_view": draw(st.sampled_from(CACHE_VIEWS), label="cache view")}
+
+
+@prop(requires=S.REQUIRES, draw=S.DRAW, params=_with_view)
+def test_paged_cache_views(target: Target, case: Case, params: dict):
+    """Caches handed as strided views of larger storage equal the reference: K and V the halves of one
+    (pages, 2, ...) pool (vLLM's FlashInfer layout, ``kv_cache[:, 0]``), each row inside a wider one, NaN
+    past it (MLA's slices of one cache row), the declared layout a view of the other one's storage.  A
+    kernel that reads with a dense tensor's strides reads the other half, NaN or the crossed axis
+    (flashinfer-ai/flashinfer#527's class).  A backend declaring contiguous caches only
+    (Capabilities.paged_cache_views) is skipped."""
+    if not target.caps.paged_cache_views:
+        import pytest
+        pytest.skip(f"{target.name} takes contiguous paged caches only (Capabilities.paged_cache_views)")
+    layout = _layout(target, params, case)
+    case = S.problem_of(case, params, queries=False)
+    views = views_for(layout, case.k.shape[-1], case.v.shape[-1])
+    view = params["cache_view"] if params["cache_view"] in views else views[0]
+    with S.as_called(case):
+        agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"],
+                                        cache_view=view))
 
 
 def _full_cache(target: Target) -> list:

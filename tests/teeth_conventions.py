@@ -1,10 +1,10 @@
 """The proof of teeth's witnesses for the conventions of issue 31 (tests/broken/witnesses.py's ops
 "merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index") and for
 its format calls (op "paged": the forward through `backends.serving.forward_paged`, its LSE too where the
-witness asks `return_lse`; op "packed": `forward_packed`, in the witness's `layout`): verdicts of one backend on one
-witness in one dtype, as tests/test_teeth.py's `_verdicts` returns them.  A backend that does not
-offer what a witness asks (no merge, no such knob, no gradients, no declaration to hold it to) declines
-it with Unsupported.
+witness asks `return_lse`, its caches as the views the witness names in `cache_view`; op "packed":
+`forward_packed`, in the witness's `layout`): verdicts of one backend on one witness in one dtype, as
+tests/test_teeth.py's `_verdicts` returns them.  A backend that does not offer what a witness asks (no
+merge, no such knob, no gradients, no declaration to hold it to) declines it with Unsupported.
 """
 from __future__ import annotations
 
@@ -78,7 +78,8 @@ def verdicts(backend, p: dict, dtype: str) -> list:
     if p["op"] in ("paged", "packed"):  # a backend without the format declines (Unsupported)
         from attnspec.backends import serving
         lse = p.get("return_lse", False)
-        y = (serving.forward_paged(backend, q, k, v, page_size=p.get("page_size", PAGE_SIZE), rng=0, return_lse=lse, **kw)
+        y = (serving.forward_paged(backend, q, k, v, page_size=p.get("page_size", PAGE_SIZE), rng=0, return_lse=lse,
+                                   cache_view=p.get("cache_view", ""), **kw)
              if p["op"] == "paged" else serving.forward_packed(backend, q, k, v, rng=0, return_lse=lse,
                                                                layout=p.get("layout", "contiguous"), **kw))
         out, lse = y if lse else (y, None)

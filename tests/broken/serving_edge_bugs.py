@@ -1,8 +1,9 @@
 """Serving-era slips at edges the draws leave unjudged: a sequence with queries but no keys, a cache that
 is left padding all through, a decode's own LSE, a decode's window cut at a page, packed inputs that
-are a fused projection's head slices.  Each is numpy-naive (correct in every format it declares) with
-one slip; the suite reaches each by construction (serving_calls.edge_cases, test_paged.py's
-_full_cache, the LSE asked in the packed and paged edges, test_packed.py's head slices).
+are a fused projection's head slices, paged caches that are views of larger storage.  Each is
+numpy-naive (correct in every format it declares) with one slip; the suite reaches each by construction
+(serving_calls.edge_cases, test_paged.py's _full_cache, the LSE asked in the packed and paged edges,
+test_packed.py's head slices, test_paged.py's cache views).
 """
 from __future__ import annotations
 
@@ -112,3 +113,22 @@ class PagedSlotsPast128Wrap(NumpyNaive):
         k_cache = np.take(k_cache, wrapped, axis=axis)
         v_cache = None if stacked else np.take(v_cache, wrapped, axis=axis)
         return numpy_formats.gathered_paged(self, q, k_cache, v_cache, args, call)
+
+
+class PagedDenseCacheStrides(NumpyNaive):
+    """A paged kernel that checks only its caches' innermost stride and addresses page p, slot s, head h at
+    ((p * P + s) * Hkv + h) * E from the cache's start: K and V halves of one pool are read at half the page
+    stride (the other half's pages), rows inside wider ones shifted into the padding, a transposed storage
+    with its axes crossed (flashinfer-ai/flashinfer#527).  Right on the contiguous caches every other paged
+    property hands it."""
+
+    name = "broken-paged-dense-cache-strides"
+    capabilities = _caps("float32")
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        def dense(x):  # the slip: the cache's own strides not read
+            if x is None:
+                return None
+            strides = x.itemsize * np.cumprod((1,) + x.shape[:0:-1])[::-1]  # a dense tensor's, last axis 1
+            return np.lib.stride_tricks.as_strided(x, x.shape, tuple(int(s) for s in strides)).copy()
+        return numpy_formats.gathered_paged(self, q, dense(k_cache), dense(v_cache), args, call)

@@ -523,6 +523,13 @@ def paged_large_pages(seed=0):
             "op": "paged", "page_size": 256}
 
 
+def paged_pool_halves(seed=0):
+    """op "paged" in 4-key pages, K and V the halves of one (pages, 2, P, Hkv, E) pool (vLLM's FlashInfer
+    layout): a decode against 9 and 6 keys, each page read at the pool's stride."""
+    return {**_problem(*_heads(2, 2, 1, 9, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([9, 6])),
+            "op": "paged", "page_size": 4, "cache_view": "pool_halves"}
+
+
 def packed_head_slices(seed=0):
     """op "packed", q, k, v handed as heads 1..2 of tensors four heads wide (a fused QKV projection's views)."""
     return {**_problem(*_heads(2, 2, 2, 5, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([3, 5])),

@@ -1,0 +1,118 @@
+"""Paged caches as strided views of larger storage (backends/cache_views.py): the values of the contiguous
+caches, storage the view does not cover, a declaration that keeps them from a kernel, and a planted kernel
+that reads with dense strides caught by them only."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from attnspec.backends import serving
+from attnspec.backends.base import BackendFailure, Unsupported
+from attnspec.backends.cache_views import CACHE_VIEWS, native_views, views_for
+from attnspec.backends.numpy_backends import NumpyNaive
+from attnspec.specs import error_budget
+from attnspec.specs import formats as Fm
+from tests.broken.serving_edge_bugs import PagedDenseCacheStrides
+
+
+def _caches(layout: str, Ev: int = 8):
+    rng = np.random.default_rng(5)
+    stacked, base = Fm.split_layout(layout)
+    shape = (6,) + ((2,) if stacked else ()) + ((4, 3) if base == "NHD" else (3, 4))  # (pages, [2,] P|Hkv, Hkv|P)
+    k = rng.standard_normal(shape + (8,))  # (..., E)
+    v = None if stacked else rng.standard_normal(shape + (Ev,))  # (..., Ev)
+    return k, v
+
+
+@pytest.mark.parametrize("layout", Fm.PAGED_LAYOUTS)
+def test_each_view_holds_the_contiguous_values_in_other_strides(layout):
+    k, v = _caches(layout)
+    backend = NumpyNaive()
+    for view in views_for(layout, 8, 8):
+        got = native_views(backend, "float64", k, v, layout, view)
+        for was, now in zip((k, v), got, strict=True):
+            if was is None:
+                assert now is None
+                continue
+            assert np.array_equal(now, was), view
+            assert not now.flags.c_contiguous, f"{view} is contiguous: it would test nothing"
+            assert now.base is not None and now.base.size > now.size or view == "transposed_storage", view
+
+
+def test_views_that_cannot_hold_the_caches_are_left_out_and_refused_by_name():
+    assert "pool_halves" in views_for("NHD", 8, 8)
+    assert "pool_halves" not in views_for("NHD", 8, 6)  # halves of one pool share the head dim
+    assert "pool_halves" not in views_for("stacked-HND", 8, 8)  # already one pool
+    assert set(views_for("HND", 8, 8)) == set(CACHE_VIEWS)
+    k, v = _caches("NHD", Ev=6)
+    with pytest.raises(ValueError, match="cache_view"):
+        native_views(NumpyNaive(), "float64", k, v, "NHD", "pool_halves")
+    with pytest.raises(ValueError, match="cache_view"):
+        native_views(NumpyNaive(), "float64", k, v, "NHD", "diagonal")
+
+
+def _decode():
+    rng = np.random.default_rng(7)
+    q, k, v = rng.standard_normal((2, 2, 1, 8)), rng.standard_normal((2, 2, 9, 8)), rng.standard_normal((2, 2, 9, 8))
+    return q, k, v, dict(positions="per_sequence", kv_lengths=np.array([9, 6]))
+
+
+@pytest.mark.parametrize("view", CACHE_VIEWS)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_a_correct_kernel_agrees_on_views_and_a_dense_stride_read_does_not(view, layout):
+    q, k, v, fields = _decode()
+    kw = dict(page_size=4, layout=layout, rng=3, cache_view=view, **fields)
+    right = serving.forward_paged(NumpyNaive(), q, k, v, **kw)  # (B, H, 1, Ev)
+    assert error_budget.check_forward(right, q, k, v, dtype="float64", **fields)
+    wrong = serving.forward_paged(PagedDenseCacheStrides(), q, k, v, dtype="float32", **kw)
+    assert not error_budget.check_forward(wrong, q, k, v, dtype="float32", **fields)
+    plain = serving.forward_paged(PagedDenseCacheStrides(), q, k, v, dtype="float32", page_size=4, layout=layout,
+                                  rng=3, **fields)  # contiguous caches: the planted kernel is right
+    assert error_budget.check_forward(plain, q, k, v, dtype="float32", **fields)
+
+
+def test_a_backend_declaring_contiguous_caches_is_never_handed_a_view():
+    class Contiguous(NumpyNaive):
+        name = "contiguous-caches"
+        capabilities = replace(NumpyNaive.capabilities, paged_cache_views=False)
+
+        def native_paged(self, q, k_cache, v_cache, args, call):
+            assert k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+            return super().native_paged(q, k_cache, v_cache, args, call)
+
+    q, k, v, fields = _decode()
+    with pytest.raises(Unsupported, match="paged_cache_views"):
+        serving.forward_paged(Contiguous(), q, k, v, cache_view="pool_halves", **fields)
+    serving.forward_paged(Contiguous(), q, k, v, **fields)
+    assert Contiguous().describe()["paged_cache_views"] is False
+
+
+def test_a_kernel_refusing_a_view_undeclared_fails_saying_what_to_declare():
+    class Refuses(NumpyNaive):
+        name = "refuses-views"
+
+        def native_paged(self, q, k_cache, v_cache, args, call):
+            if not k_cache.flags.c_contiguous:
+                raise RuntimeError("k_cache must be contiguous")
+            return super().native_paged(q, k_cache, v_cache, args, call)
+
+    q, k, v, fields = _decode()
+    with pytest.raises(BackendFailure, match=r"raised RuntimeError: k_cache must be contiguous .*paged_cache_views=False"):
+        serving.forward_paged(Refuses(), q, k, v, cache_view="wider_rows", **fields)
+
+
+def test_declare_carries_paged_cache_views_to_a_kvcache_function():
+    from attnspec.backends.flash_functions import FlashFunctionBackend
+    from attnspec.backends.plain import declare
+    from tests.broken import flash_twins
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, softmax_scale=None,
+                                causal=False):
+        return flash_twins.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                                   block_table=block_table, softmax_scale=softmax_scale, causal=causal)
+
+    assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views is True
+    declare(flash_attn_with_kvcache, paged_cache_views=False)
+    assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views is False
