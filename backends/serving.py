@@ -166,13 +166,16 @@ def forward_via_format(backend, q, k, v, mask, is_causal, scale, dtype, return_l
 
 
 def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16, layout="NHD", rng=None,
-                 fill=np.nan, **fields):
+                 fill=np.nan, cache_view="", **fields):
     """An append then attention (``native_paged_append``): the problem's last ``n_new`` keys of each
     sequence (its kv_lengths) are the new ones, the cache holds those before them and `fill` where they go.
     Returns (output (B, Hq, Lq, Ev), (K cache, V cache) after the call as NumPy, (K cache, V cache) as
-    the reference update leaves them (`specs.formats.appended`)) - a stacked layout's halves."""
+    the reference update leaves them (`specs.formats.appended`)) - a stacked layout's halves.
+    ``cache_view``: the caches handed (and written through) as strided views (`backends.cache_views`)."""
     if "append" not in backend.capabilities.formats:
         raise Unsupported(f"{backend.name} takes no append (declares {', '.join(backend.capabilities.formats)})")
+    if cache_view and not backend.capabilities.paged_cache_views:
+        raise Unsupported(f"{backend.name} takes contiguous paged caches only (Capabilities.paged_cache_views)")
     p, call = _prepared(backend, f"paged-{layout}", q, k, v, dtype, False, fields)
     pg = Fm.to_paged(p, page_size, layout, fill=fill, rng=rng)
     B, P, ends = p.batch_shape[0], page_size, np.asarray(pg.cache_seqlens, dtype=np.int64)
@@ -196,6 +199,8 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
     qn, kcn, vcn, kn, vn = _natives(backend, dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), *given,
                                     k_new, v_new)
+    if cache_view:
+        kcn, vcn = native_views(backend, dtype, *given, layout, cache_view)
     y = backend._call("paged append", backend.native_paged_append, qn, kcn, vcn, kn, vn, args, call)
     out = backend._check("paged append output", y, p.batch_shape + (p.Lq, p.Ev), backend.output_dtype(dtype))
 

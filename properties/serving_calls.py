@@ -227,11 +227,13 @@ def _variant_edges(target: Target, first_seed: int) -> list:
     return out
 
 
-def append(target: Target, case: Case, n_new: int, page_size: int, layout: str, seed: int = 0):
+def append(target: Target, case: Case, n_new: int, page_size: int, layout: str, seed: int = 0, cache_view: str = ""):
     """The backend's append of each sequence's last n_new keys, then attention: (out, caches after,
-    caches as the reference update leaves them) (`backends.serving.append_paged`)."""
+    caches as the reference update leaves them) (`backends.serving.append_paged`); cache_view: the caches
+    as strided views (`backends.cache_views`)."""
     return target.call_backend("paged append", serving.append_paged, target.backend, case.q, case.k, case.v, n_new,
-                               dtype=target.dtype, page_size=page_size, layout=layout, rng=seed, **case.call_kwargs)
+                               dtype=target.dtype, page_size=page_size, layout=layout, rng=seed, cache_view=cache_view,
+                               **case.call_kwargs)
 
 
 def packed_backward(target: Target, case: Case, grad_out, unused: int = 0, seed: int = 0, tail: int = 2):

@@ -108,7 +108,8 @@ def test_paged_cache_views(target: Target, case: Case, params: dict):
     (pages, 2, ...) pool (vLLM's FlashInfer layout, ``kv_cache[:, 0]``), each row inside a wider one, NaN
     past it (MLA's slices of one cache row), the declared layout a view of the other one's storage.  A
     kernel that reads with a dense tensor's strides reads the other half, NaN or the crossed axis
-    (flashinfer-ai/flashinfer#527's class).  A backend declaring contiguous caches only
+    (flashinfer-ai/flashinfer#527's class).  With "append" declared, an append through the views too: the
+    caches after it the reference update.  A backend declaring contiguous caches only
     (Capabilities.paged_cache_views) is skipped."""
     if not target.caps.paged_cache_views:
         import pytest
@@ -120,6 +121,8 @@ def test_paged_cache_views(target: Target, case: Case, params: dict):
     with S.as_called(case):
         agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"],
                                         cache_view=view))
+    if "append" in target.caps.formats:  # written through the views too (vLLM's reshape_and_cache into kv_cache[:, 0])
+        _appended_as_the_reference(target, case, params, layout, "paged_cache_views", cache_view=view)
 
 
 def _full_cache(target: Target) -> list:
@@ -239,19 +242,28 @@ def test_append_writes_its_slots_only(target: Target, case: Case, params: dict):
     _appending(target)
     layout = _layout(target, params, case)
     case = S.problem_of(case, params, queries=False)
+    assume(_appended_as_the_reference(target, case, params, layout, "append_writes_its_slots_only"))
+
+
+def _appended_as_the_reference(target: Target, case: Case, params: dict, layout: str, name: str,
+                               cache_view: str = "") -> bool:
+    """A decode step's or a chunk's append judged (False: no sequence has room for one): the caches after it
+    the reference update bit for bit, the output the reference's over the grown cache."""
     ends = case.lengths("kv")
     room = int((ends - case.fields.get("kv_starts", 0)).min())
     n = min(1 if params["seed"] % 2 else case.dims["Lq"], room)  # a decode step, or a chunk of Lq
-    assume(n > 0)
-    out, stored, want = S.append(target, case, n, params["page_size"], layout, params["seed"])
-    for name, got, ref in zip(("k_cache", "v_cache"), stored, want, strict=True):
+    if n <= 0:
+        return False
+    out, stored, want = S.append(target, case, n, params["page_size"], layout, params["seed"], cache_view=cache_view)
+    for cache, got, ref in zip(("k_cache", "v_cache"), stored, want, strict=True):
         same = (got == ref) | (np.isnan(got) & np.isnan(ref))
         where = None if same.all() else tuple(int(i) for i in np.argwhere(~same)[0])
-        require(verdict("append_writes_its_slots_only", same.all(), where, float((~same).sum()),
-                        f"{name} after appending {n} key(s) a sequence: slot {where} (page, ...) differs from the "
-                        f"reference update ({int((~same).sum())} values)", 0.0))
+        require(verdict(name, same.all(), where, float((~same).sum()),
+                        f"{cache} after appending {n} key(s) a sequence{f' through {cache_view} views' * bool(cache_view)}"
+                        f": slot {where} (page, ...) differs from the reference update ({int((~same).sum())} values)", 0.0))
     with S.as_called(case):
         agreement(target, case, out)
+    return True
 
 
 @prop(requires=S.REQUIRES, draw=S.DRAW.but(kinds=("causal",)), params=S.per_sequence)

@@ -116,3 +116,25 @@ def test_declare_carries_paged_cache_views_to_a_kvcache_function():
     assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views is True
     declare(flash_attn_with_kvcache, paged_cache_views=False)
     assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views is False
+
+
+class _DenseStrideWriter(NumpyNaive):
+    """An append kernel that writes (and reads) its caches at a dense tensor's strides."""
+
+    name = "dense-stride-writer"
+
+    def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call):
+        def dense(x):
+            strides = x.itemsize * np.cumprod((1,) + x.shape[:0:-1])[::-1]
+            return np.lib.stride_tricks.as_strided(x, x.shape, tuple(int(s) for s in strides))  # writes land there
+        return super().native_paged_append(q, dense(k_cache), dense(v_cache), k_new, v_new, args, call)
+
+
+@pytest.mark.parametrize("view", CACHE_VIEWS)
+def test_an_append_through_views_is_the_reference_update_and_a_dense_stride_writer_is_not(view):
+    q, k, v, fields = _decode()
+    kw = dict(page_size=4, layout="NHD", rng=3, cache_view=view, **fields)
+    for backend, right in ((NumpyNaive(), True), (_DenseStrideWriter(), False)):
+        _, stored, want = serving.append_paged(backend, q, k, v, 1, **kw)
+        same = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(stored, want, strict=True))
+        assert same is right, (backend.name, view)
