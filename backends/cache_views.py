@@ -4,10 +4,10 @@ A kernel that reads its cache with the strides of a dense tensor (page p at p * 
 page, the other half or padding wherever the cache is a view: FlashInfer's and vLLM's K and V are the two
 halves of one ``(num_pages, 2, P, Hkv, E)`` pool (``kv_cache[:, 0]``), MLA's latent and rope parts are slices
 of one cache row, and a framework hands an NHD view of HND storage (a ``transpose``) without copying
-(flashinfer-ai/flashinfer#527's class).  The storage is built in NumPy, made native once, and cut natively
-(basic indexing and ``swapaxes``, which NumPy, torch and JAX arrays all have), so a torch kernel on a GPU
-receives the view itself, not a contiguous copy of it.  JAX arrays have no strides to get wrong: a view
-there is a copy, and the call is an ordinary one.
+(ROCm/aiter#3498; an append's writes: flashinfer-ai/flashinfer#527).  The storage is built in NumPy, made
+native once, and cut natively (basic indexing and ``swapaxes``, which NumPy, torch and JAX arrays all
+have), so a torch kernel on a GPU receives the view itself, not a contiguous copy of it.  JAX arrays have
+no strides to get wrong: a view there is a copy, and the call is an ordinary one.
 """
 from __future__ import annotations
 

@@ -275,7 +275,7 @@ BROKEN = (
     Entry("serving_edge_bugs:PagedSlotsPast128Wrap", SERVING, w.paged_large_pages,
           "a page's slot index cut to 7 bits: pages over 128 keys misread, flashinfer#4347", "serving"),
     Entry("serving_edge_bugs:PagedDenseCacheStrides", ("paged_cache_views",) + SERVING, w.paged_pool_halves,
-          "paged caches read with a dense tensor's strides: a pool's K/V halves misread, flashinfer#527", "serving"),
+          "paged caches read with a dense tensor's strides: a pool's K/V halves misread, ROCm/aiter#3498", "serving"),
     Entry("serving_edge_bugs:PackedDenseTokenStride", ("packed_head_slices",) + SERVING, w.packed_head_slices,
           "q's token stride assumed Hq * E: a fused QKV projection's slice misread, TransformerEngine#1195", "serving"),
     Entry("path_bugs:PagedLeftpadPastFirstBlock", SERVING, w.deep_leftpad,

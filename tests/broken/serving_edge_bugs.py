@@ -119,7 +119,7 @@ class PagedDenseCacheStrides(NumpyNaive):
     """A paged kernel that checks only its caches' innermost stride and addresses page p, slot s, head h at
     ((p * P + s) * Hkv + h) * E from the cache's start: K and V halves of one pool are read at half the page
     stride (the other half's pages), rows inside wider ones shifted into the padding, a transposed storage
-    with its axes crossed (flashinfer-ai/flashinfer#527).  Right on the contiguous caches every other paged
+    with its axes crossed (ROCm/aiter#3498: vLLM's interleaved K/V halves).  Right on the contiguous caches every other paged
     property hands it."""
 
     name = "broken-paged-dense-cache-strides"
