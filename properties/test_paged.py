@@ -105,13 +105,12 @@ def _with_view(draw, case: Case, target: Target) -> dict:
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=_with_view)
 def test_paged_cache_views(target: Target, case: Case, params: dict):
     """Caches handed as strided views of larger storage equal the reference: K and V the halves of one
-    (pages, 2, ...) pool (vLLM's FlashInfer layout, ``kv_cache[:, 0]``), each row inside a wider one, NaN
-    past it (MLA's slices of one cache row), the declared layout a view of the other one's storage.  A
-    kernel that reads with a dense tensor's strides reads the other half, NaN or the crossed axis
-    (ROCm/aiter#3498, vllm-project/vllm-xpu-kernels#165).  With "append" declared, an append through the views
-    too (flashinfer-ai/flashinfer#527, a page append's stride bug): the caches after it the reference update.
-    A backend declaring contiguous caches only
-    (Capabilities.paged_cache_views) is skipped."""
+    (pages, 2, ...) pool (vLLM V1's cache split by ``unbind(1)``), each row inside a wider one, NaN past it
+    (MLA's slices of one cache row), the declared layout a view of the other one's storage.  A kernel that
+    reads with a dense tensor's strides reads the other half, NaN or the crossed axis (ROCm/aiter#3498,
+    vllm-project/vllm-xpu-kernels#165).  With "append" declared, an append through the views too
+    (flashinfer-ai/flashinfer#527, a page append's stride bug): the caches after it the reference update.
+    A backend declaring contiguous caches only (Capabilities.paged_cache_views) is skipped."""
     if not target.caps.paged_cache_views:
         import pytest
         pytest.skip(f"{target.name} takes contiguous paged caches only (Capabilities.paged_cache_views)")
@@ -122,7 +121,7 @@ def test_paged_cache_views(target: Target, case: Case, params: dict):
     with S.as_called(case):
         agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"],
                                         cache_view=view))
-    if "append" in target.caps.formats:  # written through the views too (vLLM's reshape_and_cache into kv_cache[:, 0])
+    if "append" in target.caps.formats:  # written through the views too (a cache write into vLLM's halves)
         _appended_as_the_reference(target, case, params, layout, "paged_cache_views", cache_view=view)
 
 
