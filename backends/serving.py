@@ -139,7 +139,7 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
     try:
         y = backend._call("paged forward", backend.native_paged, qn, kc, vc, args, call)
     except BackendFailure as e:
-        if not cache_view:
+        if not cache_view or not e.what.startswith("paged forward raised"):
             raise
         raise BackendFailure(backend.name, f"{e.what} (its caches were {cache_view} views of larger storage; a kernel "
                              "that needs contiguous caches declares Capabilities.paged_cache_views=False)") from e

@@ -105,8 +105,9 @@ def _with_view(draw, case: Case, target: Target) -> dict:
 @prop(requires=S.REQUIRES, draw=S.DRAW, params=_with_view)
 def test_paged_cache_views(target: Target, case: Case, params: dict):
     """Caches handed as strided views of larger storage equal the reference: K and V the halves of one
-    (pages, 2, ...) pool (vLLM V1's cache split by ``unbind(1)``), each row inside a wider one, NaN past it
-    (MLA's slices of one cache row), the declared layout a view of the other one's storage.  A kernel that
+    blocks-first (pages, 2, ...) pool (FlashInfer's layout; vLLM's hybrid attention+Mamba caches), each row
+    inside a wider one, NaN around it (MLA's slices of one cache row), the declared layout a view of the other
+    one's storage.  A kernel that
     reads with a dense tensor's strides reads the other half, NaN or the crossed axis (ROCm/aiter#3498,
     vllm-project/vllm-xpu-kernels#165).  With "append" declared, an append through the views too
     (flashinfer-ai/flashinfer#527, a page append's stride bug): the caches after it the reference update.
@@ -116,7 +117,7 @@ def test_paged_cache_views(target: Target, case: Case, params: dict):
         pytest.skip(f"{target.name} takes contiguous paged caches only (Capabilities.paged_cache_views)")
     layout = _layout(target, params, case)
     case = S.problem_of(case, params, queries=False)
-    views = views_for(layout, case.k.shape[-1], case.v.shape[-1])
+    views = views_for(layout, params["page_size"], case.k.shape[1], case.k.shape[-1], case.v.shape[-1])
     view = params["cache_view"] if params["cache_view"] in views else views[0]
     with S.as_called(case):
         agreement(target, case, S.paged(target, case, params["page_size"], layout, params["seed"], pool=params["pool"],

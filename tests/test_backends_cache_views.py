@@ -10,7 +10,7 @@ import pytest
 
 from attnspec.backends import serving
 from attnspec.backends.base import BackendFailure, Unsupported
-from attnspec.backends.cache_views import CACHE_VIEWS, native_views, views_for
+from attnspec.backends.cache_views import CACHE_VIEWS, ROW_PADDING, native_views, views_for
 from attnspec.backends.numpy_backends import NumpyNaive
 from attnspec.specs import error_budget
 from attnspec.specs import formats as Fm
@@ -30,7 +30,7 @@ def _caches(layout: str, Ev: int = 8):
 def test_each_view_holds_the_contiguous_values_in_other_strides(layout):
     k, v = _caches(layout)
     backend = NumpyNaive()
-    for view in views_for(layout, 8, 8):
+    for view in views_for(layout, 4, 3, 8, 8):
         got = native_views(backend, "float64", k, v, layout, view)
         for was, now in zip((k, v), got, strict=True):
             if was is None:
@@ -41,16 +41,26 @@ def test_each_view_holds_the_contiguous_values_in_other_strides(layout):
             assert now.base is not None and now.base.size > now.size or view == "transposed_storage", view
 
 
-def test_views_that_cannot_hold_the_caches_are_left_out_and_refused_by_name():
-    assert "pool_halves" in views_for("NHD", 8, 8)
-    assert "pool_halves" not in views_for("NHD", 8, 6)  # halves of one pool share the head dim
-    assert "pool_halves" not in views_for("stacked-HND", 8, 8)  # already one pool
-    assert set(views_for("HND", 8, 8)) == set(CACHE_VIEWS)
+def test_views_that_cannot_hold_the_caches_or_would_be_contiguous_are_left_out_and_refused_by_name():
+    assert set(views_for("HND", 4, 3, 8, 8)) == set(CACHE_VIEWS)
+    assert "pool_halves" not in views_for("NHD", 4, 3, 8, 6)  # halves of one pool share the head dim
+    assert "pool_halves" not in views_for("stacked-HND", 4, 3, 8, 8)  # already one pool
+    for P, Hkv in ((1, 3), (4, 1)):  # transposing a size-1 axis changes no stride
+        assert "transposed_storage" not in views_for("NHD", P, Hkv, 8, 8)
     k, v = _caches("NHD", Ev=6)
     with pytest.raises(ValueError, match="cache_view"):
         native_views(NumpyNaive(), "float64", k, v, "NHD", "pool_halves")
     with pytest.raises(ValueError, match="cache_view"):
         native_views(NumpyNaive(), "float64", k, v, "NHD", "diagonal")
+    with pytest.raises(ValueError, match="cache_view"):
+        native_views(NumpyNaive(), "float64", k[:, :1], v[:, :1], "NHD", "transposed_storage")  # pages of one slot
+
+
+def test_wider_rows_put_k_and_v_at_other_storage_offsets_with_nan_around():
+    k, v = _caches("NHD")
+    kv, vv = native_views(NumpyNaive(), "float64", k, v, "NHD", "wider_rows")
+    assert np.isnan(kv.base[..., 8:]).all() and np.isnan(vv.base[..., :ROW_PADDING]).all()
+    assert kv.strides == vv.strides and kv.strides[-2] == (8 + ROW_PADDING) * 8
 
 
 def _decode():
