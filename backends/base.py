@@ -364,13 +364,19 @@ class Backend:
             raise BackendFailure(self.name, f"{what} has dtype {got_dtype}, expected {' or '.join(allowed)}")
         return out
 
+    def raise_hint(self, error: Exception) -> str:
+        """What the adapter knows to be a likely cause of `error`, a native call's raise ('' when nothing)."""
+        return ""
+
     def _call(self, what, fn, *args):
         try:
             return fn(*args)
         except (Unsupported, BackendFailure):
             raise
         except Exception as e:  # noqa: BLE001 - a raising backend fails alone, clearly
-            raise BackendFailure(self.name, f"{what} raised {type(e).__name__}: {e}") from e
+            hint = self.raise_hint(e)
+            raise BackendFailure(self.name, f"{what} raised {type(e).__name__}: {e}"
+                                            + (f" ({hint})" if hint else "")) from e
 
     def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", *, return_lse=False,
                 layout="contiguous", knobs=None, **fields):

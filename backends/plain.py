@@ -337,6 +337,14 @@ class FunctionBackend(Backend):
     def native_attention(self, q, k, v, call):
         return self.fn(q, k, v, **self._kwargs(call, tuple(k.shape[:-2])))  # (..., Lq, Ev), or (out, lse)
 
+    def raise_hint(self, error: Exception) -> str:
+        # a torch function plugged in without `declare` (a wrapper of F.scaled_dot_product_attention,
+        # say) is handed NumPy arrays and says so in its error, every call, in every property
+        if getattr(self.fn, "__attnspec__", None) is None and "ndarray" in str(error):
+            return ("a plain function is handed NumPy arrays unless it declares its framework: "
+                    "from attnspec import declare; declare(fn, framework='torch') or framework='jax'")
+        return ""
+
     def native_attention_backward(self, q, k, v, grad_out, call):
         if self.declaration.backward is None:
             raise Unsupported(f"{self.name} declares no backward")

@@ -189,3 +189,30 @@ def test_a_refusal_inside_jax_dot_product_attention_is_unsupported_with_its_reas
     monkeypatch.setattr(backend, "_attend", refuses)
     with pytest.raises(Unsupported, match="jax-dpa: jax.nn.dot_product_attention refuses this call: The head dim"):
         backend.forward(*CASE.args(), dtype="float32")
+
+
+def _torch_style():
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        return q.matmul(k)  # a torch tensor's method: NumPy's arrays have none
+    return sdpa  # a new function each time: declare() marks the function it is given
+
+
+def _wrong_keyword(*args, **kwargs):
+    raise TypeError("sdpa() got an unexpected keyword argument 'scale'")
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_an_undeclared_function_handed_numpy_arrays_is_told_how_to_declare(declared):
+    from attnspec import declare
+    from attnspec.backends.plain import function_backend
+    fn = declare(dtypes=("float64",))(_torch_style()) if declared else _torch_style()
+    with pytest.raises(BackendFailure, match="forward raised AttributeError: .*ndarray.*has no attribute 'matmul'") as info:
+        function_backend(fn, "mine").forward(*CASE.args())
+    # a declared function said what it takes: the hint would be wrong there
+    assert ("declare(fn, framework='torch')" in str(info.value)) is not declared
+
+
+def test_an_unrelated_raise_gets_no_framework_hint():
+    from attnspec.backends.plain import function_backend
+    with pytest.raises(BackendFailure, match=r"forward raised TypeError: .*keyword argument 'scale'$"):
+        function_backend(_wrong_keyword, "mine").forward(*CASE.args())
