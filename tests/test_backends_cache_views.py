@@ -14,7 +14,7 @@ from attnspec.backends.cache_views import CACHE_VIEWS, ROW_PADDING, native_views
 from attnspec.backends.numpy_backends import NumpyNaive
 from attnspec.specs import error_budget
 from attnspec.specs import formats as Fm
-from tests.broken.serving_edge_bugs import PagedDenseCacheStrides
+from tests.broken.serving_edge_bugs import PagedDenseCacheStrides, at_dense_strides
 
 
 def _caches(layout: str, Ev: int = 8):
@@ -134,10 +134,9 @@ class _DenseStrideWriter(NumpyNaive):
     name = "dense-stride-writer"
 
     def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call):
-        def dense(x):
-            strides = x.itemsize * np.cumprod((1,) + x.shape[:0:-1])[::-1]
-            return np.lib.stride_tricks.as_strided(x, x.shape, tuple(int(s) for s in strides))  # writes land there
-        return super().native_paged_append(q, dense(k_cache), dense(v_cache), k_new, v_new, args, call)
+        # a view, not a copy: the writes land in the caches' memory at the wrong places
+        return super().native_paged_append(q, at_dense_strides(k_cache), at_dense_strides(v_cache), k_new, v_new,
+                                           args, call)
 
 
 @pytest.mark.parametrize("view", CACHE_VIEWS)

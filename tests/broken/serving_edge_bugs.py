@@ -127,8 +127,11 @@ class PagedDenseCacheStrides(NumpyNaive):
 
     def native_paged(self, q, k_cache, v_cache, args, call):
         def dense(x):  # the slip: the cache's own strides not read
-            if x is None:
-                return None
-            strides = x.itemsize * np.cumprod((1,) + x.shape[:0:-1])[::-1]  # a dense tensor's, last axis 1
-            return np.lib.stride_tricks.as_strided(x, x.shape, tuple(int(s) for s in strides)).copy()
+            return None if x is None else at_dense_strides(x).copy()
         return numpy_formats.gathered_paged(self, q, dense(k_cache), dense(v_cache), args, call)
+
+
+def at_dense_strides(x: np.ndarray) -> np.ndarray:
+    """x's memory read (and written) at a dense tensor's strides of its shape, last axis 1: a view."""
+    strides = x.itemsize * np.cumprod((1,) + x.shape[:0:-1])[::-1]
+    return np.lib.stride_tricks.as_strided(x, x.shape, tuple(int(s) for s in strides))
