@@ -32,9 +32,10 @@ def views_for(layout: str, page_size: int, kv_heads: int, E: int, Ev: int) -> tu
                  and (v != "transposed_storage" or (page_size > 1 and kv_heads > 1)))
 
 
-def native_views(backend, dtype: str, k_cache: np.ndarray, v_cache, layout: str, view: str) -> list:
-    """[K cache, V cache] (V None for a stacked layout) as the backend's native views of storage built for
-    `view`; the same values as the contiguous caches, element for element."""
+def native_views(backend, dtype: str, k_cache: np.ndarray, v_cache, layout: str, view: str) -> tuple[list, list]:
+    """([K cache, V cache] (V None for a stacked layout) as the backend's native views of storage built for
+    `view`, the same values as the contiguous caches element for element; the storage no view covers, as
+    (cache name, native storage, index of the uncovered part) - NaN, which a call must leave as it is)."""
     stacked, base = Fm.split_layout(layout)
     P, Hkv = k_cache.shape[1 + stacked:3 + stacked][::1 if base == "NHD" else -1]  # (pages, [2,] P|Hkv, Hkv|P, E)
     fits = views_for(layout, P, Hkv, k_cache.shape[-1], k_cache.shape[-1] if v_cache is None else v_cache.shape[-1])
@@ -43,8 +44,8 @@ def native_views(backend, dtype: str, k_cache: np.ndarray, v_cache, layout: str,
                          f"got {view!r}")
     if view == "pool_halves":
         pool, = backend._natives(dtype, np.stack([k_cache, v_cache], axis=1))  # (pages, 2, ...) one tensor
-        return [pool[:, 0], pool[:, 1]]
-    out = []
+        return [pool[:, 0], pool[:, 1]], []
+    out, uncovered = [], []
     for half, cache in enumerate((k_cache, v_cache)):
         if cache is None:
             out.append(None)
@@ -53,8 +54,20 @@ def native_views(backend, dtype: str, k_cache: np.ndarray, v_cache, layout: str,
             gap = np.full(cache.shape[:-1] + (ROW_PADDING,), np.nan)  # read only by a kernel that misaddresses
             wide, = backend._natives(dtype, np.concatenate([cache, gap] if half == 0 else [gap, cache], axis=-1))
             out.append(wide[..., :D] if half == 0 else wide[..., ROW_PADDING:])  # (..., D) of (..., D + ROW_PADDING)
+            gap_at = (Ellipsis, slice(D, None) if half == 0 else slice(None, ROW_PADDING))
+            uncovered.append(("k_cache" if half == 0 else "v_cache", wide, gap_at))
         else:  # transposed_storage: the P and Hkv axes, (pages, [2,] P, Hkv, D) <-> (pages, [2,] Hkv, P, D)
             a = 2 if cache.ndim == 5 else 1
             other, = backend._natives(dtype, np.ascontiguousarray(np.swapaxes(cache, a, a + 1)))
             out.append(other.swapaxes(a, a + 1))
-    return out
+    return out, uncovered
+
+
+def written_outside(backend, uncovered: list) -> str:
+    """The first cache whose storage outside its view a call wrote into ('' when none): memory the cache does
+    not own (an engine's other rows, MLA's other part of the row), so a write there corrupts a neighbour
+    that no check of the view sees (a vector store past the head dim, scratch kept in the gaps)."""
+    for name, storage, at in uncovered:
+        if not np.isnan(np.asarray(backend.from_native(storage), dtype=np.float64)[at]).all():
+            return name
+    return ""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from attnspec.backends.base import BackendFailure, Unsupported
-from attnspec.backends.cache_views import native_views
+from attnspec.backends.cache_views import native_views, written_outside
 from attnspec.specs import formats as Fm
 from attnspec.specs.problem import validate
 
@@ -132,8 +132,12 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
     B = p.batch_shape[0]
     query = np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:])  # (B, Hq, Lq, E)
-    qn, kc, vc = (_natives(backend, dtype, query, pg.k_cache, pg.v_cache) if not cache_view else
-                  _natives(backend, dtype, query) + native_views(backend, dtype, pg.k_cache, pg.v_cache, layout, cache_view))
+    uncovered = []  # (cache, storage, index): the storage around a view, NaN, to stay so
+    if cache_view:
+        (qn,), ((kc, vc), uncovered) = _natives(backend, dtype, query), native_views(
+            backend, dtype, pg.k_cache, pg.v_cache, layout, cache_view)
+    else:
+        qn, kc, vc = _natives(backend, dtype, query, pg.k_cache, pg.v_cache)
     caches = [(n, c) for n, c in (("k_cache", kc), ("v_cache", vc)) if c is not None]  # a stacked one: k_cache
     before = [np.array(backend.from_native(c)) for _, c in caches] if read_only else None  # copies, as given
     try:
@@ -144,6 +148,7 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
         raise BackendFailure(backend.name, f"{e.what} (its caches were {cache_view} views of larger storage; a kernel "
                              "that needs contiguous caches declares Capabilities.paged_cache_views=False)") from e
     out, lse = _with_lse(backend, y, return_lse, "paged forward")
+    _check_outside(backend, "paged forward", cache_view, uncovered)
     for (name, c), was in zip(caches, before or (), strict=False):
         if not np.array_equal(np.asarray(backend.from_native(c)), was, equal_nan=True):
             raise BackendFailure(backend.name, f"paged forward wrote into {name}: a call without new keys must "
@@ -199,9 +204,11 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     call = replace(call, kv_lengths=None, kv_starts=None, positions="per_sequence")
     qn, kcn, vcn, kn, vn = _natives(backend, dtype, np.broadcast_to(p.query, (B,) + np.shape(p.query)[1:]), *given,
                                     k_new, v_new)
+    uncovered = []
     if cache_view:
-        kcn, vcn = native_views(backend, dtype, *given, layout, cache_view)
+        (kcn, vcn), uncovered = native_views(backend, dtype, *given, layout, cache_view)
     y = backend._call("paged append", backend.native_paged_append, qn, kcn, vcn, kn, vn, args, call)
+    _check_outside(backend, "paged append", cache_view, uncovered)
     out = backend._check("paged append output", y, p.batch_shape + (p.Lq, p.Ev), backend.output_dtype(dtype))
 
     def numpy(xs):
@@ -209,6 +216,13 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     rounded = numpy(backend._natives(dtype, *given, k_new, v_new))
     want = Fm.appended(*rounded[:2], pg.block_table, before, *rounded[2:], layout)
     return out, Fm.kv_halves(*numpy((kcn, vcn)), layout), Fm.kv_halves(*want, layout)
+
+
+def _check_outside(backend, what: str, cache_view: str, uncovered: list) -> None:
+    name = written_outside(backend, uncovered)
+    if name:
+        raise BackendFailure(backend.name, f"{what} wrote outside {name}: into the storage around its {cache_view} "
+                             "view (memory the cache does not own: another part of an engine's cache row)")
 
 
 def _scatter_keys(x, cu_k, starts, ends, Lk: int) -> np.ndarray:

@@ -110,6 +110,7 @@ def test_paged_cache_views(target: Target, case: Case, params: dict):
     one's storage.  A kernel that reads with a dense tensor's strides reads the other half, NaN or the crossed
     axis (ROCm/aiter#3498, vllm-project/vllm-xpu-kernels#165).  With "append" declared, an append through the views too
     (flashinfer-ai/flashinfer#527, a page append's stride bug): the caches after it the reference update.
+    Neither call may write into the NaN around a wider row (memory the cache does not own).
     A backend declaring contiguous caches only (Capabilities.paged_cache_views) is skipped."""
     if not target.caps.paged_cache_views:
         import pytest

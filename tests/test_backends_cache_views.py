@@ -10,7 +10,7 @@ import pytest
 
 from attnspec.backends import serving
 from attnspec.backends.base import BackendFailure, Unsupported
-from attnspec.backends.cache_views import CACHE_VIEWS, ROW_PADDING, native_views, views_for
+from attnspec.backends.cache_views import CACHE_VIEWS, ROW_PADDING, native_views, views_for, written_outside
 from attnspec.backends.numpy_backends import NumpyNaive
 from attnspec.specs import error_budget
 from attnspec.specs import formats as Fm
@@ -31,7 +31,8 @@ def test_each_view_holds_the_contiguous_values_in_other_strides(layout):
     k, v = _caches(layout)
     backend = NumpyNaive()
     for view in views_for(layout, 4, 3, 8, 8):
-        got = native_views(backend, "float64", k, v, layout, view)
+        got, uncovered = native_views(backend, "float64", k, v, layout, view)
+        assert bool(uncovered) == (view == "wider_rows")  # the others cover all their storage
         for was, now in zip((k, v), got, strict=True):
             if was is None:
                 assert now is None
@@ -58,8 +59,10 @@ def test_views_that_cannot_hold_the_caches_or_would_be_contiguous_are_left_out_a
 
 def test_wider_rows_put_k_and_v_at_other_storage_offsets_with_nan_around():
     k, v = _caches("NHD")
-    kv, vv = native_views(NumpyNaive(), "float64", k, v, "NHD", "wider_rows")
+    (kv, vv), uncovered = native_views(NumpyNaive(), "float64", k, v, "NHD", "wider_rows")
     assert np.isnan(kv.base[..., 8:]).all() and np.isnan(vv.base[..., :ROW_PADDING]).all()
+    assert [(name, storage is view.base) for (name, storage, _), view in zip(uncovered, (kv, vv), strict=True)] == [
+        ("k_cache", True), ("v_cache", True)]
     assert kv.strides == vv.strides and kv.strides[-2] == (8 + ROW_PADDING) * 8
 
 
@@ -143,7 +146,57 @@ class _DenseStrideWriter(NumpyNaive):
 def test_an_append_through_views_is_the_reference_update_and_a_dense_stride_writer_is_not(view):
     q, k, v, fields = _decode()
     kw = dict(page_size=4, layout="NHD", rng=3, cache_view=view, **fields)
-    for backend, right in ((NumpyNaive(), True), (_DenseStrideWriter(), False)):
-        _, stored, want = serving.append_paged(backend, q, k, v, 1, **kw)
-        same = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(stored, want, strict=True))
-        assert same is right, (backend.name, view)
+    _, stored, want = serving.append_paged(NumpyNaive(), q, k, v, 1, **kw)
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(stored, want, strict=True)), view
+    if view == "wider_rows":  # dense rows are narrower than the wide ones: writes land in the gaps too
+        with pytest.raises(BackendFailure, match="paged append wrote outside k_cache: into the storage around"):
+            serving.append_paged(_DenseStrideWriter(), q, k, v, 1, **kw)
+        return
+    _, stored, want = serving.append_paged(_DenseStrideWriter(), q, k, v, 1, **kw)
+    assert not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(stored, want, strict=True)), view
+
+
+def _past_each_k_row(k_cache: np.ndarray) -> np.ndarray:
+    """The element after each K row: a vector store one element too wide.  Only where the rows sit inside
+    wider ones (a row end inside the storage), or this test would write past a buffer's end."""
+    assert k_cache.strides[-2] > k_cache.shape[-1] * k_cache.itemsize, "no gap after the rows"
+    wider = np.lib.stride_tricks.as_strided(k_cache, k_cache.shape[:-1] + (k_cache.shape[-1] + 1,), k_cache.strides)
+    return wider[..., -1]  # (..., ) a view: writes land in the gap
+
+
+class _OverrunningAppend(NumpyNaive):
+    """Appends right, then stores one element past each K row (the view itself stays right)."""
+
+    name = "overrunning-append"
+
+    def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call):
+        out = super().native_paged_append(q, k_cache, v_cache, k_new, v_new, args, call)
+        _past_each_k_row(k_cache)[...] = 0.0
+        return out
+
+
+class _ScratchInTheGaps(NumpyNaive):
+    """A forward that keeps scratch just past its K rows, and answers right."""
+
+    name = "scratch-in-the-gaps"
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        _past_each_k_row(k_cache)[...] = 1.0
+        return super().native_paged(q, k_cache, v_cache, args, call)
+
+
+def test_a_write_around_a_view_fails_though_the_view_holds_the_right_values():
+    q, k, v, fields = _decode()
+    kw = dict(page_size=4, layout="NHD", rng=3, cache_view="wider_rows", **fields)
+    with pytest.raises(BackendFailure, match="paged append wrote outside k_cache: into the storage around its "
+                                             "wider_rows view"):
+        serving.append_paged(_OverrunningAppend(), q, k, v, 1, **kw)
+    with pytest.raises(BackendFailure, match="paged forward wrote outside k_cache"):
+        serving.forward_paged(_ScratchInTheGaps(), q, k, v, **kw)
+    # the view itself still holds the right values: only the storage around it tells
+    k, v = _caches("NHD")
+    (kv, vv), uncovered = native_views(NumpyNaive(), "float64", k, v, "NHD", "wider_rows")
+    assert written_outside(NumpyNaive(), uncovered) == ""
+    _past_each_k_row(kv)[...] = 0.0
+    assert np.array_equal(kv, k) and np.array_equal(vv, v)
+    assert written_outside(NumpyNaive(), uncovered) == "k_cache"
