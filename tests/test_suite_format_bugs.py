@@ -1,4 +1,4 @@
-"""The serving formats' LSE and sinks beyond the padded call: the suite rejects each slip of
+"""The serving formats' LSE, sinks and cache views beyond the padded call: the suite rejects each slip of
 tests/broken/format_bugs.py by the property written for it, and passes numpy-naive on the same
 properties (the draws of the proof of teeth: ci profile, its seed)."""
 from __future__ import annotations
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAUGHT_BY = {"PackedLseBase2": "packed_lse_matches_reference", "PackedLsePaddedLayout": "packed_lse_matches_reference",
              "PagedLseDropsSink": "sinks_in_paged_calls", "PagedLseFirstSplit": "paged_lse_matches_reference",
-             "PackedBackwardIgnoresSinks": "sinks_in_packed_gradients", "AppendDropsSinks": "sinks_in_append_calls"}
+             "PackedBackwardIgnoresSinks": "sinks_in_packed_gradients", "AppendDropsSinks": "sinks_in_append_calls",
+             "AppendRowsAtTheirStride": "paged_cache_views"}
 
 
 def _failed(spec: str, properties: str, tmp_path) -> set:

@@ -1,6 +1,7 @@
 """Slips of the packed and paged calls' LSE and of sinks on the packed backward and the append call -
-each right on the padded call - found by a review that wrote new bugs against the suite (2026-12-03).
-tests/test_suite_format_bugs.py runs the suite's format properties on each."""
+each right on the padded call - found by a review that wrote new bugs against the suite (2026-12-03); an
+append that writes past its rows in a cache handed as a view.  tests/test_suite_format_bugs.py runs the
+suite's format properties on each."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,6 +10,7 @@ import numpy as np
 
 from attnspec.backends import numpy_formats
 from attnspec.backends.numpy_backends import NumpyNaive, NumpyTiled
+from attnspec.specs.formats import kv_halves, split_layout
 
 
 def _caps(base, dtype: str):
@@ -104,3 +106,35 @@ class AppendDropsSinks(NumpyNaive):
 
     def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call):
         return numpy_formats.appended_paged(self, q, k_cache, v_cache, k_new, v_new, args, replace(call, sinks=None))
+
+
+class AppendRowsAtTheirStride(NumpyNaive):
+    """The append copies each new K row at the length of its cache's row stride, not of its head dim:
+    right while rows are dense; where each row is a slice of a wider one (MLA's latent part beside its rope
+    part in one cache row) it writes over the rest of the wider row - memory the cache does not own - and in
+    a transposed storage's view over the other slots of its page."""
+
+    name = "broken-append-rows-at-their-stride"
+    capabilities = _caps(NumpyNaive, "float32")
+
+    def native_paged_append(self, q, k_cache, v_cache, k_new, v_new, args, call):
+        P, lens = args.page_size, np.asarray(args.cache_seqlens, np.int64)
+        table = np.asarray(args.block_table, np.int64)
+        kc = kv_halves(k_cache, v_cache, args.layout)[0]  # (pages, P, Hkv, E) or (pages, Hkv, P, E)
+        nhd = split_layout(args.layout)[1] == "NHD"
+        width = kc.strides[-2] // kc.itemsize  # the slip: the row's length read off the stride between rows
+        storage = kc
+        while storage.base is not None:
+            storage = storage.base
+        # the array owning the memory holds it in one block; past its end is no memory of this process's to
+        # write (a GPU's allocator has some there)
+        end = storage.__array_interface__["data"][0] + storage.nbytes
+        for b in range(table.shape[0]):
+            for t in range(k_new.shape[1]):
+                page, slot = table[b, (lens[b] + t) // P], (lens[b] + t) % P
+                for h, row in enumerate(kc[(page, slot) if nhd else (page, slice(None), slot)]):  # (E,) a head's
+                    at = row.__array_interface__["data"][0]
+                    n = min(width, (end - at) // row.itemsize)
+                    wide = np.lib.stride_tricks.as_strided(row, (n,), row.strides)  # (n,) from the row's start
+                    wide[:] = np.resize(k_new[b, t, h], n)  # the row, then the row again past its end
+        return numpy_formats.appended_paged(self, q, k_cache, v_cache, k_new, v_new, args, call)  # the rows right
