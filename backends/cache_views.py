@@ -5,8 +5,10 @@ page, the other half or padding wherever the cache is a view: FlashInfer's K and
 one ``(num_pages, 2, P, Hkv, E)`` pool (``kv_cache[:, 0]``), as are vLLM's in a blocks-first allocation
 (hybrid attention+Mamba models), MLA's latent and rope parts are slices of one cache row, and a framework
 hands an NHD view of HND storage (a ``transpose``) without copying (ROCm/aiter#3498; an append's writes:
-flashinfer-ai/flashinfer#527).  The storage is built in NumPy, made native once, and cut natively (basic
-indexing and ``swapaxes``, which NumPy, torch and JAX arrays all have), so a torch kernel on a GPU receives
+flashinfer-ai/flashinfer#527); vLLM pads a hybrid model's attention pages to a common size, so a page
+stride need not be a whole number of slots (vllm-project/vllm-xpu-kernels#303).  The storage is built in
+NumPy, made native once, and cut natively (basic indexing, ``swapaxes`` and a ``reshape`` that splits a
+dense axis, which NumPy, torch and JAX arrays all have), so a torch kernel on a GPU receives
 the view itself, not a contiguous copy of it.  JAX arrays have no strides to get wrong: a view there is a
 copy, and the call is an ordinary one.
 """
@@ -17,11 +19,15 @@ import numpy as np
 from attnspec.specs import formats as Fm
 
 # "pool_halves": K and V the halves of one (pages, 2, ...) pool (separate layouts with Ev == E only);
-# "wider_rows": each head's row inside one ROW_PADDING wider, NaN in the rest (K's row at the start, V's at
+# "wider_rows": each head's row inside one PADDING wider, NaN in the rest (K's row at the start, V's at
 # the end: a storage offset ignored reads NaN); "transposed_storage": the declared layout a view of the other
-# one's storage (NHD of HND, HND of NHD: a real view only where P > 1 and Hkv > 1)
-CACHE_VIEWS = ("pool_halves", "wider_rows", "transposed_storage")
-ROW_PADDING = 16  # elements: a row stride no dense one equals, 16-byte aligned rows kept (fp8's vector loads)
+# one's storage (NHD of HND, HND of NHD: a real view only where P > 1 and Hkv > 1); "padded_pages": each page
+# followed by PADDING elements of NaN, rows dense inside it (vLLM's page_size_padded, which evens out the
+# page sizes of a hybrid model's layers: a page stride that need not be a whole number of slots)
+CACHE_VIEWS = ("pool_halves", "wider_rows", "transposed_storage", "padded_pages")
+# elements: a row or page stride no dense one equals, 16-byte aligned rows and pages kept (fp8's vector
+# loads); a page stride a whole number of slots only where a page's second axis holds 1, 2, 4, 8 or 16
+PADDING = 16
 
 
 def views_for(layout: str, page_size: int, kv_heads: int, E: int, Ev: int) -> tuple:
@@ -51,11 +57,17 @@ def native_views(backend, dtype: str, k_cache: np.ndarray, v_cache, layout: str,
             out.append(None)
         elif view == "wider_rows":
             D = cache.shape[-1]
-            gap = np.full(cache.shape[:-1] + (ROW_PADDING,), np.nan)  # read only by a kernel that misaddresses
+            gap = np.full(cache.shape[:-1] + (PADDING,), np.nan)  # read only by a kernel that misaddresses
             wide, = backend._natives(dtype, np.concatenate([cache, gap] if half == 0 else [gap, cache], axis=-1))
-            out.append(wide[..., :D] if half == 0 else wide[..., ROW_PADDING:])  # (..., D) of (..., D + ROW_PADDING)
-            gap_at = (Ellipsis, slice(D, None) if half == 0 else slice(None, ROW_PADDING))
+            out.append(wide[..., :D] if half == 0 else wide[..., PADDING:])  # (..., D) of (..., D + PADDING)
+            gap_at = (Ellipsis, slice(D, None) if half == 0 else slice(None, PADDING))
             uncovered.append(("k_cache" if half == 0 else "v_cache", wide, gap_at))
+        elif view == "padded_pages":
+            W = int(np.prod(cache.shape[1:]))  # a page's elements
+            padded = np.concatenate([cache.reshape(cache.shape[0], W), np.full((cache.shape[0], PADDING), np.nan)], 1)
+            wide, = backend._natives(dtype, padded)  # (pages, W + PADDING)
+            out.append(wide[:, :W].reshape(cache.shape))  # a view: the split axis is the dense one
+            uncovered.append(("k_cache" if half == 0 else "v_cache", wide, (slice(None), slice(W, None))))
         else:  # transposed_storage: the P and Hkv axes, (pages, [2,] P, Hkv, D) <-> (pages, [2,] Hkv, P, D)
             a = 2 if cache.ndim == 5 else 1
             other, = backend._natives(dtype, np.ascontiguousarray(np.swapaxes(cache, a, a + 1)))

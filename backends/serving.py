@@ -222,7 +222,7 @@ def _check_outside(backend, what: str, cache_view: str, uncovered: list) -> None
     name = written_outside(backend, uncovered)
     if name:
         raise BackendFailure(backend.name, f"{what} wrote outside {name}: into the storage around its {cache_view} "
-                             "view (memory the cache does not own: another part of an engine's cache row)")
+                             "view (memory the cache does not own: the rest of an engine's cache row, or a page's padding)")
 
 
 def _scatter_keys(x, cu_k, starts, ends, Lk: int) -> np.ndarray:

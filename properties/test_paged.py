@@ -107,10 +107,12 @@ def test_paged_cache_views(target: Target, case: Case, params: dict):
     """Caches handed as strided views of larger storage equal the reference: K and V the halves of one
     blocks-first (pages, 2, ...) pool (FlashInfer's layout; vLLM's hybrid attention+Mamba caches), each row
     inside a wider one, NaN around it (MLA's slices of one cache row), the declared layout a view of the other
-    one's storage.  A kernel that reads with a dense tensor's strides reads the other half, NaN or the crossed
-    axis (ROCm/aiter#3498, vllm-project/vllm-xpu-kernels#165).  With "append" declared, an append through the views too
+    one's storage, each page followed by padding (vLLM's page_size_padded).  A kernel that reads with a dense
+    tensor's strides reads the other half, NaN or the crossed axis (ROCm/aiter#3498,
+    vllm-project/vllm-xpu-kernels#165); one that counts the page stride in whole slots misreads padded pages
+    (vllm-project/vllm-xpu-kernels#303).  With "append" declared, an append through the views too
     (flashinfer-ai/flashinfer#527, a page append's stride bug): the caches after it the reference update.
-    Neither call may write into the NaN around a wider row (memory the cache does not own).
+    Neither call may write into the NaN around a row or page (memory the cache does not own).
     A backend declaring contiguous caches only (Capabilities.paged_cache_views) is skipped."""
     if not target.caps.paged_cache_views:
         import pytest

@@ -10,7 +10,7 @@ import pytest
 
 from attnspec.backends import serving
 from attnspec.backends.base import BackendFailure, Unsupported
-from attnspec.backends.cache_views import CACHE_VIEWS, ROW_PADDING, native_views, views_for, written_outside
+from attnspec.backends.cache_views import CACHE_VIEWS, PADDING, native_views, views_for, written_outside
 from attnspec.backends.numpy_backends import NumpyNaive
 from attnspec.specs import error_budget
 from attnspec.specs import formats as Fm
@@ -32,7 +32,7 @@ def test_each_view_holds_the_contiguous_values_in_other_strides(layout):
     backend = NumpyNaive()
     for view in views_for(layout, 4, 3, 8, 8):
         got, uncovered = native_views(backend, "float64", k, v, layout, view)
-        assert bool(uncovered) == (view == "wider_rows")  # the others cover all their storage
+        assert bool(uncovered) == (view in ("wider_rows", "padded_pages"))  # the others cover all their storage
         for was, now in zip((k, v), got, strict=True):
             if was is None:
                 assert now is None
@@ -60,10 +60,35 @@ def test_views_that_cannot_hold_the_caches_or_would_be_contiguous_are_left_out_a
 def test_wider_rows_put_k_and_v_at_other_storage_offsets_with_nan_around():
     k, v = _caches("NHD")
     (kv, vv), uncovered = native_views(NumpyNaive(), "float64", k, v, "NHD", "wider_rows")
-    assert np.isnan(kv.base[..., 8:]).all() and np.isnan(vv.base[..., :ROW_PADDING]).all()
+    assert np.isnan(kv.base[..., 8:]).all() and np.isnan(vv.base[..., :PADDING]).all()
     assert [(name, storage is view.base) for (name, storage, _), view in zip(uncovered, (kv, vv), strict=True)] == [
         ("k_cache", True), ("v_cache", True)]
-    assert kv.strides == vv.strides and kv.strides[-2] == (8 + ROW_PADDING) * 8
+    assert kv.strides == vv.strides and kv.strides[-2] == (8 + PADDING) * 8
+
+
+def test_padded_pages_have_a_page_stride_of_no_whole_number_of_slots_and_nan_after_each_page():
+    k, v = _caches("NHD")  # (6, 4, 3, 8): a page 96 elements, a slot 24
+    (kv, vv), uncovered = native_views(NumpyNaive(), "float64", k, v, "NHD", "padded_pages")
+    assert kv.strides[0] == (96 + PADDING) * 8 and kv.strides[0] % kv.strides[1] != 0 and kv.strides[1:] == k.strides[1:]
+    assert all(np.isnan(storage[at]).all() and storage[at].shape == (6, PADDING) for _, storage, at in uncovered)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "stacked-HND"])
+def test_torch_is_handed_views_of_one_storage_not_copies(layout):
+    torch = pytest.importorskip("torch")
+    from attnspec.backends.torch_backends import TorchMath
+    k, v, backend = *_caches(layout), TorchMath()
+    backend.load()
+    for view in views_for(layout, 4, 3, 8, 8):
+        got, uncovered = native_views(backend, "float32", k, v, layout, view)
+        for was, now in zip((k, v), got, strict=True):
+            if was is None:
+                continue
+            assert isinstance(now, torch.Tensor) and not now.is_contiguous(), view
+            assert np.array_equal(now.numpy(), was.astype(np.float32)), view
+            assert now.untyped_storage().nbytes() > now.numel() * now.element_size() or view == "transposed_storage"
+        for _, storage, _ in uncovered:  # the uncovered part is in the storage the views are cut from
+            assert any(s.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr() for s in got if s is not None)
 
 
 def _decode():

@@ -131,6 +131,24 @@ class PagedDenseCacheStrides(NumpyNaive):
         return numpy_formats.gathered_paged(self, q, dense(k_cache), dense(v_cache), args, call)
 
 
+class PagedPageStrideInSlots(NumpyNaive):
+    """The page stride taken in whole slots, ``stride(0) // stride(1)`` of them (vllm-project/vllm-xpu-kernels#303:
+    a hybrid model's block stride as a count of slots, the division unchecked): right on contiguous caches and
+    on a pool's halves; on pages padded to a common size (vLLM's page_size_padded, kvcached#399) every page
+    past the first is read short of where it starts."""
+
+    name = "broken-paged-page-stride-in-slots"
+    capabilities = _caps("float32")
+
+    def native_paged(self, q, k_cache, v_cache, args, call):
+        def in_slots(x):  # the slip: the page stride rounded down to whole slots
+            if x is None:
+                return None
+            page = x.strides[0] // x.strides[1] * x.strides[1]
+            return np.lib.stride_tricks.as_strided(x, x.shape, (page,) + x.strides[1:]).copy()  # within x: page <= its own
+        return numpy_formats.gathered_paged(self, q, in_slots(k_cache), in_slots(v_cache), args, call)
+
+
 def at_dense_strides(x: np.ndarray) -> np.ndarray:
     """x's memory read (and written) at a dense tensor's strides of its shape, last axis 1: a view."""
     strides = x.itemsize * np.cumprod((1,) + x.shape[:0:-1])[::-1]

@@ -530,6 +530,13 @@ def paged_pool_halves(seed=0):
             "op": "paged", "page_size": 4, "cache_view": "pool_halves"}
 
 
+def paged_padded_pages(seed=0):
+    """op "paged" in 4-key pages, each page followed by 16 elements of padding (vLLM's page_size_padded): 3 KV
+    heads of 8, a slot 24 elements and a page 112, no whole number of slots; a decode against 9 and 6 keys."""
+    return {**_problem(*_heads(3, 3, 1, 9, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([9, 6])),
+            "op": "paged", "page_size": 4, "cache_view": "padded_pages"}
+
+
 def packed_head_slices(seed=0):
     """op "packed", q, k, v handed as heads 1..2 of tensors four heads wide (a fused QKV projection's views)."""
     return {**_problem(*_heads(2, 2, 2, 5, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([3, 5])),
