@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, make_dataclass
 
 import numpy as np
 
+from attnspec.backends.cache_views import CACHE_VIEWS
 from attnspec.specs.fields import FEATURES, FIELDS
 from attnspec.specs.formats import FORMATS
 from attnspec.specs.fp8 import FP8_DTYPE_NAMES
@@ -63,10 +64,11 @@ class Capabilities:
     # the call formats it takes (specs.formats.FORMATS; backends/serving.py): the first is how a backend
     # without "padded" is called for a padded problem
     formats: tuple = ("padded",)
-    # takes its paged caches as strided views of larger storage (backends/cache_views.py: K and V halves of
-    # one pool, rows inside wider ones, the other layout's storage transposed), as vLLM and FlashInfer hand
-    # them; False: contiguous caches only (a kernel that asks for them: the views property skips)
-    paged_cache_views: bool = True
+    # the strided views of larger storage it takes its paged caches as (backends/cache_views.py: K and V
+    # halves of one pool, rows inside wider ones, the other layout's storage transposed, padded pages), as
+    # vLLM and FlashInfer hand them; True: all of CACHE_VIEWS, False or (): contiguous caches only (the views
+    # property skips), a tuple: those views only (a kernel that checks its page stride is whole slots, say)
+    paged_cache_views: tuple = CACHE_VIEWS
     # fp8 inputs (dtypes float8_e4m3fn / float8_e5m2, issue 31): the descales it takes with the "descale"
     # feature (DESCALE_GRANULARITIES), and the dtype q comes in when only K and V are fp8 (FlashInfer's and
     # vLLM's fp8 KV cache: the query's 16-bit dtype); None: q is fp8 too (FA3, FA4, PyTorch)
@@ -78,6 +80,12 @@ class Capabilities:
         if unknown:
             raise ValueError(f"Capabilities.features: unknown {unknown}; known: {', '.join(FEATURES)}")
         object.__setattr__(self, "features", frozenset(self.features))
+        views = self.paged_cache_views
+        views = CACHE_VIEWS if views is True else () if views is False else views
+        if isinstance(views, str) or not set(views) <= set(CACHE_VIEWS):
+            raise ValueError(f"Capabilities.paged_cache_views: True, False or a tuple of {', '.join(CACHE_VIEWS)}; "
+                             f"got {self.paged_cache_views!r}")
+        object.__setattr__(self, "paged_cache_views", tuple(v for v in CACHE_VIEWS if v in views))
         _positive_int("head_dim_multiple", self.head_dim_multiple)
         _positive_int("length_multiple", self.length_multiple)
         _positive_int("max_head_dim", self.max_head_dim, zero=True)

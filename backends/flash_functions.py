@@ -36,7 +36,7 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.backends.base import Backend, Unsupported
-from attnspec.backends.plain import FunctionBackend, _full_descale, renamed
+from attnspec.backends.plain import FunctionBackend, _full_descale, numpy_arrays_hint, renamed
 from attnspec.backends.torch_backends import TorchBackend
 
 PADDED = ("q", "k", "v", "softmax_scale", "causal")  # flash_attn_func: flash-attention's names, no lengths
@@ -95,6 +95,8 @@ class FlashFunctionBackend(Backend):
                                     layouts=tuple(dict.fromkeys(caps.layouts + ("head_slice",))))
         self.semantics = replace(sem, causal_alignment="bottom_right")  # per sequence, flash-attention's
 
+    def raise_hint(self, error: Exception) -> str:
+        return numpy_arrays_hint(self.fn, error)  # flash-attn's own functions take torch tensors only
     def native_dtype(self, y):
         return str(np.asarray(y).dtype)
 

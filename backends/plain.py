@@ -151,8 +151,8 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
     rejects_bad_indices: a function with flash-attention's varlen/kvcache signature raises on index
     arguments outside its tensors (True: judged by properties/test_bad_indices.py).  paged_cache_views:
     a kvcache function takes its caches as strided views of larger storage (K and V halves of one pool,
-    rows inside wider ones, a transposed storage: backends/cache_views.py); False if it needs them
-    contiguous (then never handed a view).
+    rows inside wider ones, a transposed storage, padded pages: backends/cache_views.py); False if it needs
+    them contiguous (then never handed a view), or a tuple of the views it takes.
     With sinks a NumPy function's backward returns (dq, dk, dv, dsink).
 
     fp8 inputs (dtypes float8_e4m3fn, float8_e5m2; forward-only): a NumPy function gets ml_dtypes arrays,
@@ -219,7 +219,7 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
                   head_dim_power_of_two=bool(head_dim_power_of_two), length_multiple=length_multiple,
                   max_length=max_length, causal_equal_lengths=bool(causal_equal_lengths),
                   op_dtypes=tuple((op, tuple(d)) for op, d in (op_dtypes or {}).items()),
-                  paged_cache_views=bool(paged_cache_views))
+                  paged_cache_views=paged_cache_views)
     try:
         Capabilities(dtypes=tuple(dtypes), descale_granularity=descale_granularity, fp8_query=fp8_query, **limits)
         Semantics(p_dtypes=tuple(sorted((p_dtypes or {}).items())))
@@ -243,6 +243,17 @@ def declare(fn=None, *, dtypes=None, backward=None, fully_masked=None, padded_ro
         f.__attnspec__ = decl
         return f
     return attach if fn is None else attach(fn)
+
+
+def numpy_arrays_hint(fn, error: Exception) -> str:
+    """Why a plain function over NumPy arrays raised, when its error says it wanted another framework's
+    tensors: a torch function plugged in without `declare(framework=...)` (a wrapper of
+    F.scaled_dot_product_attention, flash-attn's own functions) fails so in every call of every property."""
+    framework = (getattr(fn, "__attnspec__", None) or Declaration()).framework
+    if framework == "numpy" and isinstance(error, (TypeError, AttributeError)) and "ndarray" in str(error):
+        return ("a plain function is handed NumPy arrays unless it declares its framework: "
+                "from attnspec import declare; declare(fn, framework='torch') or framework='jax'")
+    return ""
 
 
 def _parameters(fn) -> dict | None:
@@ -338,12 +349,7 @@ class FunctionBackend(Backend):
         return self.fn(q, k, v, **self._kwargs(call, tuple(k.shape[:-2])))  # (..., Lq, Ev), or (out, lse)
 
     def raise_hint(self, error: Exception) -> str:
-        # a torch function plugged in without `declare` (a wrapper of F.scaled_dot_product_attention,
-        # say) is handed NumPy arrays and says so in its error, every call, in every property
-        if getattr(self.fn, "__attnspec__", None) is None and "ndarray" in str(error):
-            return ("a plain function is handed NumPy arrays unless it declares its framework: "
-                    "from attnspec import declare; declare(fn, framework='torch') or framework='jax'")
-        return ""
+        return numpy_arrays_hint(self.fn, error)
 
     def native_attention_backward(self, q, k, v, grad_out, call):
         if self.declaration.backward is None:

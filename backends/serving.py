@@ -123,8 +123,7 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
     if the call wrote into its caches (no append was asked: a shared page would carry it to others).
     ``cache_view``: the caches handed as strided views of larger storage (`backends.cache_views`)."""
     fmt = f"paged-{layout}"
-    if cache_view and not backend.capabilities.paged_cache_views:
-        raise Unsupported(f"{backend.name} takes contiguous paged caches only (Capabilities.paged_cache_views)")
+    _check_view_taken(backend, cache_view)
     p, call = _prepared(backend, fmt, q, k, v, dtype, return_lse, fields)
     pg = Fm.to_paged(p, page_size, layout, pool=pool, spare_columns=spare_columns, fill=fill, rng=rng, share=share)
     args = PagedArgs(_ints(backend, pg.block_table), _ints(backend, pg.cache_seqlens), _ints(backend, pg.cache_leftpad),
@@ -146,7 +145,8 @@ def forward_paged(backend, q, k, v, dtype="float64", *, page_size=16, layout="NH
         if not cache_view or not e.what.startswith("paged forward raised"):
             raise
         raise BackendFailure(backend.name, f"{e.what} (its caches were {cache_view} views of larger storage; a kernel "
-                             "that needs contiguous caches declares Capabilities.paged_cache_views=False)") from e
+                             "that needs contiguous caches declares Capabilities.paged_cache_views=False, one that "
+                             "takes some views the tuple of those)") from e
     out, lse = _with_lse(backend, y, return_lse, "paged forward")
     _check_outside(backend, "paged forward", cache_view, uncovered)
     for (name, c), was in zip(caches, before or (), strict=False):
@@ -179,8 +179,7 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     ``cache_view``: the caches handed (and written through) as strided views (`backends.cache_views`)."""
     if "append" not in backend.capabilities.formats:
         raise Unsupported(f"{backend.name} takes no append (declares {', '.join(backend.capabilities.formats)})")
-    if cache_view and not backend.capabilities.paged_cache_views:
-        raise Unsupported(f"{backend.name} takes contiguous paged caches only (Capabilities.paged_cache_views)")
+    _check_view_taken(backend, cache_view)
     p, call = _prepared(backend, f"paged-{layout}", q, k, v, dtype, False, fields)
     pg = Fm.to_paged(p, page_size, layout, fill=fill, rng=rng)
     B, P, ends = p.batch_shape[0], page_size, np.asarray(pg.cache_seqlens, dtype=np.int64)
@@ -216,6 +215,13 @@ def append_paged(backend, q, k, v, n_new: int, dtype="float64", *, page_size=16,
     rounded = numpy(backend._natives(dtype, *given, k_new, v_new))
     want = Fm.appended(*rounded[:2], pg.block_table, before, *rounded[2:], layout)
     return out, Fm.kv_halves(*numpy((kcn, vcn)), layout), Fm.kv_halves(*want, layout)
+
+
+def _check_view_taken(backend, cache_view: str) -> None:
+    taken = backend.capabilities.paged_cache_views
+    if cache_view and cache_view not in taken:
+        raise Unsupported(f"{backend.name} takes no {cache_view} views of its paged caches (Capabilities."
+                          f"paged_cache_views: {', '.join(taken) if taken else 'contiguous caches only'})")
 
 
 def _check_outside(backend, what: str, cache_view: str, uncovered: list) -> None:

@@ -87,8 +87,9 @@ def test_torch_is_handed_views_of_one_storage_not_copies(layout):
             assert isinstance(now, torch.Tensor) and not now.is_contiguous(), view
             assert np.array_equal(now.numpy(), was.astype(np.float32)), view
             assert now.untyped_storage().nbytes() > now.numel() * now.element_size() or view == "transposed_storage"
-        for _, storage, _ in uncovered:  # the uncovered part is in the storage the views are cut from
-            assert any(s.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr() for s in got if s is not None)
+        for name, storage, _ in uncovered:  # each cache's uncovered part is in the storage its view is cut from
+            now = got[("k_cache", "v_cache").index(name)]
+            assert now.untyped_storage().data_ptr() == storage.untyped_storage().data_ptr(), (view, name)
 
 
 def _decode():
@@ -124,7 +125,22 @@ def test_a_backend_declaring_contiguous_caches_is_never_handed_a_view():
     with pytest.raises(Unsupported, match="paged_cache_views"):
         serving.forward_paged(Contiguous(), q, k, v, cache_view="pool_halves", **fields)
     serving.forward_paged(Contiguous(), q, k, v, **fields)
-    assert Contiguous().describe()["paged_cache_views"] is False
+    assert Contiguous().describe()["paged_cache_views"] == ()
+
+
+def test_a_backend_declaring_some_views_is_handed_those_only():
+    class NoPaddedPages(NumpyNaive):  # checks its page stride is a whole number of slots
+        name = "no-padded-pages"
+        capabilities = replace(NumpyNaive.capabilities, paged_cache_views=("pool_halves", "wider_rows"))
+
+    q, k, v, fields = _decode()
+    assert NoPaddedPages().capabilities.paged_cache_views == ("pool_halves", "wider_rows")
+    with pytest.raises(Unsupported, match="takes no padded_pages views .*paged_cache_views: pool_halves, wider_rows"):
+        serving.forward_paged(NoPaddedPages(), q, k, v, cache_view="padded_pages", **fields)
+    serving.forward_paged(NoPaddedPages(), q, k, v, cache_view="wider_rows", **fields)
+    for bad in ("wider_rows", ("diagonal",)):
+        with pytest.raises(ValueError, match="Capabilities.paged_cache_views: True, False or a tuple of"):
+            replace(NumpyNaive.capabilities, paged_cache_views=bad)
 
 
 def test_a_kernel_refusing_a_view_undeclared_fails_saying_what_to_declare():
@@ -151,9 +167,12 @@ def test_declare_carries_paged_cache_views_to_a_kvcache_function():
         return flash_twins.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                                    block_table=block_table, softmax_scale=softmax_scale, causal=causal)
 
-    assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views is True
+    assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views == CACHE_VIEWS
+    declare(flash_attn_with_kvcache, paged_cache_views=("padded_pages", "wider_rows"))
+    assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views == (
+        "wider_rows", "padded_pages")  # CACHE_VIEWS' order
     declare(flash_attn_with_kvcache, paged_cache_views=False)
-    assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views is False
+    assert FlashFunctionBackend(flash_attn_with_kvcache, "kv").capabilities.paged_cache_views == ()
 
 
 class _DenseStrideWriter(NumpyNaive):
@@ -173,11 +192,11 @@ def test_an_append_through_views_is_the_reference_update_and_a_dense_stride_writ
     kw = dict(page_size=4, layout="NHD", rng=3, cache_view=view, **fields)
     _, stored, want = serving.append_paged(NumpyNaive(), q, k, v, 1, **kw)
     assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(stored, want, strict=True)), view
-    if view == "wider_rows":  # dense rows are narrower than the wide ones: writes land in the gaps too
-        with pytest.raises(BackendFailure, match="paged append wrote outside k_cache: into the storage around"):
-            serving.append_paged(_DenseStrideWriter(), q, k, v, 1, **kw)
+    try:  # caught either way: a slot written elsewhere, or a write into the padding (which placement decides)
+        _, stored, want = serving.append_paged(_DenseStrideWriter(), q, k, v, 1, **kw)
+    except BackendFailure as e:
+        assert view in ("wider_rows", "padded_pages") and "paged append wrote outside" in str(e), (view, str(e))
         return
-    _, stored, want = serving.append_paged(_DenseStrideWriter(), q, k, v, 1, **kw)
     assert not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(stored, want, strict=True)), view
 
 
@@ -218,10 +237,17 @@ def test_a_write_around_a_view_fails_though_the_view_holds_the_right_values():
         serving.append_paged(_OverrunningAppend(), q, k, v, 1, **kw)
     with pytest.raises(BackendFailure, match="paged forward wrote outside k_cache"):
         serving.forward_paged(_ScratchInTheGaps(), q, k, v, **kw)
-    # the view itself still holds the right values: only the storage around it tells
+
+
+@pytest.mark.parametrize("view", ["wider_rows", "padded_pages"])
+def test_a_write_into_the_storage_around_a_view_is_seen_though_the_view_holds_the_right_values(view):
     k, v = _caches("NHD")
-    (kv, vv), uncovered = native_views(NumpyNaive(), "float64", k, v, "NHD", "wider_rows")
+    (kv, vv), uncovered = native_views(NumpyNaive(), "float64", k, v, "NHD", view)
     assert written_outside(NumpyNaive(), uncovered) == ""
-    _past_each_k_row(kv)[...] = 0.0
+    if view == "wider_rows":  # one element past each K row: the gap after it
+        _past_each_k_row(kv)[...] = 0.0
+    else:  # one element past V's last page, read as a dense page: the padding after it
+        page = vv[-1]  # (P, Hkv, Ev), dense inside
+        np.lib.stride_tricks.as_strided(page, (page.size + 1,), (page.itemsize,))[-1] = 0.0
     assert np.array_equal(kv, k) and np.array_equal(vv, v)
-    assert written_outside(NumpyNaive(), uncovered) == "k_cache"
+    assert written_outside(NumpyNaive(), uncovered) == ("k_cache" if view == "wider_rows" else "v_cache")

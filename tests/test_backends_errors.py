@@ -201,15 +201,28 @@ def _wrong_keyword(*args, **kwargs):
     raise TypeError("sdpa() got an unexpected keyword argument 'scale'")
 
 
-@pytest.mark.parametrize("declared", [False, True])
-def test_an_undeclared_function_handed_numpy_arrays_is_told_how_to_declare(declared):
+@pytest.mark.parametrize("declaration", [None, dict(), dict(framework="torch")])
+def test_a_function_over_numpy_arrays_that_wants_tensors_is_told_how_to_declare(declaration):
+    if declaration and "framework" in declaration:
+        pytest.importorskip("torch")
     from attnspec import declare
     from attnspec.backends.plain import function_backend
-    fn = declare(dtypes=("float64",))(_torch_style()) if declared else _torch_style()
-    with pytest.raises(BackendFailure, match="forward raised AttributeError: .*ndarray.*has no attribute 'matmul'") as info:
-        function_backend(fn, "mine").forward(*CASE.args())
-    # a declared function said what it takes: the hint would be wrong there
-    assert ("declare(fn, framework='torch')" in str(info.value)) is not declared
+    fn = _torch_style() if declaration is None else declare(**declaration, dtypes=("float32",))(_torch_style())
+    over_numpy = "framework" not in (declaration or {})  # declaring dtypes alone keeps NumPy arrays
+    with pytest.raises(BackendFailure) as info:
+        function_backend(fn, "mine").forward(*CASE.args(), dtype="float32")
+    # a torch function gets torch tensors: its error is its own, and a hint to declare torch would be wrong
+    assert ("declare(fn, framework='torch')" in str(info.value)) is over_numpy, str(info.value)
+
+
+def test_a_flash_attention_signature_over_numpy_arrays_is_told_how_to_declare():
+    from attnspec.backends.plain import function_backend
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+        return q.contiguous()  # flash-attn's own functions take torch tensors only
+
+    with pytest.raises(BackendFailure, match="no attribute 'contiguous' .*declare\\(fn, framework='torch'\\)"):
+        function_backend(flash_attn_func, "flash").forward(*CASE.args()[:3])
 
 
 def test_an_unrelated_raise_gets_no_framework_hint():

@@ -134,7 +134,7 @@ class PagedDenseCacheStrides(NumpyNaive):
 class PagedPageStrideInSlots(NumpyNaive):
     """The page stride taken in whole slots, ``stride(0) // stride(1)`` of them (vllm-project/vllm-xpu-kernels#303:
     a hybrid model's block stride as a count of slots, the division unchecked): right on contiguous caches and
-    on a pool's halves; on pages padded to a common size (vLLM's page_size_padded, kvcached#399) every page
+    every other view; on pages padded to a common size (vLLM's page_size_padded, kvcached#399) every page
     past the first is read short of where it starts."""
 
     name = "broken-paged-page-stride-in-slots"
