@@ -97,6 +97,7 @@ class FlashFunctionBackend(Backend):
 
     def raise_hint(self, error: Exception) -> str:
         return numpy_arrays_hint(self.fn, error)  # flash-attn's own functions take torch tensors only
+
     def native_dtype(self, y):
         return str(np.asarray(y).dtype)
 
