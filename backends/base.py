@@ -378,6 +378,17 @@ class Backend:
             raise BackendFailure(self.name, f"{what} raised {type(e).__name__}: {e}"
                                             + (f" ({hint})" if hint else "")) from e
 
+    def with_knobs(self, call: Call, knobs: dict | None) -> Call:
+        """The call at a setting of `knobs` (None or {}: every knob at its default); a knob the backend does
+        not declare is a ValueError naming it.  Every call that builds a Call passes through here: the padded
+        forward and the format calls alike (a split count acts on a decode's paged call above all)."""
+        if not knobs:
+            return call
+        unknown = sorted(set(knobs) - set(self.knobs))
+        if unknown:
+            raise ValueError(f"knobs: {self.name} has no knob {unknown}; it declares {sorted(self.knobs)}")
+        return replace(call, knobs=dict(knobs))
+
     def forward(self, q, k, v, mask=None, is_causal=False, scale=None, dtype="float64", *, return_lse=False,
                 layout="contiguous", knobs=None, **fields):
         """Output (..., Lq, Ev) as NumPy in `dtype` (bfloat16 -> float32); with return_lse, (output, lse).
@@ -388,19 +399,15 @@ class Backend:
         """
         if "padded" not in self.capabilities.formats:  # a varlen or paged kernel: through its format
             from attnspec.backends.serving import forward_via_format
-            return forward_via_format(self, q, k, v, mask, is_causal, scale, dtype, return_lse, fields)  # LSE natural
+            return forward_via_format(self, q, k, v, mask, is_causal, scale, dtype, return_lse,
+                                      {**fields, "knobs": knobs} if knobs else fields)  # LSE natural
         p = validate(q, k, v, mask, is_causal, scale, **fields)  # a caller's mistake is a ValueError
         self.check_supported(dtype, "forward", problem=p, return_lse=return_lse)
         self._check_shapes(p)
         if layout not in self.capabilities.layouts:
             raise Unsupported(f"{self.name} cannot be handed {layout} inputs (declares {self.capabilities.layouts})")
         qn, kn, vn = (self.relayout(x, layout) for x in self._inputs(dtype, q, k, v))
-        call = self._call_of(p, dtype, return_lse, scale)
-        if knobs:
-            unknown = sorted(set(knobs) - set(self.knobs))
-            if unknown:
-                raise ValueError(f"knobs: {self.name} has no knob {unknown}; it declares {sorted(self.knobs)}")
-            call = replace(call, knobs=dict(knobs))
+        call = self.with_knobs(self._call_of(p, dtype, return_lse, scale), knobs)
         y = self._call("forward", self.native_attention, qn, kn, vn, call)
         out_shape = p.batch_shape + (p.Lq, p.Ev)
         if not return_lse:

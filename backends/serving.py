@@ -13,8 +13,10 @@ A backend declares the formats it takes in ``Capabilities.formats`` (`specs.form
   (FlashInfer's ``paged_kv_cache``, ``(num_pages, 2, P, Hkv, E)`` or ``(num_pages, 2, Hkv, P, E)``)
   comes as ``k_cache``, ``v_cache`` None.
 
-The ``call`` holds every other field; the sequences' extents travel in the format's own arguments
-(its q_lengths - packed only -, kv_lengths and kv_starts are None, positions per sequence).  fp8
+The ``call`` holds every other field, and a setting of the backend's knobs where one is asked
+(``knobs=`` to any of the calls below: ``call.knobs``, as for the padded forward); the sequences'
+extents travel in the format's own arguments (its q_lengths - packed only -, kv_lengths and kv_starts
+are None, positions per sequence).  fp8
 inputs' descales stay in the call as drawn, ``(B, Hkv)`` or a form that broadcasts to it: their first
 axis is the sequence, as FA3's varlen and kvcache calls index theirs (a packed call has no batch axis
 of its own to read them by).  The
@@ -58,7 +60,7 @@ def _ints(backend, x):
 
 
 def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields, op: str = "forward"):
-    scale = fields.pop("scale", None)
+    scale, knobs = fields.pop("scale", None), fields.pop("knobs", None)  # knobs: a setting of Backend.knobs
     p = validate(q, k, v, fields.pop("mask", None), fields.pop("is_causal", False), scale, **fields)
     if fmt not in backend.capabilities.formats:
         raise Unsupported(f"{backend.name} takes no {fmt} call (declares {', '.join(backend.capabilities.formats)})")
@@ -69,8 +71,7 @@ def _prepared(backend, fmt: str, q, k, v, dtype, return_lse, fields, op: str = "
         why = f"one stacked tensor holds K and V, so it needs Ev == E (got E={p.E}, Ev={p.Ev})"
     if why:
         raise Unsupported(f"{backend.name} takes {fmt} calls only, and this problem has no {fmt} form: {why}")
-    call = backend._call_of(p, dtype, return_lse, scale)
-    return p, call
+    return p, backend.with_knobs(backend._call_of(p, dtype, return_lse, scale), knobs)
 
 
 def _natives(backend, dtype, q, *rest) -> list:

@@ -115,27 +115,30 @@ def as_called(case: Case):
 
 
 def packed(target: Target, case: Case, unused: int = 0, seed: int = 0, fill=np.nan, tail: int = 2,
-           return_lse: bool = False, layout: str = "contiguous"):
+           return_lse: bool = False, layout: str = "contiguous", knobs: dict | None = None):
     """The backend's packed call on the case, raised back to (B, H, Lq, Ev); return_lse: (out, lse (B, H, Lq));
-    layout: the memory layout its q, k, v are handed in (`Backend.relayout`)."""
+    layout: the memory layout its q, k, v are handed in (`Backend.relayout`); knobs: a setting of Backend.knobs."""
     y = target.call_backend("packed forward", serving.forward_packed, target.backend, case.q, case.k, case.v,
                             dtype=target.dtype, return_lse=return_lse, tail=tail, unused=unused, fill=fill, rng=seed,
-                            layout=layout, **case.call_kwargs)
+                            layout=layout, **({"knobs": knobs} if knobs else {}), **case.call_kwargs)
     return target.as_observed(y) if return_lse else y
 
 
 def paged(target: Target, case: Case, page_size: int, layout: str, seed: int = 0, fill=np.nan, spare_columns: int = 1,
-          pool: float | None = None, share: bool = True, return_lse: bool = False, cache_view: str = ""):
+          pool: float | None = None, share: bool = True, return_lse: bool = False, cache_view: str = "",
+          knobs: dict | None = None):
     """The backend's paged call on the case (random placement from `seed`, in a pool `pool` times the need:
     drawn from POOLS by the seed when not given), (B, H, Lq, Ev); spare_columns=0: the longest sequence
     fills its block table exactly; pages of equal contents shared unless share=False.  A call that
     writes into its cache fails (`backends.serving.forward_paged`, read_only); return_lse: (out, lse (B, H, Lq));
-    cache_view: the caches as strided views of larger storage (`backends.cache_views`)."""
+    cache_view: the caches as strided views of larger storage (`backends.cache_views`); knobs: a setting of
+    Backend.knobs."""
     pool = POOLS[seed % len(POOLS)] if pool is None else pool
     y = target.call_backend("paged forward", serving.forward_paged, target.backend, case.q, case.k, case.v,
                             dtype=target.dtype, page_size=page_size, layout=layout, fill=fill, rng=seed,
                             spare_columns=spare_columns, pool=pool, share=share, read_only=True,
-                            return_lse=return_lse, cache_view=cache_view, **case.call_kwargs)
+                            return_lse=return_lse, cache_view=cache_view, **({"knobs": knobs} if knobs else {}),
+                            **case.call_kwargs)
     return target.as_observed(y) if return_lse else y
 
 
@@ -197,29 +200,38 @@ def _variant_edges(target: Target, first_seed: int) -> list:
     kernel's 16-head tile that takes its KV head from the tile's first head: FlashML-org/FreeToken#177), sinks
     beside a softcap of their size (a sink passed through the softcap moves by O(1) only where cap * tanh(s /
     cap) is far from s), head dim 256 over three sequences (a backward pre-pass rowsum(dO * O) indexed by
-    the first sequence's offsets in its head-dim-256 template: NVIDIA/TransformerEngine#3216), and 40 sequences
-    (past a 32-lane warp's worth)."""
+    the first sequence's offsets in its head-dim-256 template: NVIDIA/TransformerEngine#3216), decodes at head
+    dim 512 and MLA's 576/512 (a Q.K^T loop bounded by a 256-wide template; the draws stop at 256), one
+    sequence (a single request's path gated on the batch, which may read its pages in pool order: the draws
+    give per-sequence problems two or more), and 40 sequences (past a 32-lane warp's worth)."""
     from attnspec.properties.draws import in_format, row_seed
 
-    ragged = np.array([4, 1, 3])
-    rows = []  # (label, query heads, head dim, query lengths, fields)
+    ragged, decodes = np.array([4, 1, 3]), np.ones(3, int)
+    rows = []  # (label, query heads, KV heads, head dims (E, Ev), query lengths, fields)
     if target.supports("gqa"):
-        rows.append(("8 query heads on 2 KV heads", 8, 8, ragged, {"enable_gqa": True}))
-        rows.append(("decodes, 40 query heads on 2 KV heads", 40, 8, np.ones(3, int), {"enable_gqa": True}))
+        rows.append(("8 query heads on 2 KV heads", 8, 2, (8, 8), ragged, {"enable_gqa": True}))
+        rows.append(("decodes, 40 query heads on 2 KV heads", 40, 2, (8, 8), decodes, {"enable_gqa": True}))
     if target.supports("sinks") and target.supports("softcap"):
-        rows.append(("sinks beside a softcap of their size", 2, 8, ragged, {"sinks": np.array([3.0, 7.0]),
-                                                                         "softcap": 4.0}))
-    rows.append(("head dim 256, 3 sequences", 2, 256, ragged, {}))
+        rows.append(("sinks beside a softcap of their size", 2, 2, (8, 8), ragged, {"sinks": np.array([3.0, 7.0]),
+                                                                                 "softcap": 4.0}))
+    rows.append(("head dim 256, 3 sequences", 2, 2, (256, 256), ragged, {}))
+    rows.append(("decodes at head dim 512", 2, 2, (512, 512), decodes, {}))
+    if target.supports("gqa") and not target.equal_head_dims:  # DeepSeek's MLA decode: latent 512 + rope 64
+        rows.append(("MLA decodes: E 576, Ev 512, 8 query heads on 1 KV head", 8, 1, (576, 512), decodes,
+                     {"enable_gqa": True}))
+    rows.append(("one sequence, 3 queries against 70 keys", 2, 2, (8, 8), np.array([3]), {"kv_lengths": np.array([70])}))
     # 40 sequences, decodes and short chunks (a tile scheduler that reads each sequence's end from the next lane
     # of a 32-lane warp without a bound gives sequence 31 lane 0's: vllm-project/flash-attention#82)
-    rows.append(("40 sequences", 2, 8, 1 + np.arange(40) % 3, {"kv_lengths": 3 + np.arange(40) % 5}))
+    rows.append(("40 sequences", 2, 2, (8, 8), 1 + np.arange(40) % 3, {"kv_lengths": 3 + np.arange(40) % 5}))
     out = []
-    for label, H, E, q_lengths, extra in rows:
-        rng = np.random.default_rng(row_seed(label))
+    for label, H, Hkv, (E, Ev), q_lengths, extra in rows:
         kv_lengths = extra.get("kv_lengths", np.array([7, 5, 6]))  # (B,)
-        B, Lk = len(q_lengths), int(kv_lengths.max())
-        q, k, v = (in_format(2 * rng.standard_normal((B, h, L, E)), target.budget_dtype) for h, L in
-                   ((H, int(q_lengths.max())), (2, Lk), (2, Lk)))  # spread 2: every head's LSE its own
+        B, Lq, Lk = len(q_lengths), int(q_lengths.max()), int(kv_lengths.max())
+        if target.caps.outside(E, Ev, Lq, Lk, True):  # past a declared limit (a head dim): left out by construction
+            continue
+        rng = np.random.default_rng(row_seed(label))
+        q, k, v = (in_format(2 * rng.standard_normal((B, h, L, D)), target.budget_dtype) for h, L, D in
+                   ((H, Lq, E), (Hkv, Lk, E), (Hkv, Lk, Ev)))  # spread 2: every head's LSE its own
         fields = {"q_lengths": q_lengths, "kv_lengths": kv_lengths, "positions": "per_sequence",
                   **({"causal_alignment": "bottom_right"} if "bottom_right" in target.alignments else {}), **extra}
         case = target.exact(Case(q, k, v, None, True, None, fields, label=label))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.properties import serving_calls as S
 from attnspec.properties.case import Case
 from attnspec.properties.draws import in_format, row_seed
 from attnspec.properties.explore import prop
@@ -86,3 +87,50 @@ def test_knob_settings_on_a_split_path(target: Target, case: Case, params: dict)
     Lk mod n keys acts only there): the default's output, within both budgets (bitwise if knob_exact)."""
     _knobbed(target)
     _same_answer("knob_settings_on_a_split_path", target, case, params["knobs"])
+
+
+def _format_settings(target: Target) -> list:
+    """Decodes and a chunk against 1537, 601 and 70 keys (lengths no split count divides) in each format the
+    backend calls besides the padded one (its packed call, its first paged layout in 16-key pages), at every
+    setting of each knob off its default: a split count acts on a decode's paged call above all."""
+    knobs = target.backend.knobs
+    formats = [f for f in ("packed",) if f in target.caps.formats] + list(S.paged_layouts(target)[:1])
+    if not knobs or not formats:
+        return [(None, {})]
+    defaults = {name: tuple(domain)[0] for name, domain in knobs.items()}
+    label = "1, 4 and 2 queries against 1537, 601 and 70 keys"
+    rng = np.random.default_rng(row_seed(label))
+    q, k, v = (in_format(rng.standard_normal((3, 2, L, 32)), target.budget_dtype) for L in (4, 1537, 1537))
+    aligned = "bottom_right" in target.alignments  # causal where the backend takes the anchors' alignment
+    fields = {"q_lengths": np.array([1, 4, 2]), "kv_lengths": np.array([1537, 601, 70]), "positions": "per_sequence",
+              **({"causal_alignment": "bottom_right"} if aligned else {})}
+    case = target.exact(Case(q, k, v, None, aligned, None, fields, label=label))
+    settings = [{**defaults, name: value} for name, domain in knobs.items() for value in tuple(domain)[1:]]
+    return [(case, {"format": fmt, "knobs": setting}) for fmt in formats for setting in settings]
+
+
+@prop(requires=("seq_lengths", "seq_positions"), grid=_format_settings)
+def test_knob_settings_in_format_calls(target: Target, case: Case, params: dict):
+    """Each knob's every setting in the packed and paged calls (a kernel's split-KV decode path is its paged
+    call's: Dao-AILab/flash-attention#1217, num_splits > 1 wrong with a block table only): the default's
+    output there, within both budgets (bitwise if knob_exact); the LSE within both budgets where returned."""
+    _knobbed(target)
+    if case is None:
+        import pytest
+        pytest.skip(f"{target.name} takes no packed or paged call (declares {', '.join(target.caps.formats)})")
+    fmt, setting, lse = params["format"], params["knobs"], target.supports("lse")
+
+    def call(knobs):
+        if fmt == "packed":
+            return S.packed(target, case, return_lse=lse, knobs=knobs)  # (B, H, Lq, Ev)[, (B, H, Lq)]
+        return S.paged(target, case, 16, fmt, return_lse=lse, knobs=knobs)  # (B, H, Lq, Ev)[, (B, H, Lq)]
+
+    (default, default_lse), (tuned, tuned_lse) = ((y if lse else (y, None)) for y in (call(None), call(setting)))
+    what = f"the {fmt} call at knobs {setting} against the default"
+    with S.as_called(case):
+        if target.backend.semantics.knob_exact:  # declared: every setting the same program up to its schedule
+            unchanged("knob_settings_in_format_calls", default, tuned, case.judged_rows(), what)
+        else:
+            close_outputs("knob_settings_in_format_calls", target, case, default, tuned, case, what)
+        if lse:
+            close_lses("knob_settings_in_format_calls", target, case, default_lse, tuned_lse, what)

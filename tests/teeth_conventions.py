@@ -1,7 +1,8 @@
 """The proof of teeth's witnesses for the conventions of issue 31 (tests/broken/witnesses.py's ops
 "merge", "knobs", "repeat_backward", "batch", and the empty-row LSE; issue 30's "bad_index") and for
 its format calls (op "paged": the forward through `backends.serving.forward_paged`, its LSE too where the
-witness asks `return_lse`, its caches as the views the witness names in `cache_view`; op "packed":
+witness asks `return_lse`, its caches as the views the witness names in `cache_view`, at the witness's
+`knobs`; op "packed":
 `forward_packed`, in the witness's `layout`): verdicts of one backend on one witness in one dtype, as
 tests/test_teeth.py's `_verdicts` returns them.  A backend that does not offer what a witness asks (no
 merge, no such knob, no gradients, no declaration to hold it to) declines it with Unsupported.
@@ -75,11 +76,13 @@ def verdicts(backend, p: dict, dtype: str) -> list:
             ok_l = bool(np.all(np.where(empty, lse == -np.inf, np.abs(lse - want_lse) <= l_tol)))
         return [Verdict("merge", ok_o and ok_l, None, float("nan"), f"merged {o[0, 0]} / lse {lse[0, 0]}; "
                         f"reference {want_o[0, 0]} / {want_lse[0, 0]}")]
-    if p["op"] in ("paged", "packed"):  # a backend without the format declines (Unsupported)
+    if p["op"] in ("paged", "packed"):  # a backend without the format (or the witness's knob) declines
         from attnspec.backends import serving
+        if set(p.get("knobs") or ()) - set(backend.knobs):
+            raise Unsupported(f"{backend.name} has no knob {sorted(p['knobs'])}")
         lse = p.get("return_lse", False)
         y = (serving.forward_paged(backend, q, k, v, page_size=p.get("page_size", PAGE_SIZE), rng=0, return_lse=lse,
-                                   cache_view=p.get("cache_view", ""), **kw)
+                                   cache_view=p.get("cache_view", ""), knobs=p.get("knobs"), **kw)
              if p["op"] == "paged" else serving.forward_packed(backend, q, k, v, rng=0, return_lse=lse,
                                                                layout=p.get("layout", "contiguous"), **kw))
         out, lse = y if lse else (y, None)

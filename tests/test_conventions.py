@@ -3,6 +3,8 @@ base-2 LSE comes back natural; the merge entry points of numpy-naive and torch-m
 meet the reference."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,44 @@ def test_unknown_knob_is_a_value_error_naming_it():
         resolve("numpy-tiled").forward(q, q, q, knobs={"num_splits": 2})
     with pytest.raises(ValueError, match="knobs: numpy-naive has no knob"):
         resolve("numpy-naive").forward(q, q, q, knobs={"block_size": 16})
+
+
+def test_format_calls_take_knobs_as_the_padded_call_does():
+    """A setting reaches the packed, paged and append calls' `call.knobs` (a split count acts on a decode's
+    paged call above all), and a backend without a padded call gets its forward's setting through its format;
+    an unknown knob is the same ValueError there."""
+    from attnspec.backends import serving
+    from attnspec.backends.numpy_backends import NumpyNaive
+
+    seen = []
+
+    class Recording(NumpyNaive):
+        name = "recording-knobs"
+        knobs = {"num_splits": (1, 2)}
+
+        def native_attention(self, q, k, v, call):
+            seen.append(call.knobs)
+            return super().native_attention(q, k, v, call)
+
+    class PagedOnly(Recording):
+        capabilities = replace(NumpyNaive.capabilities, formats=("paged-NHD",))
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 1, 3, 4)), rng.standard_normal((2, 1, 5, 4)), rng.standard_normal((2, 1, 5, 4))
+    fields = dict(kv_lengths=np.array([5, 3]), positions="per_sequence")
+    backend = Recording()
+    for call in (serving.forward_packed, serving.forward_paged):
+        seen.clear()
+        call(backend, q, k, v, knobs={"num_splits": 2}, **fields)
+        assert seen and all(s == {"num_splits": 2} for s in seen), (call.__name__, seen)
+        with pytest.raises(ValueError, match="knobs: recording-knobs has no knob"):
+            call(backend, q, k, v, knobs={"block_size": 16}, **fields)
+    seen.clear()
+    serving.append_paged(backend, q, k, v, 1, knobs={"num_splits": 2}, **fields)
+    assert seen and all(s == {"num_splits": 2} for s in seen), seen
+    seen.clear()
+    PagedOnly().forward(q, k, v, knobs={"num_splits": 2}, **fields)
+    assert seen and all(s == {"num_splits": 2} for s in seen), seen
 
 
 def test_merge_parts_are_checked_and_default_is_not_offered():

@@ -246,6 +246,16 @@ BROKEN = (
           "bias"),
     Entry("review15_bugs:BwdLongKeysDqTailChunk", ("backward_edges",) + GRADS, w.backward_long_keys,
           "the padded backward past 1024 keys drops the last partial 128-key chunk's dQ", "gradients"),
+    # the paged call's own paths a sixteenth review reached (tests/broken/review16_bugs.py)
+    Entry("review16_bugs:PagedBatchOneIgnoresTable", ("paged_edges",) + SERVING, w.paged_one_sequence,
+          "one sequence's paged call reads the pool's pages in order, not its block table's (a batch-gated path: "
+          "huggingface/transformers#46773's class; flashinfer-ai/flashinfer#3219)", "serving"),
+    Entry("review16_bugs:PagedHeadDimCapped256", ("paged_edges",) + SERVING, w.paged_head_dim_512,
+          "the paged call's Q.K^T loop bounded by a 256-wide template: head dims 512 and 576 (MLA) truncated",
+          "serving"),
+    Entry("review16_bugs:PagedKnobSplitsDropTail", ("knob_settings_in_format_calls",), w.paged_knob_splits,
+          "num_splits honoured by the padded call, the paged call's splits dropping Lk mod n keys "
+          "(Dao-AILab/flash-attention#1217)", "conventions"),
     Entry("fp8_serving_bugs:VarlenDescaleFirstSequence", FP8_SERVING, w.fp8_packed_descales,
           "a varlen call's sequences all read sequence 0's descales (sgl-project/sglang#37785's batch axis)", "fp8"),
     Entry("fp8_serving_bugs:VarlenDescalesDropped", FP8_SERVING, w.fp8_packed_descales,

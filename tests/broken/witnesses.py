@@ -1279,3 +1279,26 @@ def backward_long_keys(seed=0):
 
 ALL += (long_keys_causal_chunk, wide_window_decode, one_sequence_key_lengths, long_prefill_masked,
         mqa_decode_128_heads, packed_33_sequences, merge_130_states, backward_bias_shared_by_heads, backward_long_keys)
+
+
+# ---- the paged call's own paths a sixteenth review reached (tests/broken/review16_bugs.py) ----------------
+
+def paged_one_sequence(seed=0):
+    """op "paged": one sequence, 3 queries against 9 keys in 2-key pages placed at random in the pool."""
+    return {**_problem(*_heads(2, 2, 3, 9, seed=seed), positions="per_sequence", kv_lengths=np.array([9])),
+            "op": "paged"}
+
+
+def paged_head_dim_512(seed=0):
+    """op "paged": decodes at head dim 512 against 7 and 5 keys (every component of Q.K^T counts)."""
+    return {**_problem(*_heads(2, 2, 1, 7, E=512, B=2, seed=seed), positions="per_sequence",
+                       kv_lengths=np.array([7, 5])), "op": "paged"}
+
+
+def paged_knob_splits(seed=0):
+    """op "paged" at knobs num_splits = 2: decodes against 9 and 7 keys (no split count divides them)."""
+    return {**_problem(*_heads(2, 2, 1, 9, B=2, seed=seed), positions="per_sequence", kv_lengths=np.array([9, 7])),
+            "op": "paged", "knobs": {"num_splits": 2}}
+
+
+ALL += (paged_one_sequence, paged_head_dim_512, paged_knob_splits)
