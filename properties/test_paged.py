@@ -209,8 +209,9 @@ def _full_cache(target: Target) -> list:
 def test_paged_edges(target: Target, case: Case, params: dict):
     """Edge problems in a paged cache of 4-key pages (16 for the long decodes' variants), no spare table
     column: empty sequences, one key, 63/64/65 keys (64: a cache exactly full, its table too), more queries
-    than keys, decodes past 512-key splits (again with grouped heads and with ALiBi, a softcap or sinks where
-    the backend takes them, and causal with a window or with ALiBi under left padding), 3..6 queries against
+    than keys, one sequence (its pages scattered over the pool), decodes at head dims 512 and 576, decodes
+    past 512-key splits (again with grouped heads and with ALiBi, a softcap or sinks where the backend takes
+    them, and causal with a window or with ALiBi under left padding), 3..6 queries against
     keys past 512, left padding past a key block and through a whole cache, a decode's window from inside a page;
     with the LSE feature, each call's LSE too (a decode path's own LSE: the draws seldom decode)."""
     layout = _layout(target, {"layout": "NHD"}, case)
