@@ -436,13 +436,13 @@ class Backend:
         return out, self.native_dtype(y)
 
     def backward(self, q, k, v, grad_out, mask=None, is_causal=False, scale=None, dtype="float64", *,
-                 return_dsink=False, **fields):
+                 return_dsink=False, knobs=None, **fields):
         """(dQ, dK, dV) as NumPy, each shaped like its input; plus dBias when the backend declares
         `bias_gradient` and a bias is given.  With sinks, a native backward returns dSink (Hq,) last;
-        return_dsink: then (grads, dsink)."""
+        return_dsink: then (grads, dsink).  ``knobs``: a setting of `knobs` (None: the defaults)."""
         p = validate(q, k, v, mask, is_causal, scale, **fields)
         if p.sinks is not None:
-            return self._backward_with_sinks(p, q, k, v, grad_out, dtype, scale, return_dsink)
+            return self._backward_with_sinks(p, q, k, v, grad_out, dtype, scale, return_dsink, knobs)
         out_shape = p.batch_shape + (p.Lq, p.Ev)
         if np.shape(grad_out) != out_shape:
             raise ValueError(f"grad_out must be shaped like the output {out_shape}; got {np.shape(grad_out)}")
@@ -450,12 +450,12 @@ class Backend:
             from attnspec.backends.serving import backward_packed  # a varlen kernel: through its packed backward
             self.check_supported(dtype, "forward_backward", problem=p)
             grads, _ = backward_packed(self, q, k, v, grad_out, dtype, rng=0, mask=mask, is_causal=is_causal,
-                                       scale=scale, **fields)
+                                       scale=scale, knobs=knobs, **fields)
             return tuple(g.reshape(np.shape(x)) for g, x in zip(grads, (q, k, v), strict=True))
         self.check_supported(dtype, "forward_backward", problem=p)
         self._check_shapes(p)
         qn, kn, vn, gn = self._inputs(dtype, q, k, v, grad_out)  # no fp8 backward: q in dtype too
-        call = self._call_of(p, dtype, False, scale)
+        call = self.with_knobs(self._call_of(p, dtype, False, scale), knobs)
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn, call)
         wants_dbias = p.bias is not None and self.capabilities.bias_gradient
         if not isinstance(grads, (tuple, list)) or len(grads) not in (3, 4) or (wants_dbias and len(grads) != 4):
@@ -469,7 +469,7 @@ class Backend:
         return tuple(self._check(f"d{n}", g, np.shape(x), out_dtype, axes=n != "bias")
                      for n, g, x in zip(("q", "k", "v", "bias"), grads, inputs, strict=False))  # a dbias not asked for: dropped
 
-    def _backward_with_sinks(self, p, q, k, v, grad_out, dtype, scale, return_dsink):
+    def _backward_with_sinks(self, p, q, k, v, grad_out, dtype, scale, return_dsink, knobs):
         """The backward of a problem with sinks: (dq, dk, dv[, dbias], dsink) from the native call."""
         if np.shape(grad_out) != p.batch_shape + (p.Lq, p.Ev):
             raise ValueError(f"grad_out must be shaped like the output {p.batch_shape + (p.Lq, p.Ev)}; "
@@ -478,7 +478,7 @@ class Backend:
         self._check_shapes(p)
         qn, kn, vn, gn = self._inputs(dtype, q, k, v, grad_out)  # no fp8 backward: q in dtype too
         grads = self._call("backward", self.native_attention_backward, qn, kn, vn, gn,
-                           self._call_of(p, dtype, False, scale))
+                           self.with_knobs(self._call_of(p, dtype, False, scale), knobs))
         wants_dbias = p.bias is not None and self.capabilities.bias_gradient
         n = 4 + wants_dbias
         if not isinstance(grads, (tuple, list)) or len(grads) != n:

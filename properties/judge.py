@@ -154,9 +154,10 @@ def grad_out(case: Case, dtype: str, seed: int) -> np.ndarray:
     return raw.astype(np.float32).astype(np.float64) if dtype == "float32" else raw
 
 
-def check_gradients(name: str, target: Target, case: Case, g) -> tuple:
-    """dQ, dK, dV (and dBias) of the backend within their budgets; returns the backend's gradients."""
-    got = target.backward(case, g)  # (dq, dk, dv[, dbias])
+def check_gradients(name: str, target: Target, case: Case, g, knobs: dict | None = None) -> tuple:
+    """dQ, dK, dV (and dBias) of the backend (at a setting of its knobs) within their budgets; returns the
+    backend's gradients."""
+    got = target.backward(case, g, knobs=knobs)  # (dq, dk, dv[, dbias])
     verdicts = error_budget.check_backward(got, case.problem, None, None, g, dtype=target.budget_dtype,
                                            rule=rule_of(target))
     for grad, v in zip(("dq", "dk", "dv", "dbias"), verdicts, strict=False):

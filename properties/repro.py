@@ -243,7 +243,8 @@ def _earlier_call(backend, sig) -> None:
             kw[name] = np.zeros(shape)
     mask = None if ms is None else np.ones(ms, dtype=bool)
     if kind == "backward":
-        backend.backward(q, k, v, np.ones(qs[:-1] + vs[-1:]), mask, causal, scale, dtype, **kw)
+        backend.backward(q, k, v, np.ones(qs[:-1] + vs[-1:]), mask, causal, scale, dtype,
+                         **({"knobs": knobs} if knobs else {}), **kw)
     else:
         extra = {} if layout == "contiguous" else {"layout": layout}
         if knobs:

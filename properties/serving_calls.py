@@ -248,10 +248,14 @@ def append(target: Target, case: Case, n_new: int, page_size: int, layout: str, 
                                **case.call_kwargs)
 
 
-def packed_backward(target: Target, case: Case, grad_out, unused: int = 0, seed: int = 0, tail: int = 2):
-    """((dq, dk, dv) padded, the largest |gradient| on tokens no sequence owns) of the packed backward."""
+def packed_backward(target: Target, case: Case, grad_out, unused: int = 0, seed: int = 0, tail: int = 2,
+                    knobs: dict | None = None):
+    """((dq, dk, dv) padded, the largest |gradient| on tokens no sequence owns) of the packed backward (at a
+    setting of the backend's knobs: None, the defaults)."""
+    extra = {"knobs": knobs} if knobs else {}
     return target.call_backend("packed backward", serving.backward_packed, target.backend, case.q, case.k, case.v,
-                               grad_out, dtype=target.dtype, tail=tail, unused=unused, rng=seed, **case.call_kwargs)
+                               grad_out, dtype=target.dtype, tail=tail, unused=unused, rng=seed, **extra,
+                               **case.call_kwargs)
 
 
 def lse_verdict(target: Target, case: Case, lse):
@@ -263,11 +267,11 @@ def lse_verdict(target: Target, case: Case, lse):
 
 
 def packed_gradients(target: Target, case: Case, unused: int, seed: int,
-                     name: str = "packed_gradients_match_reference") -> None:
-    """dQ, dK, dV of the packed backward, each sequence's within its budget, and exactly 0 on tokens
-    no sequence owns."""
+                     name: str = "packed_gradients_match_reference", knobs: dict | None = None) -> None:
+    """dQ, dK, dV of the packed backward (at a knob setting), each sequence's within its budget, and exactly
+    0 on tokens no sequence owns."""
     g = grad_out(case, target.dtype, seed)  # (B, H, Lq, Ev)
-    grads, stray = packed_backward(target, case, g, unused, seed)
+    grads, stray = packed_backward(target, case, g, unused, seed, knobs=knobs)
     if target.backend.semantics.fully_masked == "nan":  # declared: a row that sees no key is NaN, so may its dQ be;
         empty = ~case.judged_rows()  # (B, H, Lq) the keys' gradients (other sequences' too) are judged all the same
         grads = (np.where(empty[..., None] & np.isnan(grads[0]), 0.0, grads[0]), *grads[1:])

@@ -289,11 +289,14 @@ class Target:
                                       **case.call_kwargs)
         return np.asarray(out, dtype=np.float64), returned
 
-    def backward(self, case, grad_out, dtype: str | None = None, return_dsink: bool = False):
+    def backward(self, case, grad_out, dtype: str | None = None, return_dsink: bool = False,
+                 knobs: dict | None = None):
         """(dq, dk, dv[, dbias]) of sum(output * grad_out); return_dsink (a case with sinks): (grads, dsink)."""
         dtype = dtype or self.dtype
-        self._record("backward", case, dtype)
+        self._record("backward", case, dtype, knobs=knobs)
         extra = {"return_dsink": True} if return_dsink else {}
+        if knobs:
+            extra["knobs"] = knobs
         return self.call_backend("backward", self.backend.backward, case.q, case.k, case.v, grad_out, dtype=dtype,
                                  **extra, **case.call_kwargs)
 

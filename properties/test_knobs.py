@@ -5,7 +5,9 @@ size; FA3's num_splits and pack_gqa, which FA3's own tests loop over at one tole
 problem runs at the default and at a drawn setting: the two outputs within both error budgets of
 the reference, bitwise where `Semantics.knob_exact` is declared; the LSEs within both budgets where the
 backend returns one.  A block size that drops the last
-partial block, or a split count that counts a split twice, changes the answer and fails here.
+partial block, or a split count that counts a split twice, changes the answer and fails here.  A backend
+with gradients takes each setting through its backward too (padded and packed), judged against the
+reference: a backward tiled by the knob has tail tiles of its own.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from attnspec.properties import serving_calls as S
 from attnspec.properties.case import Case
 from attnspec.properties.draws import in_format, row_seed
 from attnspec.properties.explore import prop
-from attnspec.properties.judge import close_lses, close_outputs, unchanged
+from attnspec.properties.judge import check_gradients, close_lses, close_outputs, grad_out, unchanged
 
 if TYPE_CHECKING:
     from attnspec.properties.target import Target
@@ -134,3 +136,41 @@ def test_knob_settings_in_format_calls(target: Target, case: Case, params: dict)
             close_outputs("knob_settings_in_format_calls", target, case, default, tuned, case, what)
         if lse:
             close_lses("knob_settings_in_format_calls", target, case, default_lse, tuned_lse, what)
+
+
+def _backward_settings(target: Target) -> list:
+    """37 queries against 71 keys, and 71 of each causal (lengths no block size or split count divides),
+    through the backward; two sequences of 37 and 20 queries against 71 and 45 keys through the packed
+    backward where the backend takes one; at every setting of each knob off its default."""
+    knobs = target.backend.knobs
+    if not knobs:
+        return [(None, {})]
+    defaults = {name: tuple(domain)[0] for name, domain in knobs.items()}
+    settings = [{**defaults, name: value} for name, domain in knobs.items() for value in tuple(domain)[1:]]
+    problems = []
+    for label, Lq, causal in (("37 queries against 71 keys", 37, False), ("71 queries and keys, causal", 71, True)):
+        rng = np.random.default_rng(row_seed(label))
+        q, k, v = (in_format(rng.standard_normal((1, 2, L, 32)), target.budget_dtype) for L in (Lq, 71, 71))
+        problems.append(("padded", target.exact(Case(q, k, v, None, causal, label=label))))
+    if "packed" in target.caps.formats and target.supports("seq_lengths") and target.supports("seq_positions"):
+        label = "37 and 20 queries against 71 and 45 keys, packed"
+        rng = np.random.default_rng(row_seed(label))
+        q, k, v = (in_format(rng.standard_normal((2, 2, L, 32)), target.budget_dtype) for L in (37, 71, 71))
+        aligned = "bottom_right" in target.alignments  # causal where the backend takes the anchors' alignment
+        fields = {"q_lengths": np.array([37, 20]), "kv_lengths": np.array([71, 45]), "positions": "per_sequence",
+                  **({"causal_alignment": "bottom_right"} if aligned else {})}
+        problems.append(("packed", target.exact(Case(q, k, v, None, aligned, None, fields, label=label))))
+    return [(case, {"format": fmt, "knobs": setting}) for fmt, case in problems for setting in settings]
+
+
+@prop(gradients=True, grid=_backward_settings)
+def test_knob_settings_in_the_backward(target: Target, case: Case, params: dict):
+    """Each knob's every setting through the backward (a backward loops over its own key and query tiles:
+    a tail tile that only a setting off the default leaves, dropped or read past, changes dK, dV or dQ there):
+    dQ, dK, dV against the reference within their budgets; through the packed backward too, where taken."""
+    _knobbed(target)
+    if params["format"] == "packed":
+        S.packed_gradients(target, case, 1, 0, "knob_settings_in_the_backward", knobs=params["knobs"])
+    else:
+        check_gradients("knob_settings_in_the_backward", target, case, grad_out(case, target.dtype, 0),
+                        knobs=params["knobs"])

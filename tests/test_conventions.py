@@ -66,6 +66,41 @@ def test_format_calls_take_knobs_as_the_padded_call_does():
     assert seen and all(s == {"num_splits": 2} for s in seen), seen
 
 
+def test_backward_calls_take_knobs_as_the_forward_does():
+    """A setting reaches the backward's `call.knobs`: the padded backward, with sinks, a packed-only backend's
+    backward (through its packed backward) and the packed backward itself; an unknown knob is a ValueError."""
+    from attnspec.backends import serving
+    from attnspec.backends.numpy_backends import NumpyNaive
+
+    seen = []
+
+    class Recording(NumpyNaive):
+        name = "recording-backward-knobs"
+        knobs = {"num_splits": (1, 2)}
+
+        def native_attention_backward(self, q, k, v, grad_out, call):
+            seen.append(call.knobs)
+            return super().native_attention_backward(q, k, v, grad_out, call)
+
+    class PackedOnly(Recording):
+        capabilities = replace(NumpyNaive.capabilities, formats=("packed",))
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 2, 3, 4)), rng.standard_normal((2, 2, 5, 4)), rng.standard_normal((2, 2, 5, 4))
+    g = rng.standard_normal((2, 2, 3, 4))  # (B, H, Lq, Ev)
+    fields = dict(kv_lengths=np.array([5, 3]), positions="per_sequence")
+    calls = [lambda kn: Recording().backward(q, k, v, g, knobs=kn),
+             lambda kn: Recording().backward(q, k, v, g, knobs=kn, sinks=np.array([0.5, -1.0])),
+             lambda kn: PackedOnly().backward(q, k, v, g, knobs=kn, **fields),
+             lambda kn: serving.backward_packed(Recording(), q, k, v, g, knobs=kn, **fields)]
+    for n, call in enumerate(calls):
+        seen.clear()
+        call({"num_splits": 2})
+        assert seen and all(s == {"num_splits": 2} for s in seen), (n, seen)
+        with pytest.raises(ValueError, match="knobs: recording-backward-knobs has no knob"):
+            call({"block_size": 16})
+
+
 def test_merge_parts_are_checked_and_default_is_not_offered():
     o, lse = np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3))
     naive = resolve("numpy-naive")

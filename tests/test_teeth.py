@@ -107,7 +107,11 @@ def _verdicts(backend, p, dtype: str) -> list:
                                         return_dsink=True, **fields)
         return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields) + [
             sink_budget.check_dsink(dsink, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields)]
-    grads = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype, **fields)
+    knobs = p.get("knobs") or {}  # a setting of the backend's knobs: one without them declines the witness
+    if set(knobs) - set(backend.knobs):
+        raise Unsupported(f"{backend.name} has no knob {sorted(knobs)}")
+    grads = backend.backward(q, k, v, p["grad_out"], mask=mask, is_causal=causal, scale=scale, dtype=dtype,
+                             knobs=knobs or None, **fields)
     return error_budget.check_backward(grads, q, k, v, p["grad_out"], mask, causal, scale, dtype, **fields)
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.backends.base import Capabilities, Semantics
+from attnspec.backends.numpy_backends import NumpyTiled
 
 from ._kernels import store, tiled_attention, widened
 from ._variants import VariantKernel
@@ -66,6 +67,30 @@ class KnobDropsTail(VariantKernel):
             return super().native_attention(q, k, v, call)
         mask = None if call.mask is None else call.mask[..., :full]
         return super().native_attention(q, k[..., :full, :], v[..., :full, :], replace(call, mask=mask))
+
+
+class BackwardKnobBlockDropsTail(NumpyTiled):
+    """numpy-tiled with a backward whose key loop at a block size off the default runs Lk // block tiles (a
+    tail mask compiled into the default block's instantiation only): dK, dV of the last keys zero, dQ without
+    them.  Its forward is right at every block size, its backward at the default: knobs reached the forward
+    only, so every check passed it until the knobs family took each setting through the backward."""
+
+    name = "broken-backward-knob-block-drops-tail"
+    capabilities = replace(NumpyTiled.capabilities, dtypes=("float32", "float64"))
+    _in_backward = False
+
+    def native_attention_backward(self, *args):
+        self._in_backward = True
+        try:
+            return super().native_attention_backward(*args)
+        finally:
+            self._in_backward = False
+
+    def _blocks(self, Lq, Lk, call):
+        blocks = super()._blocks(Lq, Lk, call)
+        if self._in_backward and (call.knobs or {}).get("block_size", self.block) != self.block:
+            blocks = [(j0, j1) for j0, j1 in blocks if j1 - j0 == blocks[0][1] - blocks[0][0]]  # the slip
+        return blocks
 
 
 class BackwardRandomOrder(VariantKernel):

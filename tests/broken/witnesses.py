@@ -315,6 +315,13 @@ def knob_tail(seed=0):
     return kw
 
 
+def backward_knob_tail(seed=0):
+    """op "backward" at knobs block_size 16: 5 queries against 21 keys (a 5-key tail tile), causal off."""
+    kw = _problem(*_qkv(5, 21, E=16, Ev=16, seed=seed), op="backward")
+    kw["knobs"] = {"block_size": 16}
+    return kw
+
+
 def repeated_backward(seed=0):
     """op "repeat_backward": the same backward four times, bitwise (judged where deterministic is declared)."""
     return {**_problem(*_heads(2, 2, 6, 9, seed=seed), op="backward"), "op": "repeat_backward"}
@@ -350,7 +357,8 @@ def bad_indices(seed=0):
     return _problem(*_heads(2, 2, 3, 4, seed=seed), op="bad_index")
 
 
-CONVENTIONS = (empty_row_lse, merge_states, merge_list, knob_tail, repeated_backward, batch_rows, bad_indices)
+CONVENTIONS = (empty_row_lse, merge_states, merge_list, knob_tail, backward_knob_tail, repeated_backward, batch_rows,
+               bad_indices)
 
 
 ALL = (default_path, with_mask, causal_square, causal_rectangular, explicit_scale, huge_logits,
